@@ -1,0 +1,225 @@
+"""CeFMC: communication-efficient federated multi-view clustering (and CeFMC-H).
+
+Vertical setting: client ``v`` holds view ``X_v`` (``N x D_v``) of the same ``N``
+samples; ``k`` clusters.
+
+Exchange
+--------
+* round 0: the server asks for embeddings; each client sends ``H_v`` (``N x k``, the
+  top-``k`` left singular vectors of ``X_v``) -- the only full representation that
+  ever travels. The server runs k-means on ``H_c = [H_1 ... H_V]``, orthonormalises the
+  centroids into ``C`` (``k x Vk``, ``C C^T = I``) and sends each client the consensus
+  labels ``y`` and its ``k x k`` block ``C̄_v``. The client keeps that first block as its
+  fixed ``C_v``.
+* rounds t >= 1: each client takes a few ``H_v`` steps (``M = X_v (X_v^T H_v) +
+  λ C_v[y_v]``, ``H_v = U W^T`` from the thin SVD of ``M``; ``X_v X_v^T`` is never
+  formed, so a round is ``O(N D_v k)``), relabels its samples with
+  ``argmax(H_v C_v^T + (C̄_v C_v^T)[y])`` and sends only ``y_v`` (``N`` small unsigned
+  ints) and its objective. The server rebuilds ``H_c = [C_1[y_1] ... C_V[y_V]]`` by
+  indexing, updates ``y = argmax(H_c C^T)`` and ``C`` from the SVD of ``H_c^T Y``, and
+  stops when the relative change of the objective is at most ``tol``.
+
+CeFMC-H (the paper's ablation) runs the same optimisation but clients upload the full
+``H_v`` every round and the server uses ``H_c = [H_1 ... H_V]``.
+
+Missing replies
+---------------
+A client whose reply is missing in a round (dropped, late, crashed, rejected) is
+represented by its last ``y_v`` (CeFMC-H: last ``H_v``) and last objective; it is
+reported as stale in the round log. A client that never delivered its round-0
+embedding is left out of the consensus for the whole run (it receives nothing more).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+from pydantic import Field
+from sklearn.cluster import KMeans
+
+from raymvc.messages import Done, Message, labels_array
+from raymvc.protocol import Client, ClientContext, Protocol, ProtocolConfig, Server, ServerContext
+
+
+class Config(ProtocolConfig):
+    lam: float = Field(default=1.0, gt=0.0, alias="lambda", description="λ, weight of the label term on the client")
+    beta: float | None = Field(default=None, gt=0.0, description="β on the server; defaults to λ as the paper advises")
+    max_rounds: int = Field(default=30, ge=1)
+    tol: float = Field(default=1e-6, ge=0.0)
+    inner_iters: int = Field(default=3, ge=1, description="H_v steps per round on each client")
+    kmeans_init: int = Field(default=10, ge=1, description="k-means restarts on the server at round 0")
+
+
+# ---------------------------------------------------------------------------
+def _orthonormal_basis(X: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Top-k left singular vectors of X, completed to k orthonormal columns if rank < k."""
+    U, s, _ = np.linalg.svd(X, full_matrices=False)
+    r = int(np.sum(s > s[0] * 1e-10)) if s.size and s[0] > 0 else 0
+    H = U[:, : min(k, r)]
+    if H.shape[1] < k:
+        extra = rng.standard_normal((X.shape[0], k - H.shape[1]))
+        extra -= H @ (H.T @ extra)
+        Q, _ = np.linalg.qr(extra)
+        H = np.hstack([H, Q])
+    return H
+
+
+def _polar(M: np.ndarray) -> np.ndarray:
+    """U W^T from the thin SVD of M: the closest matrix with orthonormal columns."""
+    U, _, Wt = np.linalg.svd(M, full_matrices=False)
+    return U @ Wt
+
+
+def communication(n: int, k: int, rounds: int, label_bytes: int = 1, float_bytes: int = 8, h_variant: bool = False) -> dict:
+    """Data bytes one client exchanges (paper IV-E), excluding message headers.
+
+    Init: ``kN`` floats up; ``N`` labels + ``k^2`` floats down. Each of ``rounds``
+    rounds: ``N`` labels + 1 float up (CeFMC-H: ``kN`` + 1 floats), ``N`` labels +
+    ``k^2`` floats down.
+    """
+    up_round = (n * k * float_bytes if h_variant else n * label_bytes) + float_bytes
+    down_round = n * label_bytes + k * k * float_bytes
+    up = n * k * float_bytes + rounds * up_round
+    down = (n * label_bytes + k * k * float_bytes) + rounds * down_round
+    return {"up": up, "down": down, "total": up + down}
+
+
+# ---------------------------------------------------------------------------
+class CeFMCClient(Client):
+    h_variant = False
+
+    def __init__(self, config: Config, shard, ctx: ClientContext):
+        super().__init__(config, shard, ctx)
+        self.X = np.asarray(shard.X, dtype=np.float64)
+        self.k = ctx.n_clusters
+        self.H: np.ndarray | None = None
+        self.C: np.ndarray | None = None  # fixed after the first consensus
+        self.y: np.ndarray | None = None
+
+    def handle(self, msg: Message) -> Message | None:
+        if msg.kind == "embed":
+            self.H = _orthonormal_basis(self.X, self.k, self.ctx.rng)
+            return Message("embedding", H=self.H)
+        if msg.kind == "consensus":
+            y = np.asarray(msg["y"], dtype=np.intp)
+            Cbar = np.asarray(msg["C"], dtype=np.float64)
+            if self.C is None:
+                self.C, self.y = Cbar.copy(), y.copy()
+            return self._round(y, Cbar)
+        raise ValueError(f"cefmc client: unexpected message {msg.kind!r}")
+
+    def _round(self, y: np.ndarray, Cbar: np.ndarray) -> Message:
+        lam, X, C = self.config.lam, self.X, self.C
+        H = self.H
+        for _ in range(self.config.inner_iters):
+            M = X @ (X.T @ H) + lam * C[self.y]
+            H = _polar(M)
+        self.H = H
+        S = H @ C.T + (Cbar @ C.T)[y]
+        self.y = np.argmax(S, axis=1)
+        XtH = X.T @ H
+        obj = float(np.sum(XtH * XtH) + lam * np.sum(H * C[self.y]))
+        if self.h_variant:
+            return Message("embedding", H=H, obj=obj)
+        return Message("labels", y=labels_array(self.y), obj=obj)
+
+
+class CeFMCHClient(CeFMCClient):
+    h_variant = True
+
+
+class CeFMCServer(Server):
+    h_variant = False
+
+    def __init__(self, config: Config, ctx: ServerContext):
+        super().__init__(config, ctx)
+        self.k = ctx.n_clusters
+        self.beta = config.beta if config.beta is not None else config.lam
+        self.members: list[int] = []  # clients in the consensus, in view order
+        self.Cfix: dict[int, np.ndarray] = {}
+        self.last: dict[int, np.ndarray] = {}  # last y_v (or H_v for the H variant)
+        self.obj_v: dict[int, float] = {}
+        self.C: np.ndarray | None = None
+        self.y: np.ndarray | None = None
+        self.prev_obj: float | None = None
+
+    def start(self) -> dict[int, Message]:
+        return {c: Message("embed") for c in self.ctx.client_ids}
+
+    def _outgoing(self) -> dict[int, Message]:
+        y = labels_array(self.y)
+        k = self.k
+        return {c: Message("consensus", y=y, C=self.C[:, j * k:(j + 1) * k].copy()) for j, c in enumerate(self.members)}
+
+    def step(self, round: int, replies: Mapping[int, Message], missing: set[int]) -> dict[int, Message] | Done:
+        if round == 0:
+            return self._init(replies)
+        k = self.k
+        stale = sorted(c for c in self.members if c not in replies)
+        for c in self.members:
+            if c in replies:
+                r = replies[c]
+                self.last[c] = np.asarray(r["H"] if self.h_variant else r["y"])
+                self.obj_v[c] = float(r["obj"])
+        if self.h_variant:
+            Hc = np.hstack([np.asarray(self.last[c], dtype=np.float64) for c in self.members])
+        else:
+            Hc = np.hstack([self.Cfix[c][self.last[c].astype(np.intp)] for c in self.members])
+        self.y = np.argmax(Hc @ self.C.T, axis=1)
+        # P = Hc^T Y: column j sums the rows labelled j (bincount per column, O(N Vk))
+        P = np.stack([np.bincount(self.y, weights=Hc[:, i], minlength=k) for i in range(Hc.shape[1])])
+        self.C = _polar(P).T
+        obj = float(self.beta * np.sum(P * self.C.T) + sum(self.obj_v.values()))
+        change = abs(obj - self.prev_obj) / max(abs(obj), 1e-300) if self.prev_obj is not None else None
+        self.prev_obj = obj
+        self.info = {"objective": obj, "rel_change": change, "stale_clients": stale}
+        if (change is not None and change <= self.config.tol) or round >= self.config.max_rounds:
+            return Done(labels=self.y.copy(), info={"objective": obj, "converged": change is not None and change <= self.config.tol})
+        return self._outgoing()
+
+    def _init(self, replies: Mapping[int, Message]) -> dict[int, Message]:
+        self.members = sorted(replies)
+        if not self.members:
+            raise RuntimeError("cefmc: no client delivered its embedding")
+        k = self.k
+        Hc = np.hstack([np.asarray(replies[c]["H"], dtype=np.float64) for c in self.members])
+        km = KMeans(n_clusters=k, n_init=self.config.kmeans_init, random_state=int(self.ctx.rng.integers(2**31 - 1)))
+        self.y = km.fit_predict(Hc)
+        self.C = _polar(km.cluster_centers_)  # k x Vk with orthonormal rows
+        for j, c in enumerate(self.members):
+            self.Cfix[c] = self.C[:, j * k:(j + 1) * k].copy()
+            self.last[c] = replies[c]["H"] if self.h_variant else self.y.copy()
+            self.obj_v[c] = 0.0
+        self.info = {"members": self.members, "left_out": sorted(set(self.ctx.client_ids) - set(self.members))}
+        return self._outgoing()
+
+    def result(self) -> Done:
+        if self.y is None:
+            raise RuntimeError("cefmc: no consensus labels yet")
+        return Done(labels=self.y.copy(), info={"objective": self.prev_obj, "converged": False})
+
+
+class CeFMCHServer(CeFMCServer):
+    h_variant = True
+
+
+PROTOCOL = Protocol(
+    name="cefmc",
+    config=Config,
+    client=CeFMCClient,
+    server=CeFMCServer,
+    partition="vertical",
+    summary="labels + k x k centroid blocks per round; O(N) per round",
+    paper="Liu et al., communication-efficient federated multi-view clustering",
+)
+PROTOCOL_H = Protocol(
+    name="cefmc-h",
+    config=Config,
+    client=CeFMCHClient,
+    server=CeFMCHServer,
+    partition="vertical",
+    summary="CeFMC ablation: full N x k embeddings every round",
+    paper=PROTOCOL.paper,
+)
+PROTOCOLS = {p.name: p for p in (PROTOCOL, PROTOCOL_H)}

@@ -1,0 +1,3 @@
+"""raymvc: a Ray-based simulator for federated multi-view clustering."""
+
+__version__ = "0.1.0"

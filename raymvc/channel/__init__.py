@@ -1,0 +1,12 @@
+"""The channel every message travels through: codec, link layer (compression and
+encryption) and the traffic ledger."""
+
+from .codec import CodecError, decode, encode
+from .link import Endpoint, Opened, RejectedMessage, Sealed, handshake_bytes
+from .meter import Ledger, LedgerRow
+
+__all__ = [
+    "CodecError", "decode", "encode",
+    "Endpoint", "Opened", "RejectedMessage", "Sealed", "handshake_bytes",
+    "Ledger", "LedgerRow",
+]

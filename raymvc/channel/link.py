@@ -1,0 +1,234 @@
+"""The link layer: turn messages into frames and back, checking every frame.
+
+A frame is::
+
+    b"RMF1" | flags (1 byte) | src | dst | round (int32 LE) | seq (uint64 LE) | body
+
+where ``src`` and ``dst`` are UTF-8 party ids prefixed by their uint16 LE length,
+flag bit 0 means the body is zlib-compressed and bit 1 that it is AES-256-GCM
+encrypted. The body is the codec encoding of the message, compressed, then encrypted
+with every frame byte before it as associated data, so sender, receiver, round and
+sequence number cannot be altered without the tag failing.
+
+:meth:`Endpoint.open` never processes a frame it does not trust: it raises
+:class:`RejectedMessage` with a ``reason`` and counts it in ``Endpoint.rejected``.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+from ..messages import Message
+from . import codec
+from .crypto import ENCRYPTIONS, InvalidTag, derive_link_keys, generate_private_key
+from .crypto import handshake_bytes, public_bytes, seq_nonce
+
+FRAME_MAGIC = b"RMF1"
+FLAG_COMPRESSED = 0x01
+FLAG_ENCRYPTED = 0x02
+COMPRESSIONS = ("none", "zlib")
+REASONS = ("malformed", "tampered", "replayed", "misrouted", "unknown-peer")
+MAX_PAYLOAD_BYTES = 1 << 30  # cap on decompressed size (1 GiB)
+
+_U16 = struct.Struct("<H")
+_ROUND_SEQ = struct.Struct("<iQ")
+
+__all__ = [
+    "COMPRESSIONS", "ENCRYPTIONS", "REASONS", "Endpoint", "Opened", "RejectedMessage",
+    "Sealed", "handshake_bytes",
+]
+
+
+class RejectedMessage(Exception):
+    """A frame that was refused; ``reason`` is one of :data:`REASONS`."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Sealed:
+    """A frame ready to send, with its size before and after the link layer."""
+
+    frame: bytes
+    payload_bytes: int
+    wire_bytes: int
+    kind: str
+    seq: int
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A frame that passed every check, with its decoded message."""
+
+    src: str
+    dst: str
+    round: int
+    seq: int
+    msg: Message
+    payload_bytes: int
+
+
+def _party_bytes(party: str) -> bytes:
+    raw = party.encode("utf-8")
+    if len(raw) > 0xFFFF:
+        raise ValueError("party id too long")
+    return _U16.pack(len(raw)) + raw
+
+
+def _parse_frame(frame: bytes) -> tuple[int, str, str, int, int, int]:
+    """Split a frame into (flags, src, dst, round, seq, body offset) or raise ValueError."""
+    if len(frame) < len(FRAME_MAGIC) + 1 or frame[:4] != FRAME_MAGIC:
+        raise ValueError("bad frame magic")
+    flags = frame[4]
+    if flags & ~(FLAG_COMPRESSED | FLAG_ENCRYPTED):
+        raise ValueError(f"unknown frame flags {flags:#x}")
+    pos = 5
+    parties = []
+    for _ in range(2):
+        if len(frame) < pos + _U16.size:
+            raise ValueError("frame header truncated")
+        (n,) = _U16.unpack_from(frame, pos)
+        pos += _U16.size
+        if len(frame) < pos + n:
+            raise ValueError("frame header truncated")
+        parties.append(frame[pos:pos + n].decode("utf-8"))  # UnicodeDecodeError is a ValueError
+        pos += n
+    if len(frame) < pos + _ROUND_SEQ.size:
+        raise ValueError("frame header truncated")
+    rnd, seq = _ROUND_SEQ.unpack_from(frame, pos)
+    pos += _ROUND_SEQ.size
+    return flags, parties[0], parties[1], rnd, seq, pos
+
+
+def _inflate(body: bytes, limit: int) -> bytes:
+    d = zlib.decompressobj()
+    out = d.decompress(body, limit + 1)
+    if len(out) > limit or d.unconsumed_tail:
+        raise ValueError(f"decompressed payload exceeds {limit} bytes")
+    if not d.eof or d.unused_data:
+        raise ValueError("compressed body is truncated or has trailing bytes")
+    return out
+
+
+class Endpoint:
+    """One party's end of all its links: seals outgoing and opens incoming frames.
+
+    ``encryption`` is ``"none"`` or ``"aes-gcm"``, ``compression`` is ``"none"`` or
+    ``"zlib"`` and ``float_dtype`` (``"float64"`` or ``"float32"``) is passed to the
+    codec. Peers must be registered with :meth:`add_peer` before frames are exchanged.
+    """
+
+    def __init__(self, party: str, *, encryption: str = "none", compression: str = "none",
+                 float_dtype: str = "float64"):
+        if not isinstance(party, str) or not party:
+            raise ValueError("party must be a non-empty string")
+        if encryption not in ENCRYPTIONS:
+            raise ValueError(f"encryption must be one of {ENCRYPTIONS}, got {encryption!r}")
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+        if float_dtype not in codec.FLOAT_DTYPES:
+            raise ValueError(f"float_dtype must be one of {codec.FLOAT_DTYPES}, "
+                             f"got {float_dtype!r}")
+        _party_bytes(party)
+        self.party = party
+        self.encryption = encryption
+        self.compression = compression
+        self.float_dtype = float_dtype
+        self.max_payload_bytes = MAX_PAYLOAD_BYTES
+        self.rejected: dict[str, int] = {r: 0 for r in REASONS}
+        self._private = generate_private_key() if encryption == "aes-gcm" else None
+        self._keys: dict[str, object] = {}  # peer -> LinkKeys (or None without encryption)
+        self._next_seq: dict[str, int] = {}  # peer -> next seq to send
+        self._last_seq: dict[str, int] = {}  # peer -> highest seq accepted
+
+    @property
+    def encrypted(self) -> bool:
+        return self.encryption == "aes-gcm"
+
+    def public_key(self) -> bytes | None:
+        """Raw 32-byte X25519 public key, or ``None`` without encryption."""
+        return public_bytes(self._private) if self._private is not None else None
+
+    def peers(self) -> list[str]:
+        """Registered peer ids."""
+        return list(self._keys)
+
+    def add_peer(self, peer: str, public_key: bytes | None) -> None:
+        """Register ``peer``; with aes-gcm derive the send and receive keys for it."""
+        if not isinstance(peer, str) or not peer:
+            raise ValueError("peer must be a non-empty string")
+        _party_bytes(peer)
+        if self.encrypted:
+            if public_key is None:
+                raise ValueError(f"peer {peer!r}: aes-gcm needs its public key")
+            self._keys[peer] = derive_link_keys(self._private, self.party, peer, public_key)
+        else:
+            self._keys[peer] = None
+        self._next_seq.setdefault(peer, 1)
+        self._last_seq.setdefault(peer, 0)
+
+    def seal(self, dst: str, round: int, msg: Message) -> Sealed:
+        """Encode, compress and encrypt ``msg`` for ``dst`` in ``round``."""
+        if dst not in self._keys:
+            raise KeyError(f"{self.party}: unknown peer {dst!r}; call add_peer first")
+        if not -(2**31) <= round < 2**31:
+            raise ValueError("round must fit in int32")
+        payload = codec.encode(msg, self.float_dtype)
+        seq = self._next_seq[dst]
+        self._next_seq[dst] = seq + 1
+        flags = 0
+        body = payload
+        if self.compression == "zlib":
+            flags |= FLAG_COMPRESSED
+            body = zlib.compress(body)
+        if self.encrypted:
+            flags |= FLAG_ENCRYPTED
+        header = (FRAME_MAGIC + bytes([flags]) + _party_bytes(self.party) + _party_bytes(dst)
+                  + _ROUND_SEQ.pack(round, seq))
+        if self.encrypted:
+            body = self._keys[dst].send.encrypt(seq_nonce(seq), body, header)
+        frame = header + body
+        return Sealed(frame=frame, payload_bytes=len(payload), wire_bytes=len(frame),
+                      kind=msg.kind, seq=seq)
+
+    def _reject(self, reason: str, detail: str) -> RejectedMessage:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        return RejectedMessage(reason, detail)
+
+    def open(self, frame: bytes) -> Opened:
+        """Check and decode a frame; raise :class:`RejectedMessage` if it is not trusted."""
+        if not isinstance(frame, (bytes, bytearray, memoryview)):
+            raise self._reject("malformed", f"expected bytes, got {type(frame).__name__}")
+        frame = bytes(frame)
+        try:
+            flags, src, dst, rnd, seq, pos = _parse_frame(frame)
+        except ValueError as exc:
+            raise self._reject("malformed", str(exc)) from None
+        if dst != self.party:
+            raise self._reject("misrouted", f"frame for {dst!r} reached {self.party!r}")
+        if src not in self._keys:
+            raise self._reject("unknown-peer", f"no link with {src!r}")
+        if bool(flags & FLAG_ENCRYPTED) != self.encrypted:
+            raise self._reject("tampered", "encryption flag does not match this link")
+        body = frame[pos:]
+        if self.encrypted:
+            try:
+                body = self._keys[src].recv.decrypt(seq_nonce(seq), body, frame[:pos])
+            except InvalidTag:
+                raise self._reject("tampered", f"authentication failed for frame from {src!r}") \
+                    from None
+        if seq <= self._last_seq[src]:
+            raise self._reject("replayed", f"seq {seq} from {src!r} already seen")
+        try:
+            if flags & FLAG_COMPRESSED:
+                body = _inflate(body, self.max_payload_bytes)
+            msg = codec.decode(body)
+        except (ValueError, zlib.error) as exc:  # CodecError is a ValueError
+            raise self._reject("malformed", str(exc)) from None
+        self._last_seq[src] = seq
+        return Opened(src=src, dst=dst, round=rnd, seq=seq, msg=msg, payload_bytes=len(body))

@@ -1,0 +1,134 @@
+"""The traffic ledger: one row per message, with totals per direction, client and round.
+
+Every row on a path counts towards its totals whatever its status: a message that was
+sent cost bandwidth even if it was dropped, late, rejected or lost. ``bytes_up`` are
+wire bytes sent by clients (``src`` starting with ``"client"``), ``bytes_down`` wire
+bytes sent by the server. MB means 10**6 bytes.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Iterable
+
+PATHS = ("protocol", "eval", "setup")
+STATUSES = ("delivered", "dropped", "late", "rejected", "lost")
+_CLIENT = re.compile(r"client:(\d+)")
+
+
+@dataclass
+class LedgerRow:
+    """One message as the meter saw it."""
+
+    round: int
+    src: str
+    dst: str
+    kind: str
+    path: str
+    payload_bytes: int
+    wire_bytes: int
+    send_t: float
+    arrive_t: float | None = None
+    status: str = "delivered"
+
+    def __post_init__(self) -> None:
+        if self.path not in PATHS:
+            raise ValueError(f"ledger path must be one of {PATHS}, got {self.path!r}")
+        if self.status not in STATUSES:
+            raise ValueError(f"ledger status must be one of {STATUSES}, got {self.status!r}")
+
+
+FIELD_NAMES = tuple(f.name for f in fields(LedgerRow))
+
+
+def client_id(party: str) -> int | None:
+    """Return ``N`` for ``"client:N"``, else ``None``."""
+    m = _CLIENT.fullmatch(party)
+    return int(m.group(1)) if m else None
+
+
+def _empty_totals() -> dict[str, Any]:
+    return {"messages": 0, "payload_bytes": 0, "wire_bytes": 0, "bytes_up": 0,
+            "bytes_down": 0, "mb_total": 0.0}
+
+
+def _add(tot: dict[str, Any], row: LedgerRow) -> None:
+    tot["messages"] += 1
+    tot["payload_bytes"] += row.payload_bytes
+    tot["wire_bytes"] += row.wire_bytes
+    if row.src.startswith("client"):
+        tot["bytes_up"] += row.wire_bytes
+    if row.src == "server":
+        tot["bytes_down"] += row.wire_bytes
+    tot["mb_total"] = tot["wire_bytes"] / 1e6
+
+
+class Ledger:
+    """An append-only list of :class:`LedgerRow` with summaries."""
+
+    def __init__(self) -> None:
+        self.rows: list[LedgerRow] = []
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def record(self, **fields: Any) -> LedgerRow:
+        """Append a row built from keyword fields and return it."""
+        row = LedgerRow(**fields)
+        self.rows.append(row)
+        return row
+
+    def extend(self, rows: Iterable[LedgerRow]) -> None:
+        """Append rows (for example the ledger of another process)."""
+        for row in rows:
+            if not isinstance(row, LedgerRow):
+                raise TypeError(f"expected LedgerRow, got {type(row).__name__}")
+            self.rows.append(row)
+
+    def _select(self, path: str | None) -> Iterable[LedgerRow]:
+        return (r for r in self.rows if path is None or r.path == path)
+
+    def totals(self, path: str | None = "protocol") -> dict[str, Any]:
+        """Message count, payload/wire bytes, up/down wire bytes and MB on ``path``.
+
+        ``path=None`` sums every path.
+        """
+        tot = _empty_totals()
+        for row in self._select(path):
+            _add(tot, row)
+        return tot
+
+    def per_client(self, path: str | None = "protocol") -> dict[int, dict[str, int]]:
+        """Per client id: ``up`` (wire bytes it sent), ``down`` (wire bytes sent to it)
+        and ``messages`` (rows it took part in)."""
+        out: dict[int, dict[str, int]] = {}
+        for row in self._select(path):
+            src, dst = client_id(row.src), client_id(row.dst)
+            for cid in {src, dst} - {None}:
+                out.setdefault(cid, {"up": 0, "down": 0, "messages": 0})["messages"] += 1
+            if src is not None:
+                out[src]["up"] += row.wire_bytes
+            if dst is not None:
+                out[dst]["down"] += row.wire_bytes
+        return dict(sorted(out.items()))
+
+    def per_round(self, path: str | None = "protocol") -> dict[int, dict[str, Any]]:
+        """The :meth:`totals` of each round, keyed by round number."""
+        out: dict[int, dict[str, Any]] = {}
+        for row in self._select(path):
+            _add(out.setdefault(row.round, _empty_totals()), row)
+        return dict(sorted(out.items()))
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        """Rows as plain dicts, in recording order."""
+        return [asdict(r) for r in self.rows]
+
+    def write_csv(self, path: str) -> None:
+        """Write all rows to ``path`` as CSV with a header row; ``None`` becomes empty."""
+        with open(path, "w", newline="", encoding="utf-8") as fh:
+            writer = csv.DictWriter(fh, fieldnames=FIELD_NAMES)
+            writer.writeheader()
+            for d in self.to_dicts():
+                writer.writerow({k: ("" if v is None else v) for k, v in d.items()})

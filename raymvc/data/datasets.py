@@ -1,0 +1,371 @@
+"""Data set loading: built-in data sets, user ``.npz`` / ``.mat`` files, normalisation.
+
+Every loader returns a :class:`MultiViewDataset` with float64 views, labels remapped to
+``0..k-1`` and, where some samples lack some views, a ``present`` mask (absent rows are
+zero-filled).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .types import MultiViewDataset
+
+BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
+HW_VIEWS = ["fac", "fou", "kar", "mor", "pix", "zer"]
+HW_PIX_SHAPE = (16, 15)  # rows x columns, verified by drawing samples
+
+_BUILTINS = {
+    "handwritten": "UCI Multiple Features digits: 2000 samples, 6 views "
+    "(fac 216, fou 76, kar 64, mor 6, pix 240, zer 47), 10 classes",
+    "handwritten-pix": "UCI Multiple Features pixel view only: 2000 images of 16x15, 10 classes",
+    "digits": "scikit-learn 8x8 digits: 1797 samples, 1 view of 64 pixels, 10 classes",
+    "synthetic": "seeded multi-view Gaussian mixture (n_samples, n_views, dims, n_clusters, noise)",
+}
+
+VIEW_KEYS = ("X", "views", "data", "fea")
+LABEL_KEYS = ("Y", "y", "gt", "labels", "label", "truelabel", "truth", "gnd")
+_NUMBERED_VIEW = re.compile(r"^(?:X|x|view_?|View_?)(\d+)$")
+_SYNTH_ARGS = ("n_samples", "n_views", "dims", "n_clusters", "noise")
+
+
+class DataError(ValueError):
+    """A data set could not be loaded or is malformed."""
+
+
+def list_builtin() -> dict[str, str]:
+    """Names of the built-in data sets mapped to one-line descriptions."""
+    return dict(_BUILTINS)
+
+
+def load_dataset(
+    name: str | None = None,
+    path: str | None = None,
+    *,
+    n_samples: int | None = None,
+    n_views: int | None = None,
+    dims: int | Sequence[int] | None = None,
+    n_clusters: int | None = None,
+    noise: float | None = None,
+    seed: int = 0,
+    views: Sequence[int | str] | None = None,
+) -> MultiViewDataset:
+    """Load a built-in data set by ``name`` or a user file by ``path``.
+
+    ``n_samples``, ``n_views``, ``dims``, ``n_clusters``, ``noise`` and ``seed`` shape
+    the ``"synthetic"`` data set only. ``views`` keeps a subset of views, by index or
+    name, in the order given.
+    """
+    if (name is None) == (path is None):
+        raise DataError("give exactly one of a built-in data set name or a file path")
+    synth = {k: v for k, v in zip(_SYNTH_ARGS, (n_samples, n_views, dims, n_clusters, noise)) if v is not None}
+    if name != "synthetic" and synth:
+        raise DataError(f"{', '.join(synth)}: only the 'synthetic' data set takes generation options")
+    if path is not None:
+        ds = _load_file(Path(path))
+    elif name == "handwritten":
+        ds = _handwritten()
+    elif name == "handwritten-pix":
+        ds = _select(_handwritten(), ["pix"])
+        ds.name = "handwritten-pix"
+    elif name == "digits":
+        ds = _digits()
+    elif name == "synthetic":
+        ds = synthetic(**synth, seed=seed)
+    else:
+        raise DataError(f"unknown data set {name!r}; built-in data sets: {', '.join(_BUILTINS)}")
+    return _select(ds, views) if views is not None else ds
+
+
+# --------------------------------------------------------------------------- builtins
+
+
+def _handwritten() -> MultiViewDataset:
+    with np.load(BUILTIN_DIR / "handwritten.npz") as f:
+        views = [f[v].astype(np.float64) for v in HW_VIEWS]
+        labels = f["labels"].astype(np.int64)
+    return MultiViewDataset(
+        name="handwritten",
+        views=views,
+        labels=labels,
+        view_names=list(HW_VIEWS),
+        image_shapes={HW_VIEWS.index("pix"): HW_PIX_SHAPE},
+        source="UCI Multiple Features (builtin/handwritten.npz)",
+    )
+
+
+def _digits() -> MultiViewDataset:
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    return MultiViewDataset(
+        name="digits",
+        views=[d.data.astype(np.float64)],
+        labels=d.target.astype(np.int64),
+        view_names=["pixels"],
+        image_shapes={0: (8, 8)},
+        source="sklearn.datasets.load_digits",
+    )
+
+
+def synthetic(
+    n_samples: int = 1000,
+    n_views: int | None = None,
+    dims: int | Sequence[int] = 20,
+    n_clusters: int = 5,
+    noise: float = 1.0,
+    seed: int = 0,
+) -> MultiViewDataset:
+    """A multi-view Gaussian mixture with balanced clusters.
+
+    Each view ``v`` has its own cluster means drawn from ``N(0, I)`` in ``dims[v]``
+    dimensions; a sample of cluster ``c`` is ``mean_v[c] + noise * N(0, I)`` in every
+    view. Defaults: 1000 samples, 3 views of 20 dims, 5 clusters, noise 1.0.
+    """
+    if isinstance(dims, (int, np.integer)):
+        n_views = 3 if n_views is None else n_views
+        dims = [int(dims)] * n_views
+    else:
+        dims = [int(d) for d in dims]
+        n_views = len(dims) if n_views is None else n_views
+        if len(dims) != n_views:
+            raise DataError(f"synthetic: dims has {len(dims)} entries but n_views is {n_views}")
+    if n_samples < n_clusters or n_clusters < 1 or n_views < 1 or min(dims) < 1 or noise < 0:
+        raise DataError(
+            f"synthetic: need n_samples >= n_clusters >= 1, n_views >= 1, dims >= 1, noise >= 0 "
+            f"(got n_samples={n_samples}, n_clusters={n_clusters}, n_views={n_views}, dims={dims}, noise={noise})"
+        )
+    rng = np.random.default_rng(seed)
+    labels = rng.permutation(np.arange(n_samples) % n_clusters)
+    views = []
+    for d in dims:
+        means = rng.standard_normal((n_clusters, d))
+        X = rng.standard_normal((n_samples, d))
+        X *= noise
+        X += means[labels]
+        views.append(X)
+    return MultiViewDataset(
+        name="synthetic",
+        views=views,
+        labels=labels.astype(np.int64),
+        source=f"synthetic(n_samples={n_samples}, dims={dims}, n_clusters={n_clusters}, noise={noise}, seed={seed})",
+    )
+
+
+def _select(ds: MultiViewDataset, keep: Sequence[int | str]) -> MultiViewDataset:
+    """A copy of ``ds`` holding only the views in ``keep`` (indices or names)."""
+    idx = []
+    for k in keep:
+        if isinstance(k, str):
+            if k not in ds.view_names:
+                raise DataError(f"{ds.name}: no view named {k!r}; views: {ds.view_names}")
+            idx.append(ds.view_names.index(k))
+        elif 0 <= int(k) < ds.n_views:
+            idx.append(int(k))
+        else:
+            raise DataError(f"{ds.name}: view index {k} out of range 0..{ds.n_views - 1}")
+    if not idx:
+        raise DataError(f"{ds.name}: view selection is empty")
+    present = None if ds.present is None else ds.present[:, idx]
+    return dataclasses.replace(
+        ds,
+        views=[ds.views[i] for i in idx],
+        present=present,
+        view_names=[ds.view_names[i] for i in idx],
+        image_shapes={j: ds.image_shapes[i] for j, i in enumerate(idx) if i in ds.image_shapes},
+    )
+
+
+# --------------------------------------------------------------------------- user files
+
+
+def _load_file(path: Path) -> MultiViewDataset:
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    suffix = path.suffix.lower()
+    if suffix == ".npz":
+        raw_views, labels, present, index, names = _read_npz(path)
+    elif suffix == ".mat":
+        raw_views, labels, present, index, names = _read_mat(path)
+    else:
+        raise DataError(f"{path}: unsupported file type {suffix!r}; use .npz or .mat")
+    return _assemble(path, raw_views, labels, present, index, names)
+
+
+def _read_npz(path: Path):
+    """Views, labels, present mask, index and view names from an ``.npz`` archive.
+
+    Object arrays (a list of views of different widths) are stored pickled by numpy, so
+    loading them unpickles: only load archives you trust.
+    """
+    try:
+        f = np.load(path, allow_pickle=True)
+    except Exception as exc:  # noqa: BLE001 - any reader failure is a data error
+        raise DataError(f"{path}: cannot read .npz archive ({exc})") from exc
+    with f:
+        keys = list(f.keys())
+        views = None
+        for k in ("X", "views"):
+            if k in keys:
+                arr = f[k]
+                if arr.dtype == object:
+                    views = list(arr.ravel()) if arr.ndim != 1 else list(arr)
+                elif arr.ndim == 3:
+                    views = list(arr)
+                else:
+                    views = [arr]
+                break
+        if views is None:
+            numbered = sorted((int(m.group(1)), k) for k in keys if (m := _NUMBERED_VIEW.match(k)))
+            views = [f[k] for _, k in numbered] or None
+        label_key = next((k for k in LABEL_KEYS if k in keys), None)
+        labels = f[label_key] if label_key else None
+        present = f["present"] if "present" in keys else None
+        names = [str(s) for s in f["view_names"]] if "view_names" in keys else None
+    return views, labels, present, None, names
+
+
+def _read_mat(path: Path):
+    """Views, labels, present mask (none), index and view names from a MATLAB v5/v7 file."""
+    import scipy.io
+
+    try:
+        m = scipy.io.loadmat(path)
+    except NotImplementedError as exc:
+        raise DataError(
+            f"{path}: MATLAB v7.3 (HDF5) files are not supported; re-save it in MATLAB with "
+            f"save('{path.name}', ..., '-v7')"
+        ) from exc
+    except Exception as exc:  # noqa: BLE001
+        raise DataError(f"{path}: cannot read .mat file ({exc})") from exc
+    views = None
+    for k in VIEW_KEYS:
+        if k in m:
+            arr = m[k]
+            views = [_dense(a) for a in arr.ravel()] if arr.dtype == object else [_dense(arr)]
+            break
+    label_key = next((k for k in LABEL_KEYS if k in m), None)
+    labels = _unwrap_cell(m[label_key]) if label_key else None
+    index = None
+    if "index" in m:
+        arr = m["index"]
+        index = [np.asarray(a).ravel() for a in arr.ravel()] if arr.dtype == object else [arr.ravel()]
+    return views, labels, None, index, None
+
+
+def _dense(a) -> np.ndarray:
+    """A MATLAB matrix (possibly sparse) as a dense float64 array."""
+    if hasattr(a, "toarray"):
+        a = a.toarray()
+    return np.asarray(a, dtype=np.float64)
+
+
+def _unwrap_cell(a) -> np.ndarray:
+    """Labels stored directly or inside a cell (the first cell entry is used)."""
+    a = np.asarray(a)
+    while a.dtype == object:
+        a = np.asarray(a.ravel()[0])
+    return a.ravel()
+
+
+def _assemble(path, raw_views, labels, present, index, names) -> MultiViewDataset:
+    """Orient views, build the present mask, zero-fill absent rows, remap labels."""
+    if not raw_views:
+        raise DataError(
+            f"{path}: no views found; expected a cell/list named one of {', '.join(VIEW_KEYS)} "
+            "or arrays X0, X1, ... / view_0, view_1, ..."
+        )
+    if labels is None:
+        raise DataError(f"{path}: no labels found; expected one of {', '.join(LABEL_KEYS)}")
+    labels = np.asarray(labels).ravel()
+    n = len(labels)
+    views = []
+    for v, X in enumerate(raw_views):
+        X = _dense(X)
+        if X.ndim == 1:
+            X = X[:, None]
+        if X.ndim != 2:
+            raise DataError(f"{path}: view {v} has {X.ndim} dimensions, expected a matrix")
+        if X.shape[0] != n:
+            if X.shape[1] != n:
+                raise DataError(f"{path}: view {v} has shape {X.shape}, neither dimension matches {n} labels")
+            X = X.T
+        views.append(np.array(X, dtype=np.float64))
+    V = len(views)
+    if present is not None:
+        present = np.asarray(present, dtype=bool)
+        if present.shape != (n, V):
+            raise DataError(f"{path}: present mask has shape {present.shape}, expected ({n}, {V})")
+    elif index is not None:
+        if len(index) != V:
+            raise DataError(f"{path}: index has {len(index)} entries but there are {V} views")
+        present = np.zeros((n, V), dtype=bool)
+        for v, idx in enumerate(index):
+            idx = np.asarray(idx, dtype=np.int64)
+            if idx.size and (idx.min() < 1 or idx.max() > n):
+                raise DataError(f"{path}: index of view {v} is out of range 1..{n} (indices are 1-based)")
+            present[idx - 1, v] = True
+    else:
+        present = np.stack([~np.isnan(X).all(axis=1) for X in views], axis=1)
+    for v, X in enumerate(views):
+        X[~present[:, v]] = 0.0
+        if np.isnan(X).any():
+            raise DataError(f"{path}: view {v} has NaN values in rows marked present")
+    if present.all():
+        present = None
+    _, labels = np.unique(labels, return_inverse=True)
+    if names is not None and len(names) != V:
+        names = None
+    return MultiViewDataset(
+        name=path.stem,
+        views=views,
+        labels=labels.astype(np.int64),
+        present=present,
+        view_names=names or [],
+        source=str(path),
+    )
+
+
+# --------------------------------------------------------------------------- normalisation
+
+NORMALIZE_METHODS = ("none", "l2", "zscore", "minmax")
+
+
+def normalize(ds: MultiViewDataset, method: str) -> MultiViewDataset:
+    """Return a new data set with every view normalised.
+
+    ``"l2"`` scales each present row to unit Euclidean norm (zero rows stay zero);
+    ``"zscore"`` and ``"minmax"`` work per feature using present rows only (constant
+    features become 0); absent rows stay 0; ``"none"`` copies the views.
+    """
+    if method not in NORMALIZE_METHODS:
+        raise DataError(f"unknown normalisation {method!r}; choose one of {', '.join(NORMALIZE_METHODS)}")
+    mask = ds.present_mask()
+    out = []
+    for v, X in enumerate(ds.views):
+        rows = mask[:, v]
+        Y = np.zeros_like(X, dtype=np.float64)
+        P = np.asarray(X[rows], dtype=np.float64)
+        if method == "l2":
+            norms = np.linalg.norm(P, axis=1, keepdims=True)
+            P = P / np.where(norms > 0, norms, 1.0)
+        elif method == "zscore" and len(P):
+            std = P.std(axis=0)
+            P = (P - P.mean(axis=0)) / np.where(std > 0, std, 1.0)
+        elif method == "minmax" and len(P):
+            lo, span = P.min(axis=0), np.ptp(P, axis=0)
+            P = (P - lo) / np.where(span > 0, span, 1.0)
+        Y[rows] = P
+        out.append(Y)
+    return dataclasses.replace(
+        ds,
+        views=out,
+        present=None if ds.present is None else ds.present.copy(),
+        view_names=list(ds.view_names),
+        image_shapes=dict(ds.image_shapes),
+    )

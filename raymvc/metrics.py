@@ -1,0 +1,107 @@
+"""External clustering scores: ACC, NMI, ARI, purity, pairwise F-score, matched Kappa.
+
+Predicted labels may contain ``-1`` for samples that received no label. Such samples
+count as wrong for ACC, purity and Kappa, belong to no pair for the F-score, and form
+one extra cluster for NMI and ARI. They stay in the denominator everywhere.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+UNLABELLED = -1
+
+
+def _table(y_true, y_pred) -> tuple[np.ndarray, np.ndarray, int]:
+    """Contingency table (classes x labelled clusters), the classes' sizes and n.
+
+    Class sizes include samples predicted ``-1``; the table's columns do not.
+    """
+    y_true = np.asarray(y_true).ravel()
+    y_pred = np.asarray(y_pred).ravel()
+    if y_true.shape != y_pred.shape:
+        raise ValueError(f"y_true has {y_true.size} labels but y_pred has {y_pred.size}")
+    if y_true.size == 0:
+        raise ValueError("cannot score an empty labelling")
+    _, t = np.unique(y_true, return_inverse=True)
+    labelled = y_pred != UNLABELLED
+    _, p = np.unique(y_pred[labelled], return_inverse=True)
+    k_true = int(t.max()) + 1
+    k_pred = int(p.max()) + 1 if p.size else 0
+    table = np.zeros((k_true, k_pred), dtype=np.int64)
+    np.add.at(table, (t[labelled], p), 1)
+    return table, np.bincount(t, minlength=k_true), int(y_true.size)
+
+
+def _matching(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Hungarian matching of classes (rows) to clusters (columns), maximising agreement."""
+    return linear_sum_assignment(table, maximize=True)
+
+
+def acc(y_true, y_pred) -> float:
+    """Accuracy after the best one-to-one matching of clusters to classes."""
+    table, _, n = _table(y_true, y_pred)
+    r, c = _matching(table)
+    return float(table[r, c].sum() / n)
+
+
+def purity(y_true, y_pred) -> float:
+    """Fraction of samples belonging to their cluster's majority class."""
+    table, _, n = _table(y_true, y_pred)
+    return float(table.max(axis=0).sum() / n) if table.size else 0.0
+
+
+def _pairs(x: np.ndarray) -> int:
+    x = x.astype(np.int64)
+    return int((x * (x - 1) // 2).sum())
+
+
+def pairwise_fscore(y_true, y_pred) -> float:
+    """F-measure of pairwise precision and recall over sample pairs (from the table)."""
+    table, class_sizes, _ = _table(y_true, y_pred)
+    same_both = _pairs(table)
+    same_pred = _pairs(table.sum(axis=0))
+    same_true = _pairs(class_sizes)
+    if same_pred == 0 and same_true == 0:
+        return 1.0 if same_both == 0 and table.sum() == class_sizes.sum() else 0.0
+    precision = same_both / same_pred if same_pred else 0.0
+    recall = same_both / same_true if same_true else 0.0
+    return float(2 * precision * recall / (precision + recall)) if precision + recall else 0.0
+
+
+def matched_kappa(y_true, y_pred) -> float:
+    """Cohen's kappa after mapping clusters to classes by the Hungarian matching.
+
+    Clusters left unmatched, and unlabelled samples, get an extra label that no class
+    has, so they count as disagreements.
+    """
+    table, class_sizes, n = _table(y_true, y_pred)
+    k = table.shape[0]
+    r, c = _matching(table)
+    # confusion over classes 0..k-1 plus one "wrong" column for everything unmatched
+    confusion = np.zeros((k, k + 1), dtype=np.int64)
+    confusion[:, r] = table[:, c]
+    confusion[:, k] = class_sizes - confusion[:, :k].sum(axis=1)
+    po = np.trace(confusion[:, :k]) / n
+    pe = float((class_sizes * confusion.sum(axis=0)[:k]).sum()) / (n * n)
+    if pe >= 1.0:
+        return 1.0 if po >= 1.0 else 0.0
+    return float((po - pe) / (1.0 - pe))
+
+
+def clustering_scores(y_true, y_pred, kappa: bool = False) -> dict[str, float]:
+    """ACC, NMI (arithmetic), ARI, purity and pairwise F-score; plus Kappa if asked."""
+    y_true = np.asarray(y_true).ravel()
+    y_pred = np.asarray(y_pred).ravel()
+    scores = {
+        "acc": acc(y_true, y_pred),
+        "nmi": float(normalized_mutual_info_score(y_true, y_pred, average_method="arithmetic")),
+        "ari": float(adjusted_rand_score(y_true, y_pred)),
+        "purity": purity(y_true, y_pred),
+        "fscore": pairwise_fscore(y_true, y_pred),
+    }
+    if kappa:
+        scores["kappa"] = matched_kappa(y_true, y_pred)
+    return scores

@@ -1,0 +1,109 @@
+"""The run directory: ``summary.json``, ``rounds.jsonl``, ``messages.csv``, ``scenario.yaml``.
+
+``rounds.jsonl`` gets one line per round as the round ends (flushed), so a long run
+can be watched with ``tail -f`` and a crash mid-run still leaves every finished round.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple, set)):
+        items = sorted(x) if isinstance(x, set) else x
+        return [_jsonable(v) for v in items]
+    if isinstance(x, np.ndarray):
+        return _jsonable(x.tolist())
+    if isinstance(x, np.generic):
+        return _jsonable(x.item())
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def default_out_dir(name: str, root: str | Path = "runs") -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = Path(root) / f"{name}-{stamp}"
+    out, i = base, 1
+    while out.exists():
+        i += 1
+        out = Path(f"{base}-{i}")
+    return out
+
+
+class RunWriter:
+    """Writes one run's files as the run goes."""
+
+    def __init__(self, out_dir: str | Path):
+        self.dir = Path(out_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._rounds = open(self.dir / "rounds.jsonl", "w")
+
+    def scenario(self, text: str) -> None:
+        (self.dir / "scenario.yaml").write_text(text)
+
+    def round(self, record: dict) -> None:
+        self._rounds.write(json.dumps(_jsonable(record)) + "\n")
+        self._rounds.flush()
+
+    def messages(self, ledger) -> None:
+        ledger.write_csv(self.dir / "messages.csv")
+
+    def summary(self, summary: dict) -> Path:
+        path = self.dir / "summary.json"
+        path.write_text(json.dumps(_jsonable(summary), indent=2) + "\n")
+        return path
+
+    def close(self) -> None:
+        if not self._rounds.closed:
+            self._rounds.close()
+
+
+def read_summary(out_dir: str | Path) -> dict:
+    return json.loads((Path(out_dir) / "summary.json").read_text())
+
+
+def format_summary(s: dict) -> str:
+    """A short human-readable report of a summary dict."""
+    m = s.get("metrics") or {}
+    c = s.get("communication") or {}
+    f = s.get("faults") or {}
+    t = s.get("timing") or {}
+    lines = [
+        f"{s.get('name', '')}: {s['method']} on {s['dataset']} "
+        f"({s['n_samples']} samples, {s['n_clients']} clients, seed {s['seed']})",
+        f"  status    {s['status']}" + (f" ({s['error']})" if s.get("error") else ""),
+        f"  rounds    {s['rounds']}",
+    ]
+    if m:
+        lines.append("  metrics   " + "  ".join(f"{k.upper()} {v:.4f}" for k, v in m.items() if v is not None))
+    lines.append(
+        f"  traffic   {c.get('mb_total', 0):.3f} MB in {c.get('messages', 0)} messages "
+        f"(up {c.get('bytes_up', 0) / 1e6:.3f} MB, down {c.get('bytes_down', 0) / 1e6:.3f} MB; "
+        f"payload {c.get('payload_bytes', 0) / 1e6:.3f} MB)"
+    )
+    fault_bits = [
+        f"dropped {f.get('dropped_replies', 0)}",
+        f"late {f.get('late_replies', 0)}",
+        f"rejected {f.get('rejected_messages', 0)}",
+        f"crashed {f.get('crashed_clients') or 'none'}",
+    ]
+    if f.get("disconnected_clients"):
+        fault_bits.append(f"never connected {f['disconnected_clients']}")
+    lines.append("  faults    " + ", ".join(fault_bits))
+    lines.append(
+        f"  time      {t.get('wall_s', 0):.2f} s wall, {t.get('protocol_s', 0):.2f} s protocol, "
+        f"{t.get('ray_init_s', 0):.2f} s Ray start, {t.get('virtual_s', 0):.2f} s virtual"
+    )
+    if s.get("out_dir"):
+        lines.append(f"  results   {s['out_dir']}")
+    return "\n".join(lines)

@@ -1,0 +1,80 @@
+"""Seeded fault plan and the virtual network model.
+
+Every random fault decision comes from the scenario seed through its own stream
+(``default_rng([seed, tag, round, client])``), so whether client 3 drops out of round
+7 does not depend on how many other draws happened before: runs are reproducible and
+the Ray and in-process backends see the same faults.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..scenario import DelayCfg, FaultsCfg, NetworkCfg
+
+# stream tags, so the streams never overlap
+_DISCONNECT, _STRAGGLERS, _DROPOUT, _DELAY = 101, 102, 103, 104
+
+
+def _draw_delay(cfg: DelayCfg, rng: np.random.Generator) -> float:
+    if cfg.dist == "constant" or cfg.mean == 0:
+        return float(cfg.mean)
+    if cfg.dist == "exponential":
+        return float(rng.exponential(cfg.mean))
+    if cfg.dist == "uniform":
+        return float(rng.uniform(0.0, 2.0 * cfg.mean))
+    # lognormal parametrised by its mean and the sigma of the underlying normal
+    mu = math.log(cfg.mean) - cfg.sigma**2 / 2.0
+    return float(rng.lognormal(mu, cfg.sigma))
+
+
+@dataclass
+class FaultPlan:
+    """Which clients fail how, decided once from the seed."""
+
+    cfg: FaultsCfg
+    client_ids: list[int]
+    seed: int
+
+    def __post_init__(self) -> None:
+        n = len(self.client_ids)
+        ids = np.array(self.client_ids)
+        n_off = int(round(self.cfg.disconnect.rate * n))
+        rng = np.random.default_rng([self.seed, _DISCONNECT])
+        self.disconnected: set[int] = set(int(c) for c in rng.choice(ids, n_off, replace=False)) if n_off else set()
+        n_slow = int(round(self.cfg.stragglers.fraction * n))
+        rng = np.random.default_rng([self.seed, _STRAGGLERS])
+        self.stragglers: set[int] = set(int(c) for c in rng.choice(ids, n_slow, replace=False)) if n_slow else set()
+        self.crash_at: dict[int, int] = {}
+        for c in self.cfg.crash:
+            self.crash_at[c.client] = min(c.at_round, self.crash_at.get(c.client, c.at_round))
+
+    def dropped(self, round: int, client: int) -> bool:
+        rate = self.cfg.dropout.rate
+        if rate <= 0:
+            return False
+        return bool(np.random.default_rng([self.seed, _DROPOUT, round, client]).random() < rate)
+
+    def delay(self, round: int, client: int) -> float:
+        if client not in self.stragglers:
+            return 0.0
+        return _draw_delay(self.cfg.stragglers.delay_s, np.random.default_rng([self.seed, _DELAY, round, client]))
+
+    def crashes_now(self, round: int) -> list[int]:
+        return sorted(c for c, r in self.crash_at.items() if r == round)
+
+
+@dataclass
+class Network:
+    """Transfer time of a message: latency + bytes / bandwidth (virtual seconds)."""
+
+    cfg: NetworkCfg
+
+    def transfer_s(self, nbytes: int) -> float:
+        t = self.cfg.latency_ms / 1000.0
+        if self.cfg.bandwidth_mbps:
+            t += nbytes * 8.0 / (self.cfg.bandwidth_mbps * 1e6)
+        return t

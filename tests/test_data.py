@@ -1,0 +1,387 @@
+"""Tests for data loading, normalisation and partitioning."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.io
+
+from raymvc.data import (
+    DataError,
+    horizontal,
+    list_builtin,
+    load_dataset,
+    missing_mask,
+    normalize,
+    unalign,
+    vertical,
+)
+from raymvc.data.types import MultiViewDataset
+
+PROTEIN = Path(__file__).resolve().parents[2] / "shared" / "data" / "proteinfold" / "proteinFold_Per0.5.mat"
+
+
+@pytest.fixture(scope="module")
+def hw():
+    return load_dataset("handwritten")
+
+
+def rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+# --------------------------------------------------------------------------- builtins
+
+
+def test_list_builtin():
+    names = list_builtin()
+    assert {"handwritten", "handwritten-pix", "digits", "synthetic"} <= set(names)
+    assert all(isinstance(d, str) and d for d in names.values())
+
+
+def test_handwritten_shapes(hw):
+    assert hw.n_samples == 2000
+    assert hw.dims == [216, 76, 64, 6, 240, 47]
+    assert hw.view_names == ["fac", "fou", "kar", "mor", "pix", "zer"]
+    assert np.array_equal(np.bincount(hw.labels), np.full(10, 200))
+    assert all(X.dtype == np.float64 for X in hw.views)
+    assert hw.image_shapes == {4: (16, 15)}
+    assert hw.present is None
+
+
+def test_handwritten_pix_and_view_selection(hw):
+    pix = load_dataset("handwritten-pix")
+    assert pix.dims == [240] and pix.image_shapes == {0: (16, 15)}
+    assert np.array_equal(pix.views[0], hw.views[4])
+    sub = load_dataset("handwritten", views=["zer", 4])
+    assert sub.dims == [47, 240] and sub.image_shapes == {1: (16, 15)}
+    with pytest.raises(DataError, match="no view named"):
+        load_dataset("handwritten", views=["nope"])
+
+
+def test_digits():
+    ds = load_dataset("digits")
+    assert ds.n_samples == 1797 and ds.dims == [64] and ds.n_clusters == 10
+    assert ds.image_shapes == {0: (8, 8)}
+
+
+def test_synthetic_reproducible():
+    a = load_dataset("synthetic", n_samples=300, n_views=2, dims=[5, 7], n_clusters=3, seed=4)
+    b = load_dataset("synthetic", n_samples=300, n_views=2, dims=[5, 7], n_clusters=3, seed=4)
+    c = load_dataset("synthetic", n_samples=300, n_views=2, dims=[5, 7], n_clusters=3, seed=5)
+    assert a.dims == [5, 7]
+    assert np.array_equal(np.bincount(a.labels), [100, 100, 100])
+    assert all(np.array_equal(x, y) for x, y in zip(a.views, b.views))
+    assert np.array_equal(a.labels, b.labels)
+    assert not np.array_equal(a.views[0], c.views[0])
+
+
+def test_synthetic_defaults():
+    ds = load_dataset("synthetic")
+    assert ds.n_samples == 1000 and ds.dims == [20, 20, 20] and ds.n_clusters == 5
+
+
+def test_bad_names_and_options():
+    with pytest.raises(DataError, match="unknown data set"):
+        load_dataset("nope")
+    with pytest.raises(DataError, match="only the 'synthetic'"):
+        load_dataset("digits", n_samples=10)
+    with pytest.raises(DataError):
+        load_dataset()
+
+
+# --------------------------------------------------------------------------- normalize
+
+
+def small_incomplete():
+    r = rng(1)
+    views = [r.normal(3, 2, (20, 4)), r.normal(-1, 5, (20, 3))]
+    present = np.ones((20, 2), dtype=bool)
+    present[:5, 0] = False
+    present[10:12, 1] = False
+    for X, p in zip(views, present.T):
+        X[~p] = 0.0
+    views[0][6] = 0.0  # a present all-zero row
+    return MultiViewDataset("t", views, np.arange(20) % 2, present=present)
+
+
+def test_normalize_l2():
+    ds = small_incomplete()
+    out = normalize(ds, "l2")
+    norms = np.linalg.norm(out.views[0], axis=1)
+    assert np.allclose(norms[ds.present[:, 0] & (np.arange(20) != 6)], 1.0)
+    assert norms[6] == 0 and np.all(norms[:5] == 0)
+    assert out is not ds and ds.views[0][7].any() and not np.allclose(np.linalg.norm(ds.views[0][7]), 1)
+
+
+def test_normalize_zscore_minmax():
+    ds = small_incomplete()
+    z = normalize(ds, "zscore")
+    for v in range(2):
+        P = z.views[v][ds.present[:, v]]
+        assert np.allclose(P.mean(axis=0), 0) and np.allclose(P.std(axis=0), 1)
+        assert np.all(z.views[v][~ds.present[:, v]] == 0)
+    mm = normalize(ds, "minmax")
+    P = mm.views[1][ds.present[:, 1]]
+    assert np.allclose(P.min(axis=0), 0) and np.allclose(P.max(axis=0), 1)
+    assert np.array_equal(normalize(ds, "none").views[0], ds.views[0])
+    with pytest.raises(DataError):
+        normalize(ds, "bogus")
+
+
+# --------------------------------------------------------------------------- user files
+
+
+def test_npz_round_trip(tmp_path):
+    ds = load_dataset("synthetic", n_samples=50, dims=[3, 4], n_clusters=5)
+    f = tmp_path / "a.npz"
+    np.savez(f, X0=ds.views[0], X1=ds.views[1].T, y=ds.labels + 10)
+    back = load_dataset(path=str(f))
+    assert back.dims == [3, 4] and back.name == "a"
+    assert np.array_equal(back.views[1], ds.views[1]) and np.array_equal(back.labels, ds.labels)
+
+    views = np.empty(2, dtype=object)
+    views[0], views[1] = ds.views
+    present = np.ones((50, 2), dtype=bool)
+    present[:3, 1] = False
+    g = tmp_path / "b.npz"
+    np.savez(g, views=views, gt=ds.labels, present=present)
+    back = load_dataset(path=str(g))
+    assert np.array_equal(back.present, present) and np.all(back.views[1][:3] == 0)
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_mat_round_trip(tmp_path, transpose):
+    ds = load_dataset("synthetic", n_samples=40, dims=[6, 9], n_clusters=4, seed=2)
+    cell = np.empty((1, 2), dtype=object)
+    for v, X in enumerate(ds.views):
+        cell[0, v] = X.T if transpose else X
+    f = tmp_path / "m.mat"
+    scipy.io.savemat(f, {"X": cell, "Y": (ds.labels + 1)[:, None]})
+    back = load_dataset(path=str(f))
+    assert back.dims == [6, 9] and back.present is None
+    assert all(np.allclose(a, b) for a, b in zip(back.views, ds.views))
+    assert np.array_equal(back.labels, ds.labels)
+
+
+def test_mat_index_cell_and_label_cell(tmp_path):
+    r = rng(3)
+    n = 30
+    views = [r.normal(size=(5, n)), r.normal(size=(7, n))]
+    keep = [np.arange(1, n + 1)[r.random(n) < 0.7], np.arange(1, n + 1)[::2]]
+    for X, idx in zip(views, keep):
+        absent = np.setdiff1d(np.arange(n), idx - 1)
+        X[:, absent] = np.nan
+    data = np.empty((2, 1), dtype=object)
+    data[0, 0], data[1, 0] = views
+    index = np.empty((1, 2), dtype=object)
+    index[0, 0], index[0, 1] = keep[0][:, None], keep[1][:, None]
+    labels = np.empty((2, 1), dtype=object)
+    labels[0, 0] = labels[1, 0] = (np.arange(n) % 3 + 1)[:, None]
+    f = tmp_path / "idx.mat"
+    scipy.io.savemat(f, {"data": data, "index": index, "truelabel": labels})
+    ds = load_dataset(path=str(f))
+    assert ds.dims == [5, 7] and ds.n_clusters == 3
+    for v in range(2):
+        expect = np.zeros(n, dtype=bool)
+        expect[keep[v] - 1] = True
+        assert np.array_equal(ds.present[:, v], expect)
+        assert not np.isnan(ds.views[v]).any() and np.all(ds.views[v][~expect] == 0)
+        assert np.allclose(ds.views[v][expect], views[v].T[expect])
+
+    # without the index the mask comes from all-NaN rows
+    f2 = tmp_path / "nan.mat"
+    scipy.io.savemat(f2, {"data": data, "truelabel": labels})
+    assert np.array_equal(load_dataset(path=str(f2)).present, ds.present)
+
+
+@pytest.mark.skipif(not PROTEIN.exists(), reason="ProteinFold data not available")
+def test_proteinfold():
+    ds = load_dataset(path=str(PROTEIN))
+    assert ds.n_views == 12 and ds.n_samples == 694 and ds.n_clusters == 27
+    assert ds.dims == [27] * 12
+    m = scipy.io.loadmat(PROTEIN)
+    for v in range(12):
+        expect = np.zeros(694, dtype=bool)
+        expect[m["index"][0, v].ravel() - 1] = True
+        assert np.array_equal(ds.present[:, v], expect)
+    assert ds.present.any(axis=1).all()
+    assert abs(ds.present.all(axis=1).mean() - 0.5) < 0.01
+
+
+def test_file_errors(tmp_path):
+    with pytest.raises(DataError, match="not found"):
+        load_dataset(path=str(tmp_path / "missing.mat"))
+    f = tmp_path / "noviews.mat"
+    scipy.io.savemat(f, {"Y": np.arange(5)})
+    with pytest.raises(DataError, match="noviews.mat: no views found"):
+        load_dataset(path=str(f))
+    f = tmp_path / "nolabels.npz"
+    np.savez(f, X0=np.zeros((4, 2)))
+    with pytest.raises(DataError, match="nolabels.npz: no labels found"):
+        load_dataset(path=str(f))
+    f = tmp_path / "shape.npz"
+    np.savez(f, X0=np.zeros((4, 2)), X1=np.zeros((3, 2)), y=np.arange(4))
+    with pytest.raises(DataError, match="shape.npz: view 1 has shape"):
+        load_dataset(path=str(f))
+    f = tmp_path / "x.csv"
+    f.write_text("1,2\n")
+    with pytest.raises(DataError, match="unsupported"):
+        load_dataset(path=str(f))
+
+
+def test_mat_v73_message(tmp_path):
+    header = b"MATLAB 7.3 MAT-file, Platform: GLNXA64".ljust(124, b" ") + b"\x00\x02IM"
+    f = tmp_path / "big.mat"
+    f.write_bytes(header + b"\x00" * 512)
+    with pytest.raises(DataError, match="v7.3.*-v7"):
+        load_dataset(path=str(f))
+
+
+# --------------------------------------------------------------------------- missing_mask
+
+
+@pytest.mark.parametrize("pattern", ["point", "block", "imbalanced"])
+@pytest.mark.parametrize("rate", [0.0, 0.1, 0.5, 0.97])
+def test_missing_mask_rate_and_coverage(pattern, rate):
+    n, V = 503, 4
+    m = missing_mask(n, V, rate, pattern, rng(7))
+    assert m.shape == (n, V) and m.dtype == bool
+    assert (~m.all(axis=1)).sum() == round(rate * n)
+    assert m.any(axis=1).all()
+    assert np.array_equal(m, missing_mask(n, V, rate, pattern, rng(7)))
+
+
+def runs(flags):
+    """Lengths of maximal runs of True."""
+    edges = np.diff(np.concatenate([[0], flags.astype(int), [0]]))
+    return np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)
+
+
+def test_block_runs_at_least_six():
+    for seed in range(20):
+        m = missing_mask(400, 3, 0.3, "block", rng(seed))
+        lengths = runs(~m.all(axis=1))
+        assert lengths.sum() == 120 and lengths.min() >= 6
+
+
+def test_point_is_scattered_and_seeds_differ():
+    a = missing_mask(1000, 3, 0.3, "point", rng(0))
+    b = missing_mask(1000, 3, 0.3, "point", rng(1))
+    assert not np.array_equal(a, b)
+    assert runs(~a.all(axis=1)).min() == 1  # isolated incomplete samples exist
+
+
+def test_imbalanced_is_uneven():
+    m = missing_mask(2000, 5, 0.5, "imbalanced", rng(3))
+    lost = (~m).sum(axis=0)
+    assert lost.sum() == 1000 and lost.max() > 2 * lost.min()
+
+
+def test_missing_mask_base_and_single_view():
+    base = np.ones((50, 2), dtype=bool)
+    base[:10, 0] = False
+    m = missing_mask(50, 2, 0.6, "point", rng(0), base=base)
+    assert not m[:10, 0].any() and m.any(axis=1).all()
+    assert np.array_equal(missing_mask(5, 1, 0.0, "point", rng(0)), np.ones((5, 1), bool))
+    with pytest.raises(ValueError):
+        missing_mask(5, 1, 0.2, "point", rng(0))
+    with pytest.raises(ValueError):
+        missing_mask(5, 2, 0.2, "nope", rng(0))
+
+
+# --------------------------------------------------------------------------- vertical
+
+
+def test_vertical(hw):
+    part = vertical(hw, rng(0), missing={"rate": 0.5, "pattern": "point"})
+    assert part.kind == "vertical" and part.n_clients == 6 and part.n_samples == 2000
+    assert part.info["missing_rate"] == 0.5
+    mask = np.stack([s.present[0] if s.present[0] is not None else np.ones(2000, bool) for s in part.shards], 1)
+    assert mask.any(axis=1).all()
+    for v, (s, r) in enumerate(zip(part.shards, part.rows)):
+        assert np.array_equal(r, np.arange(2000))
+        assert s.meta["view_index"] == v and s.meta["view_name"] == hw.view_names[v]
+        assert np.all(s.X[~mask[:, v]] == 0)
+        assert np.array_equal(s.X[mask[:, v]], hw.views[v][mask[:, v]])
+    assert part.shards[4].meta["image_shape"] == (16, 15)
+    full = vertical(hw, rng(0))
+    assert full.info["missing_rate"] == 0.0 and all(s.present == [None] for s in full.shards)
+
+
+# --------------------------------------------------------------------------- horizontal
+
+
+def assert_disjoint_cover(part, n):
+    allrows = np.concatenate(part.rows)
+    assert len(allrows) == len(np.unique(allrows)) == n
+    assert sum(part.info["client_sizes"]) == n
+
+
+def test_horizontal_p1_one_class_per_client(hw):
+    part = horizontal(hw, None, rng(0), heterogeneity=1.0, view=4)
+    assert part.n_clients == 10
+    assert_disjoint_cover(part, 2000)
+    for c, r in enumerate(part.rows):
+        assert np.all(hw.labels[r] == c)
+        assert np.array_equal(part.shards[c].X, hw.views[4][r])
+    assert part.shards[0].meta["image_shape"] == (16, 15)
+    assert "labels" not in part.shards[0].meta
+
+
+def test_horizontal_p0_roughly_uniform(hw):
+    part = horizontal(hw, 5, rng(1), heterogeneity=0.0)
+    assert_disjoint_cover(part, 2000)
+    for r in part.rows:
+        counts = np.bincount(hw.labels[r], minlength=10)
+        assert len(r) == 400 and counts.min() >= 20 and counts.max() <= 65
+
+
+def test_horizontal_partial_skew(hw):
+    part = horizontal(hw, 10, rng(2), heterogeneity=0.5)
+    assert_disjoint_cover(part, 2000)
+    for c, r in enumerate(part.rows):
+        assert np.mean(hw.labels[r] == c) >= 0.5
+
+
+def test_horizontal_dirichlet_sizes(hw):
+    a = horizontal(hw, 8, rng(3), heterogeneity=0.0, dirichlet_alpha=0.3)
+    b = horizontal(hw, 8, rng(3), heterogeneity=0.0, dirichlet_alpha=0.3)
+    sizes = np.array(a.info["client_sizes"])
+    assert_disjoint_cover(a, 2000)
+    assert sizes.min() >= 2 and sizes.max() > 3 * sizes.min()
+    assert all(np.array_equal(x, y) for x, y in zip(a.rows, b.rows))
+
+
+def test_horizontal_digits_exhaustion():
+    ds = load_dataset("digits")
+    part = horizontal(ds, None, rng(0), heterogeneity=1.0)
+    assert_disjoint_cover(part, 1797)
+    assert np.mean([np.mean(ds.labels[r] == c) for c, r in enumerate(part.rows)]) > 0.95
+
+
+# --------------------------------------------------------------------------- unalign
+
+
+def test_unalign():
+    ds = load_dataset("synthetic", n_samples=200, n_views=3, dims=4)
+    part = vertical(ds, rng(0), missing={"rate": 0.2, "pattern": "point"})
+    un = unalign(part, 0.5, rng(1))
+    complete = np.ones(200, dtype=bool)
+    for s in part.shards:
+        complete &= s.present[0] if s.present[0] is not None else True
+    assert un.info["n_unaligned"] == round(0.5 * complete.sum())
+    aligned = un.shards[0].meta["aligned"]
+    assert (~aligned).sum() == un.info["n_unaligned"] and not np.any(~aligned & ~complete)
+    assert np.array_equal(un.rows[0], np.arange(200))
+    for c, (s, r) in enumerate(zip(un.shards, un.rows)):
+        assert np.array_equal(s.meta["aligned"], aligned)
+        assert np.array_equal(r[aligned], np.arange(200)[aligned])
+        assert np.array_equal(np.sort(r), np.arange(200))
+        assert np.array_equal(s.X, part.shards[c].X[r])  # rows[c] still maps local -> global
+    assert not np.array_equal(un.rows[1], un.rows[0])
+    assert np.all(unalign(part, 0.0, rng(1)).shards[2].meta["aligned"])
+    with pytest.raises(ValueError):
+        unalign(horizontal(ds, 2, rng(0)), 0.5, rng(0))

@@ -1,0 +1,116 @@
+"""Tests for the clustering scores."""
+
+from __future__ import annotations
+
+from itertools import combinations
+
+import numpy as np
+import pytest
+from sklearn.metrics import adjusted_rand_score, cohen_kappa_score, normalized_mutual_info_score
+
+from raymvc.metrics import acc, clustering_scores, matched_kappa, pairwise_fscore, purity
+
+KEYS = {"acc", "nmi", "ari", "purity", "fscore"}
+
+
+def brute_fscore(y, p):
+    """Pairwise F-score by enumerating all pairs (reference for small inputs)."""
+    tp = fp = fn = 0
+    for i, j in combinations(range(len(y)), 2):
+        same_t, same_p = y[i] == y[j], p[i] == p[j] and p[i] != -1
+        tp += same_t and same_p
+        fp += same_p and not same_t
+        fn += same_t and not same_p
+    prec, rec = tp / (tp + fp), tp / (tp + fn)
+    return 2 * prec * rec / (prec + rec)
+
+
+def test_perfect_labels():
+    y = np.array([0, 0, 1, 1, 2, 2, 2])
+    s = clustering_scores(y, (y + 1) % 3 + 7, kappa=True)
+    assert set(s) == KEYS | {"kappa"}
+    assert all(isinstance(v, float) for v in s.values())
+    assert all(v == pytest.approx(1.0) for v in s.values())
+
+
+def test_hand_computed():
+    y = [0, 0, 0, 1, 1, 1]
+    p = [1, 1, 0, 0, 0, 0]
+    # best matching: cluster1->class0 (2), cluster0->class1 (3): 5/6
+    assert acc(y, p) == pytest.approx(5 / 6)
+    # cluster 1 pure (2), cluster 0 has 3 of class 1 out of 4
+    assert purity(y, p) == pytest.approx(5 / 6)
+    # pairs: same-pred = 1 + 6 = 7, same-true = 3 + 3 = 6, both = 1 + 3 = 4
+    prec, rec = 4 / 7, 4 / 6
+    assert pairwise_fscore(y, p) == pytest.approx(2 * prec * rec / (prec + rec))
+
+
+def test_more_clusters_than_classes():
+    y = [0, 0, 0, 1, 1, 1]
+    p = [0, 0, 1, 2, 2, 3]
+    assert acc(y, p) == pytest.approx(4 / 6)
+    assert purity(y, p) == pytest.approx(1.0)
+    assert acc([0, 1, 2, 3], [0, 0, 1, 1]) == pytest.approx(0.5)
+
+
+def test_against_sklearn_and_brute_force():
+    r = np.random.default_rng(0)
+    for _ in range(10):
+        y = r.integers(0, 4, 60)
+        p = r.integers(0, 5, 60)
+        s = clustering_scores(y, p)
+        assert s["nmi"] == pytest.approx(normalized_mutual_info_score(y, p))
+        assert s["ari"] == pytest.approx(adjusted_rand_score(y, p))
+        assert s["fscore"] == pytest.approx(brute_fscore(y, p))
+
+
+def test_kappa_matches_sklearn_after_mapping():
+    y = np.array([0, 0, 0, 1, 1, 1, 2, 2, 2, 2])
+    p = np.array([5, 5, 3, 3, 3, 3, 9, 9, 9, 5])
+    # Hungarian: 5->0, 3->1, 9->2
+    mapped = np.array([0, 0, 1, 1, 1, 1, 2, 2, 2, 0])
+    assert matched_kappa(y, p) == pytest.approx(cohen_kappa_score(y, mapped))
+
+
+def test_kappa_unmatched_cluster_counts_as_wrong():
+    y = np.array([0, 0, 0, 1, 1, 1])
+    p = np.array([0, 0, 2, 1, 1, 1])  # cluster 2 has no class left
+    wrong = np.array([0, 0, 99, 1, 1, 1])
+    assert matched_kappa(y, p) == pytest.approx(cohen_kappa_score(y, wrong))
+    assert matched_kappa(y, p) < 1.0
+
+
+def test_permutation_invariance():
+    r = np.random.default_rng(1)
+    y = r.integers(0, 3, 50)
+    p = r.integers(0, 4, 50)
+    relabelled = np.array([7, 2, 9, 4])[p]
+    a = clustering_scores(y, p, kappa=True)
+    b = clustering_scores(y, relabelled, kappa=True)
+    assert a == pytest.approx(b)
+    order = r.permutation(50)
+    assert clustering_scores(y[order], p[order], kappa=True) == pytest.approx(a)
+
+
+def test_unlabelled_count_as_wrong():
+    y = np.array([0, 0, 1, 1])
+    p = np.array([0, -1, 1, 1])
+    assert acc(y, p) == pytest.approx(0.75)
+    assert purity(y, p) == pytest.approx(0.75)
+    assert matched_kappa(y, p) == pytest.approx(cohen_kappa_score(y, [0, 9, 1, 1]))
+    assert pairwise_fscore(y, p) == pytest.approx(brute_fscore(y, p))
+    s = clustering_scores(y, np.full(4, -1), kappa=True)
+    assert s["acc"] == 0.0 and s["purity"] == 0.0 and s["fscore"] == 0.0
+
+
+def test_large_input_uses_counts():
+    r = np.random.default_rng(2)
+    y = r.integers(0, 10, 200_000)
+    p = np.where(r.random(200_000) < 0.8, y, r.integers(0, 10, 200_000))
+    s = clustering_scores(y, p, kappa=True)
+    assert 0.8 < s["acc"] < 0.85 and 0.0 <= s["fscore"] <= 1.0
+
+
+def test_length_mismatch():
+    with pytest.raises(ValueError):
+        acc([0, 1], [0])

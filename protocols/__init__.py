@@ -14,6 +14,9 @@ from raymvc.protocol import Protocol
 _REGISTRY: dict[str, str] = {
     "cefmc": "cefmc",
     "cefmc-h": "cefmc",
+    "efimvc": "efimvc",
+    "kfed": "kfed",
+    "ccfc": "ccfc",
 }
 
 

@@ -69,7 +69,7 @@ def cmd_list(args) -> int:
         try:
             p = get(name)
             print(f"  {name:<10} {p.partition:<10} {p.summary}")
-        except ImportError as e:  # e.g. torch missing for a deep method
+        except Exception as e:  # e.g. torch missing for a deep method
             print(f"  {name:<10} (unavailable: {e})")
     print("datasets:")
     for name, text in list_builtin().items():

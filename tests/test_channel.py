@@ -401,7 +401,7 @@ def _ledger() -> Ledger:
 def test_ledger_totals_and_breakdowns(tmp_path):
     led = _ledger()
     tot = led.totals()
-    assert tot == {"messages": 4, "payload_bytes": 240, "wire_bytes": 280, "bytes_up": 80,
+    assert tot == {"messages": 4, "data_bytes": 0, "payload_bytes": 240, "wire_bytes": 280, "bytes_up": 80,
                    "bytes_down": 200, "mb_total": 280 / 1e6}
     assert led.totals("eval")["bytes_up"] == 1016 and led.totals("setup")["messages"] == 1
     assert led.totals(None)["wire_bytes"] == 280 + 1016 + 32
@@ -418,7 +418,7 @@ def test_ledger_totals_and_breakdowns(tmp_path):
     with open(out, newline="") as fh:
         rows = list(csv.reader(fh))
     assert rows[0] == ["round", "src", "dst", "kind", "path", "payload_bytes", "wire_bytes",
-                       "send_t", "arrive_t", "status"]
+                       "send_t", "arrive_t", "status", "data_bytes"]
     assert len(rows) == 7 and rows[2][8] == "" and rows[2][9] == "dropped"
     assert rows[5][4] == "eval" and rows[5][6] == "1016"
 

@@ -94,6 +94,24 @@ def encode(msg: Message, float_dtype: str = "float64") -> bytes:
     return b"".join([_PREFIX.pack(MAGIC, VERSION, len(hbytes)), hbytes, *buffers])
 
 
+def data_bytes(msg: Message, float_dtype: str = "float64") -> int:
+    """Bytes of information in ``msg`` as it travels: array buffers after the float
+    cast, 8 bytes per numeric scalar, UTF-8 length of strings; no header or framing.
+    This is the quantity analytic communication counts (papers) speak about."""
+    total = 0
+    for value in msg.fields.values():
+        if isinstance(value, np.ndarray):
+            itemsize = value.dtype.itemsize
+            if value.dtype.kind == "f" and float_dtype == "float32":
+                itemsize = 4
+            total += itemsize * int(value.size)
+        elif isinstance(value, str):
+            total += len(value.encode("utf-8"))
+        elif value is not None:
+            total += 8
+    return total
+
+
 # --------------------------------------------------------------------------- decode
 
 

@@ -59,6 +59,7 @@ class Sealed:
     wire_bytes: int
     kind: str
     seq: int
+    data_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class Opened:
     seq: int
     msg: Message
     payload_bytes: int
+    data_bytes: int = 0
 
 
 def _party_bytes(party: str) -> bytes:
@@ -194,7 +196,7 @@ class Endpoint:
             body = self._keys[dst].send.encrypt(seq_nonce(seq), body, header)
         frame = header + body
         return Sealed(frame=frame, payload_bytes=len(payload), wire_bytes=len(frame),
-                      kind=msg.kind, seq=seq)
+                      kind=msg.kind, seq=seq, data_bytes=codec.data_bytes(msg, self.float_dtype))
 
     def _reject(self, reason: str, detail: str) -> RejectedMessage:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
@@ -231,4 +233,5 @@ class Endpoint:
         except (ValueError, zlib.error) as exc:  # CodecError is a ValueError
             raise self._reject("malformed", str(exc)) from None
         self._last_seq[src] = seq
-        return Opened(src=src, dst=dst, round=rnd, seq=seq, msg=msg, payload_bytes=len(body))
+        return Opened(src=src, dst=dst, round=rnd, seq=seq, msg=msg, payload_bytes=len(body),
+                      data_bytes=codec.data_bytes(msg))

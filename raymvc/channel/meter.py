@@ -32,6 +32,7 @@ class LedgerRow:
     send_t: float
     arrive_t: float | None = None
     status: str = "delivered"
+    data_bytes: int = 0  # array/scalar bytes without headers (see codec.data_bytes)
 
     def __post_init__(self) -> None:
         if self.path not in PATHS:
@@ -50,13 +51,14 @@ def client_id(party: str) -> int | None:
 
 
 def _empty_totals() -> dict[str, Any]:
-    return {"messages": 0, "payload_bytes": 0, "wire_bytes": 0, "bytes_up": 0,
+    return {"messages": 0, "data_bytes": 0, "payload_bytes": 0, "wire_bytes": 0, "bytes_up": 0,
             "bytes_down": 0, "mb_total": 0.0}
 
 
 def _add(tot: dict[str, Any], row: LedgerRow) -> None:
     tot["messages"] += 1
     tot["payload_bytes"] += row.payload_bytes
+    tot["data_bytes"] += row.data_bytes
     tot["wire_bytes"] += row.wire_bytes
     if row.src.startswith("client"):
         tot["bytes_up"] += row.wire_bytes

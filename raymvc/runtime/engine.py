@@ -224,7 +224,7 @@ def _summarise(sc, ds, part, proto, fin, ray_init_s, protocol_s, wall_s, out) ->
     if labels is not None:
         metrics = clustering_scores(ds.labels, labels, kappa=proto.partition == "horizontal")
     ledger = fin.get("ledger")
-    empty = {"messages": 0, "payload_bytes": 0, "wire_bytes": 0, "bytes_up": 0, "bytes_down": 0, "mb_total": 0.0}
+    empty = {"messages": 0, "data_bytes": 0, "payload_bytes": 0, "wire_bytes": 0, "bytes_up": 0, "bytes_down": 0, "mb_total": 0.0}
     comm = ledger.totals("protocol") if ledger is not None else empty
     counts = fin.get("counts") or {}
     crashed = list(fin.get("crashed") or [])

@@ -271,7 +271,8 @@ class ServerNode:
             arrive = t0 + self.net.transfer_s(sealed.wire_bytes)
             row = self.ledger.record(round=r, src=SERVER, dst=client_party(cid), kind=msg.kind, path=path,
                                      payload_bytes=sealed.payload_bytes, wire_bytes=sealed.wire_bytes,
-                                     send_t=t0, arrive_t=arrive, status="delivered")
+                                     data_bytes=sealed.data_bytes, send_t=t0, arrive_t=arrive,
+                                     status="delivered")
             if faults and self.plan.dropped(r, cid) and cid not in self.crashed:
                 row.status, row.arrive_t = "dropped", None
                 st.dropped.append(cid)
@@ -308,14 +309,15 @@ class ServerNode:
             arrive = send_t + self.net.transfer_s(len(out.frame))
             try:
                 opened = self.endpoint.open(out.frame)
-                status, payload, kind = "delivered", opened.payload_bytes, opened.msg.kind
+                status, kind = "delivered", opened.msg.kind
+                payload, data = opened.payload_bytes, opened.data_bytes
             except RejectedMessage as e:
-                opened, status, payload, kind = None, "rejected", 0, f"rejected:{e.reason}"
+                opened, status, payload, data, kind = None, "rejected", 0, 0, f"rejected:{e.reason}"
             late = faults and self.deadline is not None and arrive > t0 + self.deadline
             if opened is not None and late:
                 status = "late"
             self.ledger.record(round=r, src=client_party(cid), dst=SERVER, kind=kind, path=path,
-                               payload_bytes=payload, wire_bytes=len(out.frame), send_t=send_t,
+                               payload_bytes=payload, wire_bytes=len(out.frame), data_bytes=data, send_t=send_t,
                                arrive_t=arrive, status=status)
             if status == "delivered":
                 st.replies[cid] = opened.msg

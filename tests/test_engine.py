@@ -1,0 +1,242 @@
+"""End-to-end behaviour of the engine with CeFMC on the built-in handwritten data."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from raymvc.protocols import get
+from raymvc.runtime import run_scenario
+from raymvc.runtime import nodes
+from raymvc.scenario import load_scenario
+
+QUICK = Path(__file__).resolve().parents[1] / "scenarios" / "hw-cefmc.yaml"
+QUICK_H = Path(__file__).resolve().parents[1] / "scenarios" / "hw-cefmch.yaml"
+
+SUMMARY_KEYS = {"method", "dataset", "n_samples", "n_clients", "seed", "status", "rounds", "metrics",
+                "communication", "faults", "timing"}
+
+
+def run(tmp_path, name, *overrides, scenario=QUICK, backend="local"):
+    sc = load_scenario(scenario, [f"runtime.backend={backend}", *overrides])
+    return run_scenario(sc, tmp_path / name, progress=lambda line: None)
+
+
+def read_ledger(out_dir):
+    with open(Path(out_dir) / "messages.csv", newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    return run(tmp_path_factory.mktemp("quick"), "run")
+
+
+def test_quickstart_quality_traffic_and_files(quick):
+    s = quick
+    assert SUMMARY_KEYS <= s.keys()
+    assert s["status"] == "completed"
+    assert s["metrics"]["acc"] >= 0.93 and s["metrics"]["nmi"] >= 0.86
+    assert set(s["metrics"]) == {"acc", "nmi", "ari", "purity", "fscore"}
+    c = s["communication"]
+    assert {"messages", "payload_bytes", "wire_bytes", "bytes_up", "bytes_down", "mb_total"} <= c.keys()
+    assert 0 < c["mb_total"] <= 1.30
+    assert c["bytes_up"] + c["bytes_down"] == c["wire_bytes"]
+    assert {"dropped_replies", "late_replies", "crashed_clients", "rejected_messages"} <= s["faults"].keys()
+    assert {"wall_s", "ray_init_s", "protocol_s", "virtual_s"} <= s["timing"].keys()
+    out = Path(s["out_dir"])
+    on_disk = json.loads((out / "summary.json").read_text())
+    assert on_disk["metrics"] == s["metrics"]
+    rounds = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+    assert len(rounds) == s["rounds"] and rounds[-1]["done"]
+    assert all("objective" in r["info"] for r in rounds[1:])
+    ledger = read_ledger(out)
+    proto_rows = [r for r in ledger if r["path"] == "protocol"]
+    assert len(proto_rows) == c["messages"]
+    assert sum(int(r["wire_bytes"]) for r in proto_rows) == c["wire_bytes"]
+    assert (out / "scenario.yaml").read_text().startswith("name: hw-cefmc")
+
+
+def test_labels_travel_as_uint8_and_only_embeddings_once(quick):
+    ledger = read_ledger(quick["out_dir"])
+    n, k = 2000, 10
+    up = [r for r in ledger if r["path"] == "protocol" and r["src"].startswith("client")]
+    embeddings = [r for r in up if r["kind"] == "embedding"]
+    assert len(embeddings) == 6 and all(int(r["round"]) == 0 for r in embeddings)
+    for r in up:
+        if r["kind"] == "labels":
+            assert int(r["data_bytes"]) == n * 1 + 8  # uint8 labels + one float objective
+    assert all(int(r["data_bytes"]) == n * k * 8 for r in embeddings)
+
+
+def test_analytic_count_matches_ledger(quick):
+    comm = get("cefmc").client.__module__
+    from raymvc.protocols.cefmc import communication
+
+    ledger = read_ledger(quick["out_dir"])
+    per = defaultdict(lambda: {"up": 0, "down": 0})
+    for r in ledger:
+        if r["path"] != "protocol":
+            continue
+        if r["src"] == "server":
+            per[r["dst"]]["down"] += int(r["data_bytes"])
+        else:
+            per[r["src"]]["up"] += int(r["data_bytes"])
+    # rounds: round 0 (embeddings) + t label rounds; the last step's Done sends nothing
+    t = quick["rounds"] - 1
+    want = communication(2000, 10, t)
+    # t label rounds were answered, but consensus was sent t times (after init and t-1 rounds)
+    want_down = want["down"] - (2000 + 100 * 8)
+    assert comm.endswith("cefmc")
+    assert len(per) == 6
+    for party, got in per.items():
+        assert got["up"] == want["up"], party
+        assert got["down"] == want_down, party
+
+
+def test_same_seed_same_results_and_seed_changes_init(tmp_path, quick):
+    again = run(tmp_path, "again")
+    assert again["metrics"] == quick["metrics"]
+    assert again["communication"] == quick["communication"]
+    other = run(tmp_path, "other", "seed=5")
+    assert other["status"] == "completed"
+
+
+def test_ray_backend_matches_local(ray_session, tmp_path, quick):
+    s = run(tmp_path, "ray", backend="ray")
+    assert s["backend"] == "ray" and s["status"] == "completed"
+    assert s["metrics"] == quick["metrics"]
+    assert s["communication"] == quick["communication"]
+    assert s["rounds"] == quick["rounds"]
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("send_t", "arrive_t")} for r in rows]
+    assert strip(read_ledger(s["out_dir"])) == strip(read_ledger(quick["out_dir"]))
+
+
+def test_encryption_same_results_more_wire_bytes(tmp_path, quick):
+    s = run(tmp_path, "aes", "channel.encryption=aes-gcm")
+    assert s["metrics"] == quick["metrics"]
+    assert s["communication"]["payload_bytes"] == quick["communication"]["payload_bytes"]
+    assert s["communication"]["wire_bytes"] == quick["communication"]["wire_bytes"] + 16 * s["communication"]["messages"]
+    assert s["faults"]["rejected_messages"] == 0
+    assert s["communication_setup"]["wire_bytes"] == 2 * 6 * 32  # one X25519 key each way per link
+
+
+def test_float32_halves_float_traffic(tmp_path, quick):
+    s = run(tmp_path, "f32", "channel.float_dtype=float32")
+    assert s["status"] == "completed"
+    # the round-0 embeddings dominate: 6 x 2000 x 10 floats
+    saved = quick["communication"]["data_bytes"] - s["communication"]["data_bytes"]
+    assert saved >= 6 * 2000 * 10 * 4
+    assert abs(s["metrics"]["acc"] - quick["metrics"]["acc"]) <= 0.02
+
+
+def test_cefmc_costs_at_most_half_of_cefmc_h(tmp_path, quick):
+    h = run(tmp_path, "h", scenario=QUICK_H)
+    assert h["method"] == "cefmc-h" and h["status"] == "completed"
+    assert quick["communication"]["mb_total"] <= 0.5 * h["communication"]["mb_total"]
+    assert abs(quick["metrics"]["acc"] - h["metrics"]["acc"]) <= 0.02
+
+
+def test_dropouts_and_late_stragglers_are_counted(tmp_path):
+    s = run(tmp_path, "faults", "faults.dropout.rate=0.3", "faults.stragglers.fraction=0.3", "faults.deadline_s=1.0")
+    f = s["faults"]
+    assert s["status"] == "degraded"
+    assert f["dropped_replies"] > 0 and f["late_replies"] > 0
+    assert s["metrics"]["acc"] > 0.5
+    rounds = [json.loads(x) for x in (Path(s["out_dir"]) / "rounds.jsonl").read_text().splitlines()]
+    assert sum(len(r["dropped"]) for r in rounds) == f["dropped_replies"]
+    assert sum(len(r["late"]) for r in rounds) == f["late_replies"]
+    # a round with a missing reply waits for the deadline on the virtual clock
+    waited = [r for r in rounds if r["missing"]]
+    assert waited and all(r["virtual_end_s"] - r["virtual_start_s"] >= 1.0 - 1e-9 for r in waited)
+    stale = [c for r in rounds[1:] for c in r["info"].get("stale_clients", [])]
+    assert stale  # CeFMC reused the last labels of the clients it did not hear from
+    ledger = read_ledger(s["out_dir"])
+    assert sum(r["status"] == "dropped" for r in ledger) == f["dropped_replies"]
+    assert sum(r["status"] == "late" for r in ledger) == f["late_replies"]
+    # the same seed gives the same faults
+    again = run(tmp_path, "faults2", "faults.dropout.rate=0.3", "faults.stragglers.fraction=0.3", "faults.deadline_s=1.0")
+    assert again["faults"] == f and again["metrics"] == s["metrics"]
+
+
+def test_network_model_sets_virtual_time(tmp_path):
+    s = run(tmp_path, "net", "network.latency_ms=50", "network.bandwidth_mbps=8")
+    c = s["communication"]
+    # every round: down then up, each at least 50 ms; 8 Mbit/s = 1 MB/s
+    assert s["timing"]["virtual_s"] >= s["rounds"] * 2 * 0.05
+    assert s["timing"]["virtual_s"] >= c["bytes_up"] / 6 / 1e6
+
+
+@pytest.mark.parametrize("backend", ["local", "ray"])
+def test_crashed_client_degrades_but_keeps_results(tmp_path, backend, request):
+    if backend == "ray":
+        request.getfixturevalue("ray_session")
+    s = run(tmp_path, f"crash-{backend}", "faults.crash=[{client: 2, at_round: 2}]", backend=backend)
+    assert s["status"] == "degraded"
+    assert s["faults"]["crashed_clients"] == [2]
+    assert s["metrics"]["acc"] > 0.8
+    out = Path(s["out_dir"])
+    assert (out / "summary.json").is_file() and (out / "messages.csv").is_file()
+    rounds = [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()]
+    assert rounds[2]["crashed"] == [2]
+    assert all(2 in r["missing"] for r in rounds[2:-1] if r["round"] >= 2)
+
+
+def test_too_few_clients_fails_but_writes_results(tmp_path):
+    s = run(tmp_path, "few", "faults.dropout.rate=0.6", "faults.min_clients=6")
+    assert s["status"] == "failed"
+    assert "min_clients" in s["error"]
+    out = Path(s["out_dir"])
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved["status"] == "failed" and (out / "rounds.jsonl").read_text()
+
+
+def test_tampered_reply_is_rejected_and_counted(tmp_path, monkeypatch):
+    real = nodes.LocalTransport.exchange
+    hits = []
+
+    def flip_one(self, frames):
+        out = real(self, frames)
+        for cid, o in out.items():
+            if cid == 1 and o.frame is not None and not hits:
+                b = bytearray(o.frame)
+                b[-1] ^= 0x01  # one bit of the tag / ciphertext
+                o.frame = bytes(b)
+                hits.append(cid)
+        return out
+
+    monkeypatch.setattr(nodes.LocalTransport, "exchange", flip_one)
+    s = run(tmp_path, "tamper", "channel.encryption=aes-gcm")
+    assert hits == [1]
+    assert s["faults"]["rejected_messages"] == 1
+    assert s["status"] == "degraded"
+    ledger = read_ledger(s["out_dir"])
+    assert [r["kind"] for r in ledger if r["status"] == "rejected"] == ["rejected:tampered"]
+
+
+def test_cefmc_reuses_stale_labels_for_missing_clients():
+    from raymvc.data import load_dataset, normalize
+    from raymvc.data.types import Shard
+    from raymvc.protocol import ClientContext, ServerContext
+
+    proto = get("cefmc")
+    cfg = proto.config()
+    ds = normalize(load_dataset("handwritten"), "l2")
+    clients = {v: proto.client(cfg, Shard(views=[ds.views[v]]), ClientContext(v, 6, 10, np.random.default_rng(v)))
+               for v in range(6)}
+    server = proto.server(cfg, ServerContext(list(range(6)), 10, np.random.default_rng(9), n_samples=2000))
+    out = server.start()
+    out = server.step(0, {c: clients[c].handle(m) for c, m in out.items()}, set())
+    first = {c: clients[c].handle(m) for c, m in out.items()}
+    out = server.step(1, first, set())
+    stale_y = server.last[3].copy()
+    replies = {c: clients[c].handle(m) for c, m in out.items() if c != 3}
+    out = server.step(2, replies, {3})
+    assert server.info["stale_clients"] == [3]
+    assert np.array_equal(server.last[3], stale_y)  # the last labels stand in for the missing reply
+    assert set(out) == set(range(6))  # and the client is still addressed next round

@@ -17,7 +17,10 @@ Exchange
   ``argmax(H_v C_v^T + (C̄_v C_v^T)[y])`` and sends only ``y_v`` (``N`` small unsigned
   ints) and its objective. The server rebuilds ``H_c = [C_1[y_1] ... C_V[y_V]]`` by
   indexing, updates ``y = argmax(H_c C^T)`` and ``C`` from the SVD of ``H_c^T Y``, and
-  stops when the relative change of the objective is at most ``tol``.
+  stops when the relative change of the objective is at most ``tol`` -- measured
+  against the previous round and the one before it, so a 2-cycle of label flips
+  (seen with CeFMC-H, whose continuous embeddings can alternate two assignments)
+  ends the run instead of spinning to ``max_rounds``.
 
 CeFMC-H (the paper's ablation) runs the same optimisation but clients upload the full
 ``H_v`` every round and the server uses ``H_c = [H_1 ... H_V]``.
@@ -143,6 +146,7 @@ class CeFMCServer(Server):
         self.C: np.ndarray | None = None
         self.y: np.ndarray | None = None
         self.prev_obj: float | None = None
+        self.history: list[float] = []
 
     def start(self) -> dict[int, Message]:
         return {c: Message("embed") for c in self.ctx.client_ids}
@@ -171,11 +175,16 @@ class CeFMCServer(Server):
         P = np.stack([np.bincount(self.y, weights=Hc[:, i], minlength=k) for i in range(Hc.shape[1])])
         self.C = _polar(P).T
         obj = float(self.beta * np.sum(P * self.C.T) + sum(self.obj_v.values()))
-        change = abs(obj - self.prev_obj) / max(abs(obj), 1e-300) if self.prev_obj is not None else None
+        scale = max(abs(obj), 1e-300)
+        change = abs(obj - self.history[-1]) / scale if self.history else None
+        # a 2-cycle (labels flipping between two assignments) counts as converged too
+        cycle = abs(obj - self.history[-2]) / scale if len(self.history) >= 2 else None
+        self.history.append(obj)
         self.prev_obj = obj
         self.info = {"objective": obj, "rel_change": change, "stale_clients": stale}
-        if (change is not None and change <= self.config.tol) or round >= self.config.max_rounds:
-            return Done(labels=self.y.copy(), info={"objective": obj, "converged": change is not None and change <= self.config.tol})
+        converged = any(c is not None and c <= self.config.tol for c in (change, cycle))
+        if converged or round >= self.config.max_rounds:
+            return Done(labels=self.y.copy(), info={"objective": obj, "converged": converged})
         return self._outgoing()
 
     def _init(self, replies: Mapping[int, Message]) -> dict[int, Message]:

@@ -15,6 +15,7 @@ the next ``Server.step`` as a reply or as missing.
 
 from __future__ import annotations
 
+import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -40,12 +41,9 @@ def client_party(cid: int) -> str:
 
 def _limit_threads(n: int):
     """Same BLAS/OpenMP thread count in every backend -> identical floating point."""
-    try:
-        import torch  # noqa: F401  (only if already importable; cheap when cached)
-
+    torch = sys.modules.get("torch")  # only if a protocol imported it
+    if torch is not None and torch.get_num_threads() != n:
         torch.set_num_threads(n)
-    except Exception:  # pragma: no cover - torch missing
-        pass
     return threadpool_limits(limits=n)
 
 

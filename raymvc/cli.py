@@ -33,8 +33,9 @@ def _load(args) -> "object":
 
 
 def cmd_run(args) -> int:
-    from .runtime import prepare, run_scenario
     from .results import format_summary
+    from .runtime import prepare, run_scenario
+    from .runtime.engine import ClusterError
 
     try:
         sc = _load(args)
@@ -42,7 +43,10 @@ def cmd_run(args) -> int:
     except ScenarioError as e:
         return _fail(str(e))
     progress = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
-    summary = run_scenario(sc, args.out, progress=progress, prepared=prepared)
+    try:
+        summary = run_scenario(sc, args.out, progress=progress, prepared=prepared)
+    except ClusterError as e:
+        return _fail(f"{args.scenario}: {e}")
     print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
     return 0 if summary["status"] != "failed" else 1
 

@@ -94,8 +94,42 @@ def _progress_default(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+class ClusterError(RuntimeError):
+    """Joining an existing Ray cluster failed (one line, names runtime.address)."""
+
+
+def _token_auth_if_available() -> None:
+    """Ray 2.60 clusters started by `ray start --head` expect a token from every driver.
+
+    When joining a cluster and a token is at hand (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or
+    ~/.ray/auth_token), turn token mode on unless the user chose a mode already.
+    """
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") or \
+            (Path.home() / ".ray" / "auth_token").is_file():
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast when nothing listens at host:port (Ray itself retries for minutes)."""
+    import socket
+
+    if "://" in address or address == "auto" or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return
+    except (OSError, ValueError) as e:
+        raise ClusterError(f"runtime.address: cannot join the Ray cluster at {address}: "
+                           f"nothing answers there ({e.__class__.__name__})") from None
+
+
 def init_ray(sc: Scenario, n_clients: int) -> float:
     """Start (or join) Ray; returns the seconds it took (0 if already running)."""
+    if sc.runtime.address:
+        _token_auth_if_available()  # before Ray reads its configuration
     import ray
 
     if ray.is_initialized():
@@ -104,7 +138,15 @@ def init_ray(sc: Scenario, n_clients: int) -> float:
     rt = sc.runtime
     kwargs = dict(include_dashboard=False, log_to_driver=True, configure_logging=False)
     if rt.address:
-        ray.init(address=rt.address, **kwargs)
+        _check_reachable(rt.address)
+        try:
+            ray.init(address=rt.address, **kwargs)
+        except Exception as e:  # ConnectionError, AuthenticationError, ...
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ClusterError(
+                f"runtime.address: cannot join the Ray cluster at {rt.address}: {first}. With token "
+                "authentication, give this driver the cluster's token (RAY_AUTH_TOKEN or ~/.ray/auth_token)"
+            ) from None
     else:
         need = math.ceil(n_clients * rt.client_cpus + rt.server_cpus)
         ray.init(num_cpus=rt.num_cpus or max(os.cpu_count() or 1, need), **kwargs)
@@ -154,11 +196,11 @@ def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: C
     progress = progress or _progress_default
     wall0 = time.perf_counter()
     ds, part = prepared or prepare(sc)
+    ray_init_s = init_ray(sc, part.n_clients) if sc.runtime.backend == "ray" else 0.0
     out = Path(out_dir) if out_dir else default_out_dir(sc.name)
     writer = RunWriter(out)
     writer.scenario(sc.to_yaml())
     proto = get(sc.method)
-    ray_init_s = init_ray(sc, part.n_clients) if sc.runtime.backend == "ray" else 0.0
     handles: list = []
     fin: dict | None = None
     protocol_s = startup_s = 0.0
@@ -278,4 +320,4 @@ def _summarise(sc, ds, part, proto, fin, ray_init_s, protocol_s, wall_s, out) ->
     return summary
 
 
-__all__ = ["run_scenario", "prepare", "init_ray", "format_summary"]
+__all__ = ["run_scenario", "prepare", "init_ray", "ClusterError", "format_summary"]

@@ -1,0 +1,75 @@
+"""Joining an existing Ray cluster (`ray start --head`) instead of starting one."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_listening(port: int, timeout: float) -> bool:
+    end = time.time() + timeout
+    while time.time() < end:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return True
+        time.sleep(0.5)
+    return False
+
+
+@pytest.fixture
+def head_node():
+    ray_cli = shutil.which("ray")
+    if ray_cli is None:
+        pytest.skip("the ray command is not installed")
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+    head = subprocess.Popen([ray_cli, "start", "--head", f"--port={port}", "--num-cpus=4",
+                             "--include-dashboard=false", "--node-ip-address=127.0.0.1", "--block"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
+    try:
+        if not _wait_listening(port, 90):
+            pytest.fail("the Ray head node did not start")
+        yield f"127.0.0.1:{port}"
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        head.wait(timeout=60)
+
+
+def test_run_joins_a_running_cluster(head_node, tmp_path):
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "raymvc.cli", "run", str(REPO / "scenarios" / "hw-cefmc.yaml"),
+                        "--address", head_node, "--out", str(out), "--json", "--quiet"],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = json.loads(r.stdout)
+    assert s["backend"] == "ray" and s["status"] == "completed"
+    assert s["metrics"]["acc"] >= 0.93
+    assert "runtime:\n  backend: ray\n  address: " + head_node in (out / "scenario.yaml").read_text()
+
+
+def test_unreachable_cluster_is_one_clean_error(tmp_path):
+    port = _free_port()  # nothing listens there
+    r = subprocess.run([sys.executable, "-m", "raymvc.cli", "run", str(REPO / "scenarios" / "hw-cefmc.yaml"),
+                        "--address", f"127.0.0.1:{port}", "--out", str(tmp_path / "x")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and f"runtime.address: cannot join the Ray cluster at 127.0.0.1:{port}" in last

@@ -142,14 +142,19 @@ def test_npz_round_trip(tmp_path):
     assert back.dims == [3, 4] and back.name == "a"
     assert np.array_equal(back.views[1], ds.views[1]) and np.array_equal(back.labels, ds.labels)
 
-    views = np.empty(2, dtype=object)
-    views[0], views[1] = ds.views
     present = np.ones((50, 2), dtype=bool)
     present[:3, 1] = False
     g = tmp_path / "b.npz"
-    np.savez(g, views=views, gt=ds.labels, present=present)
+    np.savez(g, view_0=ds.views[0], view_1=ds.views[1], gt=ds.labels, present=present)
     back = load_dataset(path=str(g))
     assert np.array_equal(back.present, present) and np.all(back.views[1][:3] == 0)
+
+    views = np.empty(2, dtype=object)  # numpy pickles object arrays: refused, never unpickled
+    views[0], views[1] = ds.views
+    h = tmp_path / "c.npz"
+    np.savez(h, views=views, gt=ds.labels)
+    with pytest.raises(DataError, match="pickled object arrays"):
+        load_dataset(path=str(h))
 
 
 @pytest.mark.parametrize("transpose", [False, True])

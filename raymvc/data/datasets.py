@@ -200,13 +200,23 @@ def _load_file(path: Path) -> MultiViewDataset:
 def _read_npz(path: Path):
     """Views, labels, present mask, index and view names from an ``.npz`` archive.
 
-    Object arrays (a list of views of different widths) are stored pickled by numpy, so
-    loading them unpickles: only load archives you trust.
+    Archives are read without unpickling: a list of views of different widths must be
+    stored as separate arrays ``X0, X1, ...`` (numpy would pickle an object array).
     """
     try:
-        f = np.load(path, allow_pickle=True)
+        f = np.load(path, allow_pickle=False)
     except Exception as exc:  # noqa: BLE001 - any reader failure is a data error
         raise DataError(f"{path}: cannot read .npz archive ({exc})") from exc
+    try:
+        return _npz_fields(f)
+    except ValueError as exc:
+        if "allow_pickle" in str(exc):
+            raise DataError(f"{path}: holds pickled object arrays, which are not loaded; store the views "
+                            "as separate arrays X0, X1, ... instead") from None
+        raise
+
+
+def _npz_fields(f):
     with f:
         keys = list(f.keys())
         views = None

@@ -240,3 +240,24 @@ def test_cefmc_reuses_stale_labels_for_missing_clients():
     assert server.info["stale_clients"] == [3]
     assert np.array_equal(server.last[3], stale_y)  # the last labels stand in for the missing reply
     assert set(out) == set(range(6))  # and the client is still addressed next round
+
+
+def test_client_exception_is_recorded_and_run_goes_on(tmp_path, monkeypatch):
+    from raymvc.protocols import cefmc
+
+    real = cefmc.CeFMCClient.handle
+    calls = {"n": 0}
+
+    def flaky(self, msg):
+        if self.ctx.client_id == 4 and msg.kind == "consensus":
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise FloatingPointError("boom")
+        return real(self, msg)
+
+    monkeypatch.setattr(cefmc.CeFMCClient, "handle", flaky)
+    s = run(tmp_path, "flaky")
+    assert s["status"] == "degraded" and s["metrics"]["acc"] > 0.9
+    errs = s["faults"]["client_errors"]
+    assert len(errs) == 1 and errs[0]["client"] == 4 and errs[0]["round"] == 2
+    assert "FloatingPointError: boom" in errs[0]["error"]

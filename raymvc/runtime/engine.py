@@ -149,7 +149,8 @@ def init_ray(sc: Scenario, n_clients: int) -> float:
             ) from None
     else:
         need = math.ceil(n_clients * rt.client_cpus + rt.server_cpus)
-        ray.init(num_cpus=rt.num_cpus or max(os.cpu_count() or 1, need), **kwargs)
+        # address="local": always a fresh embedded instance, even if `ray start` runs here
+        ray.init(address="local", num_cpus=rt.num_cpus or max(os.cpu_count() or 1, need), **kwargs)
     return time.perf_counter() - t
 
 
@@ -229,7 +230,7 @@ def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: C
     except Exception as e:  # keep whatever we have; the summary says what went wrong
         fin = fin or {"status": "failed", "error": f"{type(e).__name__}: {e}", "labels": None, "predictions": {},
                       "info": {}, "rounds": 0, "virtual_s": 0.0, "counts": {}, "crashed": [], "disconnected": [],
-                      "client_errors": {}, "ledger": None, "compute_s": 0.0}
+                      "client_errors": [], "ledger": None, "compute_s": 0.0}
     finally:
         if handles:
             import ray
@@ -262,9 +263,13 @@ def _assemble_labels(part, fin) -> np.ndarray | None:
 
 def _summarise(sc, ds, part, proto, fin, ray_init_s, protocol_s, wall_s, out) -> dict:
     labels = _assemble_labels(part, fin)
-    metrics = None
+    metrics = metrics_labelled = None
+    kappa = proto.partition == "horizontal"
     if labels is not None:
-        metrics = clustering_scores(ds.labels, labels, kappa=proto.partition == "horizontal")
+        metrics = clustering_scores(ds.labels, labels, kappa=kappa)
+        has = labels >= 0
+        if 0 < has.sum() < len(labels):  # some clients could not label: score the rest apart
+            metrics_labelled = clustering_scores(ds.labels[has], labels[has], kappa=kappa)
     ledger = fin.get("ledger")
     empty = {"messages": 0, "data_bytes": 0, "payload_bytes": 0, "wire_bytes": 0, "bytes_up": 0, "bytes_down": 0, "mb_total": 0.0}
     comm = ledger.totals("protocol") if ledger is not None else empty
@@ -294,6 +299,7 @@ def _summarise(sc, ds, part, proto, fin, ray_init_s, protocol_s, wall_s, out) ->
         "rounds": fin.get("rounds", 0),
         "metrics": metrics,
         "unlabelled_samples": unlabelled,
+        "metrics_labelled": metrics_labelled,
         "communication": comm,
         "communication_eval": ledger.totals("eval") if ledger is not None else empty,
         "communication_setup": ledger.totals("setup") if ledger is not None else empty,
@@ -304,7 +310,7 @@ def _summarise(sc, ds, part, proto, fin, ray_init_s, protocol_s, wall_s, out) ->
             "crashed_clients": crashed,
             "rejected_messages": counts.get("rejected_messages", 0),
             "disconnected_clients": disconnected,
-            "client_errors": fin.get("client_errors") or {},
+            "client_errors": fin.get("client_errors") or [],
         },
         "timing": {
             "wall_s": wall_s,

@@ -191,6 +191,7 @@ class RoundState:
     rejected: list[int] = field(default_factory=list)
     crashed: list[int] = field(default_factory=list)
     errors: dict[int, str] = field(default_factory=dict)
+    acked: set[int] = field(default_factory=set)  # handled the message, sent no reply
 
 
 class ServerNode:
@@ -227,7 +228,7 @@ class ServerNode:
         self.crashed: set[int] = set()
         self.connected: list[int] = []
         self.counts = {"dropped_replies": 0, "late_replies": 0, "rejected_messages": 0, "client_errors": 0}
-        self.client_errors: dict[int, str] = {}
+        self.client_errors: list[dict] = []  # every failure, in order: {round, client, error}
         self.compute_s = 0.0
 
     # -- setup -------------------------------------------------------------
@@ -297,12 +298,13 @@ class ServerNode:
                 continue
             if out.status == "error":
                 st.errors[cid] = out.detail or "error"
-                self.client_errors[cid] = out.detail or "error"
+                self.client_errors.append({"round": r, "client": cid, "path": path, "error": st.errors[cid]})
                 st.missing.add(cid)
                 continue
             self.compute_s += out.compute_s
             if out.frame is None:
-                continue  # the client had nothing to say
+                st.acked.add(cid)  # answered, with nothing to say
+                continue
             send_t = sent_at[cid] + (self.plan.delay(r, cid) if faults else 0.0)
             arrive = send_t + self.net.transfer_s(len(out.frame))
             try:
@@ -342,9 +344,10 @@ class ServerNode:
         self.counts["client_errors"] += len(st.errors)
         addressed = len(self.outgoing)
         record: dict[str, Any] = {"round": r}
-        if addressed and len(st.replies) < min(self.min_clients, addressed):
+        answered = len(st.replies) + len(st.acked)
+        if addressed and answered < min(self.min_clients, addressed):
             self.status = "failed"
-            self.error = (f"round {r}: {len(st.replies)} of {addressed} clients replied, "
+            self.error = (f"round {r}: {answered} of {addressed} clients replied, "
                           f"fewer than faults.min_clients = {self.min_clients}")
         else:
             try:
@@ -416,6 +419,6 @@ class ServerNode:
             "counts": dict(self.counts),
             "crashed": sorted(self.crashed),
             "disconnected": sorted(self.plan.disconnected),
-            "client_errors": dict(self.client_errors),
+            "client_errors": list(self.client_errors),
             "ledger": self.ledger,
         }

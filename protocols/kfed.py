@@ -1,0 +1,152 @@
+"""k-FED: one-shot federated k-means (the reference row for horizontal splits).
+
+Horizontal setting: client ``l`` holds ``n_l`` rows ``X_l`` (``n_l x d``) of one view;
+``k`` clusters.
+
+Exchange (two rounds)
+---------------------
+* round 0: the server asks every client for its local summary; each client runs
+  k-means with ``k'`` clusters (``k_local``, default ``k``; at most ``n_l``) on its raw
+  rows and sends the ``k' x d`` centroids and the ``k'`` cluster sizes.
+* round 1: the server runs k-means (``k`` clusters) over the union of all received local
+  centroids, weighted by their cluster sizes when ``weighted`` is set, and sends the
+  ``k x d`` global centroids to every client. Each client keeps them and acknowledges
+  with an empty message; the run then ends.
+
+Final labels: each client labels its own rows by the nearest global centroid in its
+``predict()``, which the engine calls on the evaluation path only. The server never
+sees a label or a data row.
+
+Missing replies
+---------------
+A client whose round-0 summary is missing (dropped, late, crashed) is left out of the
+global k-means; it still receives the global centroids in round 1 and can label its
+rows. A client that does not receive them (disconnected, or its round-1 message was
+dropped) cannot label its rows: its samples stay unlabelled (``-1``) and count as wrong.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+from pydantic import Field
+from sklearn.cluster import KMeans
+
+from raymvc.messages import Done, Message
+from raymvc.protocol import Client, ClientContext, Protocol, ProtocolConfig, Server, ServerContext
+
+
+class Config(ProtocolConfig):
+    k_local: int | None = Field(default=None, ge=1, description="k', local clusters per client (default k)")
+    weighted: bool = Field(default=True, description="weight local centroids by their cluster sizes on the server")
+    kmeans_init: int = Field(default=10, ge=1, description="k-means restarts (client and server)")
+    max_iter: int = Field(default=300, ge=1)
+
+
+def _seed(rng: np.random.Generator) -> int:
+    return int(rng.integers(2**31 - 1))
+
+
+def local_summary(X: np.ndarray, k_local: int, rng: np.random.Generator, n_init: int = 10,
+                  max_iter: int = 300) -> tuple[np.ndarray, np.ndarray]:
+    """k-means on the rows of ``X`` -> (centroids ``k' x d``, cluster sizes ``k'``).
+
+    ``k'`` is capped at the number of distinct rows; empty clusters are dropped.
+    """
+    n = X.shape[0]
+    if n == 0:
+        return np.zeros((0, X.shape[1])), np.zeros(0, dtype=np.int64)
+    distinct = len(np.unique(X, axis=0))
+    kk = max(1, min(k_local, distinct))
+    km = KMeans(n_clusters=kk, n_init=n_init, max_iter=max_iter, random_state=_seed(rng)).fit(X)
+    counts = np.bincount(km.labels_, minlength=kk).astype(np.int64)
+    keep = counts > 0
+    return km.cluster_centers_[keep], counts[keep]
+
+
+def global_centroids(centroids: np.ndarray, counts: np.ndarray | None, k: int, rng: np.random.Generator,
+                     n_init: int = 10, max_iter: int = 300) -> np.ndarray:
+    """k-means over all local centroids (optionally weighted) -> ``k x d`` global centroids.
+
+    With fewer than ``k`` distinct local centroids, the missing global centroids repeat
+    existing ones (they then simply never win a sample).
+    """
+    distinct = len(np.unique(centroids, axis=0))
+    kk = max(1, min(k, distinct))
+    km = KMeans(n_clusters=kk, n_init=n_init, max_iter=max_iter, random_state=_seed(rng))
+    km.fit(centroids, sample_weight=None if counts is None else np.asarray(counts, dtype=np.float64))
+    C = km.cluster_centers_
+    if kk < k:
+        C = np.vstack([C, C[np.arange(k - kk) % kk]])
+    return C
+
+
+def nearest(X: np.ndarray, C: np.ndarray) -> np.ndarray:
+    """Index of the nearest row of ``C`` (Euclidean) for every row of ``X``."""
+    d = (X * X).sum(1)[:, None] - 2.0 * X @ C.T + (C * C).sum(1)[None, :]
+    return np.argmin(d, axis=1)
+
+
+# ---------------------------------------------------------------------------
+class KFedClient(Client):
+    def __init__(self, config: Config, shard, ctx: ClientContext):
+        super().__init__(config, shard, ctx)
+        self.X = np.asarray(shard.X, dtype=np.float64)
+        self.k_local = config.k_local or ctx.n_clusters
+        self.C: np.ndarray | None = None
+
+    def handle(self, msg: Message) -> Message | None:
+        if msg.kind == "summarise":
+            cfg = self.config
+            C, counts = local_summary(self.X, self.k_local, self.ctx.rng, cfg.kmeans_init, cfg.max_iter)
+            return Message("local_centroids", C=C, counts=counts)
+        if msg.kind == "global_centroids":
+            self.C = np.asarray(msg["C"], dtype=np.float64)
+            return Message("ack")
+        raise ValueError(f"kfed client: unexpected message {msg.kind!r}")
+
+    def predict(self) -> np.ndarray:
+        if self.C is None:
+            raise RuntimeError("kfed client: no global centroids received")
+        return nearest(self.X, self.C)
+
+
+class KFedServer(Server):
+    def __init__(self, config: Config, ctx: ServerContext):
+        super().__init__(config, ctx)
+        self.C: np.ndarray | None = None
+
+    def start(self) -> dict[int, Message]:
+        return {c: Message("summarise") for c in self.ctx.client_ids}
+
+    def step(self, round: int, replies: Mapping[int, Message], missing: set[int]) -> dict[int, Message] | Done:
+        if round == 0:
+            senders = sorted(c for c, m in replies.items() if m.kind == "local_centroids" and len(m["C"]))
+            if not senders:
+                raise RuntimeError("kfed: no client delivered local centroids")
+            cents = np.vstack([np.asarray(replies[c]["C"], dtype=np.float64) for c in senders])
+            counts = np.concatenate([np.asarray(replies[c]["counts"], dtype=np.float64) for c in senders])
+            cfg = self.config
+            self.C = global_centroids(cents, counts if cfg.weighted else None, self.ctx.n_clusters,
+                                      self.ctx.rng, cfg.kmeans_init, cfg.max_iter)
+            self.info = {"senders": senders, "missing": sorted(missing), "local_centroids": int(len(cents))}
+            return {c: Message("global_centroids", C=self.C) for c in self.ctx.client_ids}
+        self.info = {"acknowledged": sorted(replies), "missing": sorted(missing)}
+        return Done(labels=None, info={"global_centroids": int(len(self.C))})
+
+    def result(self) -> Done:
+        if self.C is None:
+            raise RuntimeError("kfed: no global centroids yet")
+        return Done(labels=None, info={"global_centroids": int(len(self.C))})
+
+
+PROTOCOL = Protocol(
+    name="kfed",
+    config=Config,
+    client=KFedClient,
+    server=KFedServer,
+    partition="horizontal",
+    summary="one-shot federated k-means: local centroids up, k global centroids down",
+    paper="Dennis, Li, Smith, Heterogeneity for the win: one-shot federated clustering (2021)",
+)

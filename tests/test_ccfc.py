@@ -1,0 +1,271 @@
+"""Tests for CCFC: end to end on a tiny model, FedAvg renormalisation, the bytes on the
+ledger, state dicts through the channel, determinism and disconnected clients."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import raymvc.protocols.ccfc as ccfc  # noqa: E402
+from raymvc.channel import decode, encode  # noqa: E402
+from raymvc.messages import Message  # noqa: E402
+from raymvc.protocol import ServerContext  # noqa: E402
+from raymvc.runtime import prepare, run_scenario  # noqa: E402
+from raymvc.runtime.nodes import ClientNode, ServerNode  # noqa: E402
+from raymvc.scenario import scenario_from_dict  # noqa: E402
+
+# a model small enough for a test: one round on digits takes a few tens of milliseconds
+TINY = {
+    "warmup_rounds": 2,
+    "cluster_rounds": 2,
+    "batch_size": 64,
+    "channels": [8, 16, 16],
+    "proj_hidden": 16,
+    "latent_dim": 8,
+    "pred_dim": 4,
+    "kmeans_init": 1,
+    "server_kmeans_init": 2,
+}
+K = 10  # digits classes
+N_CLIENTS = 5
+
+
+def scenario(**over):
+    raw = {
+        "name": "test-ccfc",
+        "method": "ccfc",
+        "params": dict(TINY),
+        "data": {"dataset": "digits", "partition": "horizontal", "n_clients": N_CLIENTS, "heterogeneity": 0.0},
+        "runtime": {"backend": "local"},
+        "seed": 0,
+    }
+    for key, value in over.items():
+        node = raw
+        *path, last = key.split(".")
+        for p in path:
+            node = node.setdefault(p, {})
+        node[last] = value
+    return scenario_from_dict(raw)
+
+
+def run_nodes(sc):
+    """Drive a ServerNode and ClientNodes in-process; returns (finish dict, partition)."""
+    ds, part = prepare(sc)
+    ids = list(range(part.n_clients))
+    ch = sc.channel.model_dump()
+    clients = {c: ClientNode(c, sc.method, sc.params, part.shards[c], n_clients=part.n_clients,
+                             n_clusters=ds.n_clusters, channel=ch, seed=sc.seed) for c in ids}
+    server = ServerNode(sc.method, sc.params, clients, client_ids=ids, n_clusters=ds.n_clusters, n_samples=None,
+                        channel=ch, faults=sc.faults.model_dump(), network=sc.network.model_dump(), seed=sc.seed)
+    server.connect()
+    server.begin()
+    while not server.run_round()["done"]:
+        pass
+    return server.finish(), part
+
+
+def ledger_rows(out_dir) -> list[dict]:
+    with open(Path(out_dir) / "messages.csv", newline="") as f:
+        return [r for r in csv.DictReader(f) if r["path"] == "protocol"]
+
+
+def model_bytes(cfg) -> int:
+    """Parameter and buffer count x 4 bytes (+ 8 per integer counter), from torch itself."""
+    model = ccfc.CCFCModel(cfg)
+    return sum(t.numel() * (4 if t.is_floating_point() else 8) for t in model.state_dict().values())
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ccfc-run")
+    return run_scenario(scenario(), out, progress=lambda line: None)
+
+
+# --------------------------------------------------------------------------- end to end
+def test_tiny_run_end_to_end(tiny_run):
+    s = tiny_run
+    assert s["status"] == "completed", s["error"]
+    assert s["rounds"] == TINY["warmup_rounds"] + TINY["cluster_rounds"] + 1  # + the final broadcast
+    assert s["unlabelled_samples"] == 0
+    assert 0.0 <= s["metrics"]["nmi"] <= 1.0
+    assert "kappa" in s["metrics"]
+    assert s["communication_eval"]["messages"] == 2 * N_CLIENTS
+
+
+# --------------------------------------------------------------------------- bytes
+def test_mb_per_round_is_model_plus_centroids(tiny_run):
+    cfg = ccfc.Config(**TINY)
+    w = model_bytes(cfg)
+    assert w == ccfc.model_payload_bytes(cfg)
+    cent = K * cfg.latent_dim * 4  # k x latent float32
+    last_warm = TINY["warmup_rounds"] - 1
+    final = TINY["warmup_rounds"] + TINY["cluster_rounds"]
+    # information bytes per message: weights (+ centroids) + scalars (n, loss: 8 each; phase as UTF-8)
+    expected = {}
+    for r in range(final + 1):
+        if r < final:
+            phase = "simsiam" if r < TINY["warmup_rounds"] else "cluster"
+            down = w + len(phase) + 8 + (cent if phase == "cluster" else 0)  # + want_centroids (bool)
+            up = w + 8 + 8 + (cent if r >= last_warm else 0)
+        else:
+            down, up = w + cent, 8  # final weights and centroids; the acknowledgement carries n
+        expected[r] = (down, up)
+    rows = ledger_rows(tiny_run["out_dir"])
+    header = 120 * 64  # bound on the codec header: a short JSON line naming each field
+    payload_per_round: dict[int, int] = {}
+    data_per_round: dict[int, int] = {}
+    for row in rows:
+        r = int(row["round"])
+        want = expected[r][0 if row["src"] == "server" else 1]
+        payload = int(row["payload_bytes"])
+        assert want <= payload <= want + header
+        payload_per_round[r] = payload_per_round.get(r, 0) + payload
+        if "data_bytes" in row:  # the ledger's header-free count, where it has one
+            assert int(row["data_bytes"]) == want
+            data_per_round[r] = data_per_round.get(r, 0) + int(row["data_bytes"])
+    assert sorted(payload_per_round) == list(expected)
+    for r, (down, up) in expected.items():
+        model_and_centroids = N_CLIENTS * (down + up)  # every client: one message down, one up
+        assert model_and_centroids <= payload_per_round[r] <= model_and_centroids + 2 * N_CLIENTS * header
+        if data_per_round:
+            assert data_per_round[r] == model_and_centroids
+
+
+def test_message_nbytes_exact():
+    cfg = ccfc.Config(**TINY)
+    srv = ccfc.CCFCServer(cfg, ServerContext(client_ids=[0, 1], n_clusters=K, rng=np.random.default_rng(0)))
+    msg = srv.start()[0]
+    assert msg.nbytes() == model_bytes(cfg) + len("simsiam") + 8
+
+
+# --------------------------------------------------------------------------- weights
+@pytest.mark.parametrize("float_dtype", ["float64", "float32"])
+def test_state_dict_round_trip_through_channel(float_dtype):
+    cfg = ccfc.Config(**TINY)
+    src = ccfc.build_model(cfg, seed=1)
+    src.train()
+    with torch.no_grad():  # non-trivial BN statistics and counters
+        src(torch.randn(16, 1, 8, 8))
+        src(torch.randn(16, 1, 8, 8))
+    arrays = ccfc.state_to_arrays(src)
+    assert all(k.startswith("w.") for k in arrays)
+    msg = Message("update", {**arrays, "n": 16})
+    back = decode(encode(msg, float_dtype))
+    dst = ccfc.build_model(cfg, seed=2)
+    ccfc.load_arrays(dst, ccfc.arrays_from_message(back))
+    a, b = src.state_dict(), dst.state_dict()
+    assert set(a) == set(b)
+    for name in a:
+        assert a[name].dtype == b[name].dtype
+        assert torch.equal(a[name], b[name]), name
+    assert int(b["encoder.backbone.0.1.num_batches_tracked"]) == 2
+
+
+def test_load_arrays_rejects_mismatch():
+    cfg = ccfc.Config(**TINY)
+    arrays = ccfc.state_to_arrays(ccfc.build_model(cfg, 0))
+    model = ccfc.build_model(cfg, 0)
+    bad = dict(arrays)
+    bad.pop(next(iter(bad)))
+    with pytest.raises(ValueError):
+        ccfc.load_arrays(model, {k[2:]: v for k, v in bad.items()})
+
+
+def test_fedavg_renormalises_over_replying_clients():
+    cfg = ccfc.Config(**TINY)
+    srv = ccfc.CCFCServer(cfg, ServerContext(client_ids=[0, 1, 2], n_clusters=K, rng=np.random.default_rng(0)))
+    srv.start()
+    rng = np.random.default_rng(5)
+    sizes = {0: 100, 2: 300}  # client 1 is missing
+    states = {}
+    for c in sizes:
+        st = {}
+        for name, ref in srv.weights.items():
+            if ref.dtype.kind == "f":
+                st[name] = rng.standard_normal(ref.shape).astype(np.float32)
+            else:
+                st[name] = np.asarray(7 if c == 0 else 11, dtype=ref.dtype).reshape(ref.shape)
+        states[c] = st
+    replies = {c: Message("update", {**states[c], "n": sizes[c], "loss": 0.0}) for c in sizes}
+    out = srv.step(0, replies, {1})
+    assert srv.info["aggregated"] == [0, 2]
+    for name, ref in srv.weights.items():
+        w0, w2 = states[0][name].astype(np.float64), states[2][name].astype(np.float64)
+        want = 0.25 * w0 + 0.75 * w2  # 100 / 400 and 300 / 400: weights renormalised over {0, 2}
+        if ref.dtype.kind == "f":
+            assert ref.dtype == np.float32
+            np.testing.assert_allclose(ref, want, rtol=1e-6, atol=1e-6)
+        else:
+            assert int(ref) == 10  # round(0.25 * 7 + 0.75 * 11)
+        # every client, the missing one included, receives the averaged model next round
+        for c in (0, 1, 2):
+            np.testing.assert_array_equal(out[c][name], ref)
+
+
+def test_fedavg_no_replies_keeps_model():
+    cfg = ccfc.Config(**TINY)
+    srv = ccfc.CCFCServer(cfg, ServerContext(client_ids=[0, 1], n_clusters=K, rng=np.random.default_rng(0)))
+    before = {k: v.copy() for k, v in srv.start()[0].arrays().items()}
+    out = srv.step(0, {}, {0, 1})
+    for name, v in before.items():
+        np.testing.assert_array_equal(out[0][name], v)
+
+
+def test_fedavg_function_weights():
+    s = {0: {"a": np.array([1.0, 2.0], np.float32)}, 1: {"a": np.array([3.0, 6.0], np.float32)}}
+    got = ccfc.fedavg(s, {0: 1, 1: 3})["a"]
+    np.testing.assert_allclose(got, [2.5, 5.0])
+
+
+# --------------------------------------------------------------------------- losses
+def test_cluster_contrastive_loss_pairs():
+    p = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    z = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])
+    y = torch.tensor([0, 0, 1])
+    # cluster 0: D_0 = -cos(p0, z1) = 0, D_1 = -cos(p1, z0) = -1 -> mean -0.5; cluster 1 has no pair
+    assert float(ccfc.cluster_contrastive_loss(p, z, y)) == pytest.approx(-0.5)
+    # with self-positives: rows 0 and 1 give -0.5 each, row 2 (alone) -1 -> (-0.5 + -1) / 2
+    loss = ccfc.cluster_contrastive_loss(p, z, y, self_positive=True)
+    assert float(loss) == pytest.approx((-0.5 + -1.0) / 2)
+
+
+def test_augment_shapes_and_determinism():
+    cfg = ccfc.Config(**TINY, rotate_deg=10.0, scale=0.1, cutout=2)
+    x = torch.rand(6, 1, 16, 15)
+    a = ccfc.augment(x, cfg, torch.Generator().manual_seed(3))
+    b = ccfc.augment(x, cfg, torch.Generator().manual_seed(3))
+    assert a.shape == x.shape
+    assert torch.equal(a, b)
+
+
+# --------------------------------------------------------------------------- determinism and faults
+def test_same_seed_same_labels():
+    sc = scenario(**{"params.warmup_rounds": 1, "params.cluster_rounds": 1})
+    fin1, _ = run_nodes(sc)
+    fin2, _ = run_nodes(sc)
+    assert fin1["status"] == fin2["status"] == "finished"
+    assert sorted(fin1["predictions"]) == list(range(N_CLIENTS))
+    for c in fin1["predictions"]:
+        np.testing.assert_array_equal(fin1["predictions"][c], fin2["predictions"][c])
+
+
+def test_disconnected_clients(tmp_path):
+    sc = scenario(**{"faults.disconnect.rate": 0.4, "params.warmup_rounds": 1, "params.cluster_rounds": 1})
+    s = run_scenario(sc, tmp_path, progress=lambda line: None)
+    gone = s["faults"]["disconnected_clients"]
+    assert gone and s["status"] == "degraded"
+    assert s["rounds"] == 3
+    ds, part = prepare(sc)
+    assert s["unlabelled_samples"] == sum(len(part.rows[c]) for c in gone)
+    import json
+
+    for line in (Path(s["out_dir"]) / "rounds.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        assert set(gone) <= set(rec["missing"])
+        if "aggregated" in rec["info"]:
+            assert rec["info"]["aggregated"] == rec["replied"]

@@ -167,7 +167,7 @@ def _federation(n=120, V=3, k=3, seed=0, **params):
     present[present.sum(axis=1) == 0, 0] = True
     present[0] = [True] + [False] * (V - 1)
     clients = {}
-    cfg = E.Config(**{"anchors": 2, "lambda": 1.0, "beta": 0.1, **params})
+    cfg = E.Config(**{"anchors": 2, "beta": 0.1, "lambda": 1.0, **params})
     for v in range(V):
         means = 3.0 * rng.standard_normal((k, 6))
         X = means[labels] + rng.standard_normal((n, 6))
@@ -184,8 +184,9 @@ def _round(clients, out, drop=()):
     return replies, {c for c in out if c in drop}
 
 
-def test_overall_objective_never_increases():
-    clients, server, labels, _ = _federation(tol=0.0, max_rounds=5)
+@pytest.mark.parametrize("lam", [1e-3, 1.0])
+def test_overall_objective_never_increases(lam):
+    clients, server, labels, _ = _federation(tol=0.0, max_rounds=5, **{"lambda": lam})
     out = server.start()
     objs = []
     r = 0

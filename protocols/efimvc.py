@@ -212,13 +212,7 @@ def _centred_lmax(W: np.ndarray) -> float:
 def qp_objective(W: np.ndarray, T: np.ndarray, Z: np.ndarray, groups: np.ndarray | None = None) -> np.ndarray:
     """Per-column values ``z^T W z - 2 t^T z`` for columns of ``Z`` (m x n)."""
     Zr, Tr = Z.T, T.T
-    if W.ndim == 2:
-        WZ = Zr @ W
-    else:
-        WZ = np.empty_like(Zr)
-        for g in np.unique(groups):
-            sel = groups == g
-            WZ[sel] = Zr[sel] @ W[g]
+    WZ = _rows_times(W, groups if W.ndim == 3 else None, Zr)
     return np.einsum("ij,ij->i", Zr, WZ) - 2.0 * np.einsum("ij,ij->i", Tr, Zr)
 
 
@@ -396,13 +390,7 @@ def simplex_qp(
     step = step_all
 
     def WZ(Zr: np.ndarray) -> np.ndarray:
-        if not grouped:
-            return Zr @ W
-        res = np.empty_like(Zr)
-        for g in np.unique(gsel):
-            sl = gsel == g
-            res[sl] = Zr[sl] @ W[g]
-        return res
+        return _rows_times(W, gsel if grouped else None, Zr)
 
     def fval(Zr: np.ndarray, WZr: np.ndarray) -> np.ndarray:
         return np.einsum("ij,ij->i", Zr, WZr - 2.0 * Tr)

@@ -25,7 +25,7 @@ never see bytes, actors, keys or clocks.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -110,5 +110,3 @@ class Protocol:
     summary: str = ""
     paper: str = ""
     requires_torch: bool = False
-
-    kinds: ClassVar[tuple[str, ...]] = ("vertical", "horizontal")

@@ -66,7 +66,7 @@ and buffer entries, plus ``8`` bytes per ``num_batches_tracked``) down and up, p
 asked for (:func:`model_payload_bytes`).
 
 Determinism: the server draws the initial weights from its seeded generator; each
-client draws a torch seed from its own ``ctx.rng`` for every local step (shuffling and
+client draws a torch seed from ``ctx.rng_for("train")``, its stream for that round (shuffling and
 augmentations use a ``torch.Generator``); deterministic algorithms are switched on
 during every call and restored afterwards. The engine fixes thread counts.
 """
@@ -75,7 +75,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 import torch
@@ -85,7 +85,15 @@ from pydantic import Field
 from sklearn.cluster import KMeans
 
 from raymvc.messages import Done, Message
-from raymvc.protocol import Client, ClientContext, Protocol, ProtocolConfig, Server, ServerContext
+from raymvc.protocol import (
+    Client,
+    ClientContext,
+    Protocol,
+    ProtocolConfig,
+    Server,
+    ServerContext,
+    seed_from,
+)
 
 W_PREFIX = "w."
 
@@ -427,7 +435,7 @@ class CCFCClient(Client):
         self._receive(msg)
         phase = str(msg["phase"])
         self.model.load_state_dict(self.global_model.state_dict())
-        g = torch.Generator().manual_seed(int(self.ctx.rng.integers(2**63 - 1)))
+        g = torch.Generator().manual_seed(int(self.ctx.rng_for("train").integers(2**63 - 1)))
         loss_sum, steps = 0.0, 0
         if self.n >= 2:
             if phase == "cluster":
@@ -460,7 +468,7 @@ class CCFCClient(Client):
         Z = embed(self.model, self.x).numpy().astype(np.float64)
         k = self.ctx.n_clusters
         kk = max(1, min(k, len(np.unique(Z, axis=0))))
-        km = KMeans(n_clusters=kk, n_init=self.config.kmeans_init, random_state=int(self.ctx.rng.integers(2**31 - 1)))
+        km = KMeans(n_clusters=kk, n_init=self.config.kmeans_init, random_state=seed_from(self.ctx.rng_for("local_kmeans")))
         km.fit(Z)
         C = km.cluster_centers_
         if kk < k:  # pad by repeating: the message keeps its k x latent size
@@ -477,7 +485,7 @@ class CCFCClient(Client):
 class CCFCServer(Server):
     def __init__(self, config: Config, ctx: ServerContext):
         super().__init__(config, ctx)
-        self.model = build_model(config, int(ctx.rng.integers(2**31 - 1)))
+        self.model = build_model(config, seed_from(ctx.rng_for("model_init", 0)))
         self.weights = state_to_arrays(self.model)  # "w.<name>" -> array
         self.C: np.ndarray | None = None
         self.total = config.warmup_rounds + config.cluster_rounds
@@ -496,7 +504,7 @@ class CCFCServer(Server):
     def start(self) -> dict[int, Message]:
         return self._train_messages(0)
 
-    def aggregate(self, replies: Mapping[int, Message]) -> list[int]:
+    def aggregate(self, replies: Mapping[int, Message], round: int = 0) -> list[int]:
         """FedAvg over the replies that carry weights; returns the clients used."""
         ups = {c: m for c, m in replies.items() if m.kind == "update"}
         if not ups:
@@ -515,7 +523,7 @@ class CCFCServer(Server):
             k = self.ctx.n_clusters
             kk = max(1, min(k, len(np.unique(P, axis=0))))
             km = KMeans(n_clusters=kk, n_init=self.config.server_kmeans_init,
-                        random_state=int(self.ctx.rng.integers(2**31 - 1))).fit(P, sample_weight=w)
+                        random_state=seed_from(self.ctx.rng_for("global_kmeans", round))).fit(P, sample_weight=w)
             C = km.cluster_centers_
             if kk < k:
                 C = np.vstack([C, C[np.arange(k - kk) % kk]])
@@ -527,7 +535,7 @@ class CCFCServer(Server):
         if round >= self.total:  # the final round: acknowledgements only
             self.info = {"acknowledged": sorted(replies), "missing": sorted(missing)}
             return Done(labels=None, info={"rounds_trained": self.total})
-        used = self.aggregate(replies)
+        used = self.aggregate(replies, round)
         losses = [float(replies[c]["loss"]) for c in used]
         self.info = {"phase": self._phase(round), "aggregated": used, "missing": sorted(missing),
                      "loss": float(np.mean(losses)) if losses else None}
@@ -551,5 +559,4 @@ PROTOCOL = Protocol(
     partition="horizontal",
     summary="FedAvg of a SimSiam / cluster-contrastive CNN + k-means of local centroids; model up and down every round",
     paper="Liu, Yan, Zhang, cluster-contrastive federated clustering (CCFC)",
-    requires_torch=True,
 )

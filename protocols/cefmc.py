@@ -35,14 +35,22 @@ embedding is left out of the consensus for the whole run (it receives nothing mo
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 from pydantic import Field
 from sklearn.cluster import KMeans
 
 from raymvc.messages import Done, Message, labels_array
-from raymvc.protocol import Client, ClientContext, Protocol, ProtocolConfig, Server, ServerContext
+from raymvc.protocol import (
+    Client,
+    ClientContext,
+    Protocol,
+    ProtocolConfig,
+    Server,
+    ServerContext,
+    seed_from,
+)
 
 
 class Config(ProtocolConfig):
@@ -102,7 +110,7 @@ class CeFMCClient(Client):
 
     def handle(self, msg: Message) -> Message | None:
         if msg.kind == "embed":
-            self.H = _orthonormal_basis(self.X, self.k, self.ctx.rng)
+            self.H = _orthonormal_basis(self.X, self.k, self.ctx.rng_for("embed"))
             return Message("embedding", H=self.H)
         if msg.kind == "consensus":
             y = np.asarray(msg["y"], dtype=np.intp)
@@ -193,7 +201,7 @@ class CeFMCServer(Server):
             raise RuntimeError("cefmc: no client delivered its embedding")
         k = self.k
         Hc = np.hstack([np.asarray(replies[c]["H"], dtype=np.float64) for c in self.members])
-        km = KMeans(n_clusters=k, n_init=self.config.kmeans_init, random_state=int(self.ctx.rng.integers(2**31 - 1)))
+        km = KMeans(n_clusters=k, n_init=self.config.kmeans_init, random_state=seed_from(self.ctx.rng_for("kmeans", 0)))
         self.y = km.fit_predict(Hc)
         self.C = _polar(km.cluster_centers_)  # k x Vk with orthonormal rows
         for j, c in enumerate(self.members):

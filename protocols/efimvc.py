@@ -155,15 +155,23 @@ samples, 12 clients, 7 rounds) takes 18-29 s in process on one core.
 
 from __future__ import annotations
 
-from typing import Literal, Mapping
+from collections.abc import Mapping
+from typing import Literal
 
 import numpy as np
 from pydantic import Field
 from sklearn.cluster import KMeans
 
 from raymvc.messages import Done, Message, labels_array
-from raymvc.protocol import Client, ClientContext, Protocol, ProtocolConfig, Server, ServerContext
-
+from raymvc.protocol import (
+    Client,
+    ClientContext,
+    Protocol,
+    ProtocolConfig,
+    Server,
+    ServerContext,
+    seed_from,
+)
 
 # ---------------------------------------------------------------------------
 # batched simplex-constrained QP
@@ -344,8 +352,8 @@ def simplex_qp(
     ``T`` is ``m x n`` (one linear term per column). ``W`` is ``m x m`` (shared by all
     columns) or ``G x m x m`` with ``groups[j]`` in ``0..G-1`` naming column ``j``'s
     matrix. ``W`` must be symmetric positive semi-definite (positive definite on every
-    face for the refinement, which is skipped if a face system is singular). ``Z0`` (``m x n``) is a warm start, projected onto the
-    simplex first.
+    face for the refinement, which is skipped if a face system is singular). ``Z0``
+    (``m x n``) is a warm start, projected onto the simplex first.
 
     Method, vectorised over columns:
 
@@ -597,7 +605,7 @@ class EFIMVCClient(Client):
     def _init_anchors(self) -> np.ndarray:
         m, X = self.m, self.X
         nv = X.shape[0]
-        seed = int(self.ctx.rng.integers(2**31 - 1))
+        seed = seed_from(self.ctx.rng_for("anchors"))
         if nv >= m:
             km = KMeans(n_clusters=m, n_init=self.config.kmeans_init, random_state=seed).fit(X)
             return km.cluster_centers_.T.copy()
@@ -883,7 +891,7 @@ class EFIMVCServer(Server):
         """k-means (``final_kmeans_init`` restarts) on :meth:`embedding`."""
         F = self.embedding()
         km = KMeans(n_clusters=self.k, n_init=self.config.final_kmeans_init,
-                    random_state=int(self.ctx.rng.integers(2**31 - 1)))
+                    random_state=seed_from(self.ctx.rng_for("final_kmeans", 0)))
         return km.fit_predict(F)
 
     def _done(self, converged: bool) -> Done:

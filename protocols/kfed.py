@@ -27,14 +27,22 @@ dropped) cannot label its rows: its samples stay unlabelled (``-1``) and count a
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 from pydantic import Field
 from sklearn.cluster import KMeans
 
 from raymvc.messages import Done, Message
-from raymvc.protocol import Client, ClientContext, Protocol, ProtocolConfig, Server, ServerContext
+from raymvc.protocol import (
+    Client,
+    ClientContext,
+    Protocol,
+    ProtocolConfig,
+    Server,
+    ServerContext,
+    seed_from,
+)
 
 
 class Config(ProtocolConfig):
@@ -42,10 +50,6 @@ class Config(ProtocolConfig):
     weighted: bool = Field(default=True, description="weight local centroids by their cluster sizes on the server")
     kmeans_init: int = Field(default=10, ge=1, description="k-means restarts (client and server)")
     max_iter: int = Field(default=300, ge=1)
-
-
-def _seed(rng: np.random.Generator) -> int:
-    return int(rng.integers(2**31 - 1))
 
 
 def local_summary(X: np.ndarray, k_local: int, rng: np.random.Generator, n_init: int = 10,
@@ -59,7 +63,7 @@ def local_summary(X: np.ndarray, k_local: int, rng: np.random.Generator, n_init:
         return np.zeros((0, X.shape[1])), np.zeros(0, dtype=np.int64)
     distinct = len(np.unique(X, axis=0))
     kk = max(1, min(k_local, distinct))
-    km = KMeans(n_clusters=kk, n_init=n_init, max_iter=max_iter, random_state=_seed(rng)).fit(X)
+    km = KMeans(n_clusters=kk, n_init=n_init, max_iter=max_iter, random_state=seed_from(rng)).fit(X)
     counts = np.bincount(km.labels_, minlength=kk).astype(np.int64)
     keep = counts > 0
     return km.cluster_centers_[keep], counts[keep]
@@ -74,7 +78,7 @@ def global_centroids(centroids: np.ndarray, counts: np.ndarray | None, k: int, r
     """
     distinct = len(np.unique(centroids, axis=0))
     kk = max(1, min(k, distinct))
-    km = KMeans(n_clusters=kk, n_init=n_init, max_iter=max_iter, random_state=_seed(rng))
+    km = KMeans(n_clusters=kk, n_init=n_init, max_iter=max_iter, random_state=seed_from(rng))
     km.fit(centroids, sample_weight=None if counts is None else np.asarray(counts, dtype=np.float64))
     C = km.cluster_centers_
     if kk < k:
@@ -99,7 +103,7 @@ class KFedClient(Client):
     def handle(self, msg: Message) -> Message | None:
         if msg.kind == "summarise":
             cfg = self.config
-            C, counts = local_summary(self.X, self.k_local, self.ctx.rng, cfg.kmeans_init, cfg.max_iter)
+            C, counts = local_summary(self.X, self.k_local, self.ctx.rng_for("summary"), cfg.kmeans_init, cfg.max_iter)
             return Message("local_centroids", C=C, counts=counts)
         if msg.kind == "global_centroids":
             self.C = np.asarray(msg["C"], dtype=np.float64)
@@ -129,7 +133,7 @@ class KFedServer(Server):
             counts = np.concatenate([np.asarray(replies[c]["counts"], dtype=np.float64) for c in senders])
             cfg = self.config
             self.C = global_centroids(cents, counts if cfg.weighted else None, self.ctx.n_clusters,
-                                      self.ctx.rng, cfg.kmeans_init, cfg.max_iter)
+                                      self.ctx.rng_for("global_kmeans", round), cfg.kmeans_init, cfg.max_iter)
             self.info = {"senders": senders, "missing": sorted(missing), "local_centroids": int(len(cents))}
             return {c: Message("global_centroids", C=self.C) for c in self.ctx.client_ids}
         self.info = {"acknowledged": sorted(replies), "missing": sorted(missing)}

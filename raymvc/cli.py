@@ -21,7 +21,7 @@ def _fail(msg: str) -> int:
     return EXIT_USAGE
 
 
-def _load(args) -> "object":
+def _load(args) -> object:
     overrides = list(args.set or [])
     if getattr(args, "address", None):
         overrides.append(f"runtime.address={args.address}")

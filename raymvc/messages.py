@@ -17,12 +17,12 @@ of message just uses a new ``kind`` string: the engine never needs to know it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
-Scalar = Union[int, float, bool, str, None]
-FieldValue = Union[np.ndarray, Scalar]
+Scalar = int | float | bool | str | None
+FieldValue = np.ndarray | Scalar
 
 _SCALAR_TYPES = (int, float, bool, str, type(None))
 

@@ -24,8 +24,10 @@ never see bytes, actors, keys or clocks.
 
 from __future__ import annotations
 
+import zlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -39,27 +41,66 @@ class ProtocolConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
+def derive_rng(seed: int, *tags: int | str) -> np.random.Generator:
+    """A generator seeded by ``(seed, *tags)``; string tags enter as their CRC-32.
+
+    Two calls with the same arguments give the same stream, whatever was drawn
+    elsewhere before: this is how the engine seeds fault decisions and how protocols
+    get per-round streams (``ctx.rng_for``).
+    """
+    return np.random.default_rng([int(seed), *(zlib.crc32(t.encode()) if isinstance(t, str) else int(t)
+                                               for t in tags)])
+
+
+def seed_from(rng: np.random.Generator) -> int:
+    """One integer seed (for scikit-learn's ``random_state`` or torch) drawn from ``rng``."""
+    return int(rng.integers(2**31 - 1))
+
+
+# stream roles, so client, server and engine streams never coincide
+_CLIENT_STREAM, _SERVER_STREAM = 2, 3
+
+
 @dataclass
 class ClientContext:
-    """What a client may know besides its shard."""
+    """What a client may know besides its shard.
+
+    ``round`` is the round of the message being handled; the engine sets it before
+    every ``handle``. Randomness comes from :meth:`rng_for`, a stream keyed by
+    ``(seed, client, round, tag)``: a round the client missed shifts no later draw.
+    """
 
     client_id: int
     n_clients: int
     n_clusters: int
-    rng: np.random.Generator
+    seed: int
     float_dtype: str = "float64"
+    round: int = 0
+
+    def rng_for(self, tag: str, round: int | None = None) -> np.random.Generator:
+        """A fresh generator for ``tag`` in ``round`` (default: the current round)."""
+        r = self.round if round is None else round
+        return derive_rng(self.seed, _CLIENT_STREAM, self.client_id, r, tag)
 
 
 @dataclass
 class ServerContext:
-    """What the server may know: public facts about the federation, never data."""
+    """What the server may know: public facts about the federation, never data.
+
+    ``client_sizes`` holds each client's number of samples (public, as in FedAvg);
+    ``n_samples`` is set for vertical splits (samples shared by all clients).
+    """
 
     client_ids: list[int]
     n_clusters: int
-    rng: np.random.Generator
-    n_samples: int | None = None  # set for vertical splits (samples shared by all)
+    seed: int
+    n_samples: int | None = None
     client_sizes: dict[int, int] = field(default_factory=dict)
     float_dtype: str = "float64"
+
+    def rng_for(self, tag: str, round: int) -> np.random.Generator:
+        """A fresh generator for ``tag`` in ``round``, independent of all other draws."""
+        return derive_rng(self.seed, _SERVER_STREAM, round, tag)
 
 
 class Client:
@@ -99,8 +140,28 @@ class Server:
 
 
 @dataclass(frozen=True)
+class RunFacts:
+    """Public facts of a run, for a protocol's analytic traffic count."""
+
+    n_samples: int  # vertical: samples shared by all clients; horizontal: all rows
+    n_clusters: int
+    client_ids: list[int]
+    client_sizes: dict[int, int]  # rows each client holds
+    client_dims: dict[int, int]  # feature dimension of each client's (first) view
+    rounds: int  # protocol rounds run, as in summary.json
+    float_bytes: int = 8  # 8, or 4 with channel.float_dtype: float32
+
+
+@dataclass(frozen=True)
 class Protocol:
-    """Registration record of one method."""
+    """Registration record of one method.
+
+    ``quick_params`` make a run on a tiny synthetic split finish in seconds (the
+    conformance suite uses them). ``analytic_bytes(config, facts)``, where a method
+    can state it, is the protocol traffic of a fault-free run in data bytes (array
+    buffers and scalars, no framing: :func:`raymvc.channel.codec.data_bytes`); the
+    conformance suite checks it against the ledger.
+    """
 
     name: str
     config: type[ProtocolConfig]
@@ -109,4 +170,5 @@ class Protocol:
     partition: str  # "vertical" or "horizontal": the split the method expects
     summary: str = ""
     paper: str = ""
-    requires_torch: bool = False
+    quick_params: dict[str, Any] = field(default_factory=dict)
+    analytic_bytes: Callable[[Any, RunFacts], int] | None = None

@@ -10,10 +10,17 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 
 class ScenarioError(ValueError):
@@ -41,20 +48,20 @@ class SyntheticCfg(_Strict):
 
 
 class DataCfg(_Strict):
-    dataset: Optional[str] = None
-    path: Optional[str] = None
+    dataset: str | None = None
+    path: str | None = None
     normalize: Literal["none", "l2", "zscore", "minmax"] = "none"
-    partition: Optional[Literal["vertical", "horizontal"]] = None
-    views: Optional[list[int]] = None
+    partition: Literal["vertical", "horizontal"] | None = None
+    views: list[int] | None = None
     missing: MissingCfg = MissingCfg()
     unaligned: float = Field(default=0.0, ge=0.0, le=1.0)
-    n_clients: Optional[int] = Field(default=None, ge=1)
+    n_clients: int | None = Field(default=None, ge=1)
     heterogeneity: float = Rate
-    dirichlet_alpha: Optional[float] = Field(default=None, gt=0.0)
+    dirichlet_alpha: float | None = Field(default=None, gt=0.0)
     synthetic: SyntheticCfg = SyntheticCfg()
 
     @model_validator(mode="after")
-    def _one_source(self) -> "DataCfg":
+    def _one_source(self) -> DataCfg:
         if (self.dataset is None) == (self.path is None):
             raise ValueError("give exactly one of data.dataset or data.path")
         return self
@@ -91,21 +98,21 @@ class FaultsCfg(_Strict):
     disconnect: RateCfg = RateCfg()
     crash: list[CrashCfg] = []
     stragglers: StragglerCfg = StragglerCfg()
-    deadline_s: Optional[float] = Field(default=None, gt=0.0)
+    deadline_s: float | None = Field(default=None, gt=0.0)
     min_clients: int = Field(default=1, ge=1)
 
 
 class NetworkCfg(_Strict):
     latency_ms: float = Field(default=0.0, ge=0.0)
-    bandwidth_mbps: Optional[float] = Field(default=None, gt=0.0)
+    bandwidth_mbps: float | None = Field(default=None, gt=0.0)
 
 
 class RuntimeCfg(_Strict):
     backend: Literal["ray", "local"] = "ray"
-    address: Optional[str] = None
+    address: str | None = None
     client_cpus: float = Field(default=0.5, gt=0.0)
     server_cpus: float = Field(default=0.5, ge=0.0)
-    num_cpus: Optional[int] = Field(default=None, ge=1)
+    num_cpus: int | None = Field(default=None, ge=1)
     reply_timeout_s: float = Field(default=600.0, gt=0.0)
     threads: int = Field(default=1, ge=1)
 
@@ -123,7 +130,7 @@ class Scenario(_Strict):
     seed: int = Field(default=0, ge=0)
 
     # where the file lives; relative data paths resolve against it
-    source: Optional[str] = Field(default=None, exclude=True)
+    source: str | None = Field(default=None, exclude=True)
 
     @field_validator("method")
     @classmethod

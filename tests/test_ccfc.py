@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import raymvc.protocols.ccfc as ccfc  # noqa: E402
+
 from raymvc.channel import decode, encode  # noqa: E402
 from raymvc.messages import Message  # noqa: E402
 from raymvc.protocol import ServerContext  # noqa: E402
@@ -138,7 +139,7 @@ def test_mb_per_round_is_model_plus_centroids(tiny_run):
 
 def test_message_nbytes_exact():
     cfg = ccfc.Config(**TINY)
-    srv = ccfc.CCFCServer(cfg, ServerContext(client_ids=[0, 1], n_clusters=K, rng=np.random.default_rng(0)))
+    srv = ccfc.CCFCServer(cfg, ServerContext(client_ids=[0, 1], n_clusters=K, seed=0))
     msg = srv.start()[0]
     assert msg.nbytes() == model_bytes(cfg) + len("simsiam") + 8
 
@@ -178,7 +179,7 @@ def test_load_arrays_rejects_mismatch():
 
 def test_fedavg_renormalises_over_replying_clients():
     cfg = ccfc.Config(**TINY)
-    srv = ccfc.CCFCServer(cfg, ServerContext(client_ids=[0, 1, 2], n_clusters=K, rng=np.random.default_rng(0)))
+    srv = ccfc.CCFCServer(cfg, ServerContext(client_ids=[0, 1, 2], n_clusters=K, seed=0))
     srv.start()
     rng = np.random.default_rng(5)
     sizes = {0: 100, 2: 300}  # client 1 is missing
@@ -209,7 +210,7 @@ def test_fedavg_renormalises_over_replying_clients():
 
 def test_fedavg_no_replies_keeps_model():
     cfg = ccfc.Config(**TINY)
-    srv = ccfc.CCFCServer(cfg, ServerContext(client_ids=[0, 1], n_clusters=K, rng=np.random.default_rng(0)))
+    srv = ccfc.CCFCServer(cfg, ServerContext(client_ids=[0, 1], n_clusters=K, seed=0))
     before = {k: v.copy() for k, v in srv.start()[0].arrays().items()}
     out = srv.step(0, {}, {0, 1})
     for name, v in before.items():

@@ -11,8 +11,7 @@ import zlib
 import numpy as np
 import pytest
 
-from raymvc.channel import (CodecError, Endpoint, Ledger, LedgerRow, RejectedMessage,
-                            decode, encode, handshake_bytes)
+from raymvc.channel import CodecError, Endpoint, Ledger, LedgerRow, RejectedMessage, decode, encode, handshake_bytes
 from raymvc.channel import link as link_mod
 from raymvc.messages import Message
 
@@ -318,7 +317,7 @@ def test_replay_detected_without_encryption():
 def _rewrite_header(frame: bytes, dst: str | None = None, round: int | None = None) -> bytes:
     flags, src, old_dst, rnd, seq, pos = link_mod._parse_frame(frame)
     head = (b"RMF1" + bytes([flags]) + struct.pack("<H", len(src)) + src.encode()
-            + struct.pack("<H", len((dst or old_dst))) + (dst or old_dst).encode()
+            + struct.pack("<H", len(dst or old_dst)) + (dst or old_dst).encode()
             + struct.pack("<iQ", rnd if round is None else round, seq))
     return head + frame[pos:]
 

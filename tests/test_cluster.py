@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,29 +35,48 @@ def _wait_listening(port: int, timeout: float) -> bool:
 
 
 @pytest.fixture
-def head_node():
-    ray_cli = shutil.which("ray")
-    if ray_cli is None:
-        pytest.skip("the ray command is not installed")
+def isolated_env():
+    """Environment for a head node and its drivers that touches nothing of the user's.
+
+    HOME points at a temporary folder (``ray start`` writes its token to ~/.ray) and Ray's
+    temporary root is a fresh short folder (its socket paths must stay short), removed
+    afterwards, so no stale cluster pointer is left for other Ray programs.
+    """
+    home = Path(tempfile.mkdtemp(prefix="rmvc-home-"))
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rmvc-", dir="/tmp"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_ADDRESS", "RAY_AUTH"))}
+    env.update(HOME=str(home), RAY_TMPDIR=str(ray_tmp))
+    try:
+        yield env, ray_tmp
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def head_node(isolated_env):
+    env, ray_tmp = isolated_env
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
-    head = subprocess.Popen([ray_cli, "start", "--head", f"--port={port}", "--num-cpus=4",
-                             "--include-dashboard=false", "--node-ip-address=127.0.0.1", "--block"],
+    # the same interpreter as the tests, so the workers import this checkout of raymvc
+    head = subprocess.Popen([sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}",
+                             "--num-cpus=4", "--include-dashboard=false", "--node-ip-address=127.0.0.1",
+                             f"--temp-dir={ray_tmp}", "--block"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
     try:
         if not _wait_listening(port, 90):
             pytest.fail("the Ray head node did not start")
-        yield f"127.0.0.1:{port}"
+        yield f"127.0.0.1:{port}", env
     finally:
         os.killpg(head.pid, signal.SIGTERM)
         head.wait(timeout=60)
 
 
 def test_run_joins_a_running_cluster(head_node, tmp_path):
+    head_node, env = head_node
     out = tmp_path / "run"
     r = subprocess.run([sys.executable, "-m", "raymvc.cli", "run", str(REPO / "scenarios" / "hw-cefmc.yaml"),
                         "--address", head_node, "--out", str(out), "--json", "--quiet"],
-                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     s = json.loads(r.stdout)
     assert s["backend"] == "ray" and s["status"] == "completed"

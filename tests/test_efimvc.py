@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from raymvc.protocols import efimvc as E
 from scipy.optimize import minimize
 
 from raymvc.data.types import Shard
 from raymvc.messages import Done, Message
 from raymvc.protocol import ClientContext, ServerContext
-from raymvc.protocols import efimvc as E
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "proteinfold"
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
@@ -173,9 +173,9 @@ def _federation(n=120, V=3, k=3, seed=0, **params):
         X = means[labels] + rng.standard_normal((n, 6))
         X[~present[:, v]] = 0.0
         shard = Shard(views=[X], present=[present[:, v].copy()])
-        clients[v] = E.EFIMVCClient(cfg, shard, ClientContext(v, V, k, np.random.default_rng([seed, v])))
+        clients[v] = E.EFIMVCClient(cfg, shard, ClientContext(v, V, k, seed))
     server = E.EFIMVCServer(cfg, ServerContext(client_ids=list(range(V)), n_clusters=k,
-                                               rng=np.random.default_rng(seed), n_samples=n))
+                                               seed=seed, n_samples=n))
     return clients, server, labels, present
 
 
@@ -237,7 +237,7 @@ def test_missing_reply_keeps_last_graph_and_columns():
     assert server.obj <= prev * (1 + 1e-12)
     assert set(out) == {0, 1, 2}  # the silent client still gets the guidance next round
     replies, missing = _round(clients, out)
-    res = server.step(3, replies, missing)
+    server.step(3, replies, missing)
     assert server.info["stale_clients"] == []
 
 
@@ -265,8 +265,8 @@ def test_client_preprocessing_ignores_scale_and_absent_rows():
     mask = rng.random(30) < 0.6
     X[~mask] = 0.0
     cfg = E.Config(m=4)
-    a = E.EFIMVCClient(cfg, Shard(views=[X], present=[mask]), ClientContext(0, 1, 2, np.random.default_rng(0)))
-    b = E.EFIMVCClient(cfg, Shard(views=[X * 50.0], present=[mask]), ClientContext(0, 1, 2, np.random.default_rng(0)))
+    a = E.EFIMVCClient(cfg, Shard(views=[X], present=[mask]), ClientContext(0, 1, 2, 0))
+    b = E.EFIMVCClient(cfg, Shard(views=[X * 50.0], present=[mask]), ClientContext(0, 1, 2, 0))
     assert np.allclose(a.X, b.X) and a.X.shape == (mask.sum(), 4)
     assert np.allclose(np.linalg.norm(a.X, axis=1), 1.0)
     msg = a.handle(Message("init"))

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from raymvc.protocols import get
-from raymvc.runtime import run_scenario
-from raymvc.runtime import nodes
+
+from raymvc.runtime import nodes, run_scenario
 from raymvc.scenario import load_scenario
 
 QUICK = Path(__file__).resolve().parents[1] / "scenarios" / "hw-cefmc.yaml"
@@ -227,9 +226,9 @@ def test_cefmc_reuses_stale_labels_for_missing_clients():
     proto = get("cefmc")
     cfg = proto.config()
     ds = normalize(load_dataset("handwritten"), "l2")
-    clients = {v: proto.client(cfg, Shard(views=[ds.views[v]]), ClientContext(v, 6, 10, np.random.default_rng(v)))
+    clients = {v: proto.client(cfg, Shard(views=[ds.views[v]]), ClientContext(v, 6, 10, 0))
                for v in range(6)}
-    server = proto.server(cfg, ServerContext(list(range(6)), 10, np.random.default_rng(9), n_samples=2000))
+    server = proto.server(cfg, ServerContext(list(range(6)), 10, 9, n_samples=2000))
     out = server.start()
     out = server.step(0, {c: clients[c].handle(m) for c, m in out.items()}, set())
     first = {c: clients[c].handle(m) for c, m in out.items()}

@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pytest
-
 import raymvc.protocols.kfed as kfed
+
 from raymvc.messages import Message
 from raymvc.protocol import ServerContext
 from raymvc.runtime import prepare, run_scenario
@@ -69,7 +68,7 @@ def test_kfed_disconnected_clients(tmp_path):
 
 def test_server_uses_only_replies():
     cfg = kfed.Config(kmeans_init=2)
-    srv = kfed.KFedServer(cfg, ServerContext(client_ids=[0, 1, 2], n_clusters=2, rng=np.random.default_rng(0)))
+    srv = kfed.KFedServer(cfg, ServerContext(client_ids=[0, 1, 2], n_clusters=2, seed=0))
     assert set(srv.start()) == {0, 1, 2}
     replies = {
         0: Message("local_centroids", C=np.array([[0.0, 0.0], [10.0, 10.0]]), counts=np.array([5, 5])),

@@ -22,8 +22,15 @@ from dataclasses import dataclass
 
 from ..messages import Message
 from . import codec
-from .crypto import ENCRYPTIONS, InvalidTag, derive_link_keys, generate_private_key
-from .crypto import handshake_bytes, public_bytes, seq_nonce
+from .crypto import (
+    ENCRYPTIONS,
+    InvalidTag,
+    derive_link_keys,
+    generate_private_key,
+    handshake_bytes,
+    public_bytes,
+    seq_nonce,
+)
 
 FRAME_MAGIC = b"RMF1"
 FLAG_COMPRESSED = 0x01

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import csv
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Iterable
+from typing import Any
 
 PATHS = ("protocol", "eval", "setup")
 STATUSES = ("delivered", "dropped", "late", "rejected", "lost")

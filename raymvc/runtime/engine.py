@@ -14,8 +14,8 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -163,7 +163,8 @@ def _spawn(sc: Scenario, part, ds) -> tuple[object, dict, Callable[[object], obj
     srv_kw = dict(client_ids=ids, n_clusters=ds.n_clusters,
                   n_samples=part.n_samples if part.kind == "vertical" else None,
                   channel=sc.channel.model_dump(), faults=sc.faults.model_dump(), network=sc.network.model_dump(),
-                  seed=sc.seed, reply_timeout_s=rt.reply_timeout_s, threads=rt.threads)
+                  seed=sc.seed, reply_timeout_s=rt.reply_timeout_s, threads=rt.threads,
+                  client_sizes={c: int(part.shards[c].n_local) for c in ids})
     if rt.backend == "local":
         clients = {c: ClientNode(c, sc.method, sc.params, part.shards[c], **common) for c in ids}
         server = ServerNode(sc.method, sc.params, clients, **srv_kw)

@@ -47,10 +47,6 @@ def _limit_threads(n: int):
     return threadpool_limits(limits=n)
 
 
-def _seed_rng(seed: int, *tags: int) -> np.random.Generator:
-    return np.random.default_rng([seed, *tags])
-
-
 # ---------------------------------------------------------------------------
 class ClientNode:
     """One client: its private shard, the protocol's client object, its endpoint."""
@@ -63,8 +59,8 @@ class ClientNode:
         self.threads = threads
         ch = ChannelCfg(**channel)
         proto = get(method)
-        ctx = ClientContext(client_id=cid, n_clients=n_clients, n_clusters=n_clusters,
-                            rng=_seed_rng(seed, 2, cid), float_dtype=ch.float_dtype)
+        ctx = ClientContext(client_id=cid, n_clients=n_clients, n_clusters=n_clusters, seed=seed,
+                            float_dtype=ch.float_dtype)
         with _limit_threads(threads):
             self.client = proto.client(proto.config(**params), shard, ctx)
         self.endpoint = Endpoint(client_party(cid), encryption=ch.encryption,
@@ -88,6 +84,7 @@ class ClientNode:
         t = time.perf_counter()
         try:
             with _limit_threads(self.threads):
+                self.client.ctx.round = opened.round
                 if opened.msg.kind == EVAL_PREDICT:
                     reply = Message(EVAL_LABELS, y=labels_array(self.client.predict()))
                 else:
@@ -199,7 +196,7 @@ class ServerNode:
 
     def __init__(self, method: str, params: dict, clients: dict, *, client_ids: list[int], n_clusters: int,
                  n_samples: int | None, channel: dict, faults: dict, network: dict, seed: int,
-                 reply_timeout_s: float = 600.0, threads: int = 1):
+                 reply_timeout_s: float = 600.0, threads: int = 1, client_sizes: dict[int, int] | None = None):
         from ..protocols import get
 
         proto = get(method)
@@ -212,8 +209,8 @@ class ServerNode:
         self.min_clients = self.plan.cfg.min_clients
         self.transport = make_transport(clients, reply_timeout_s)
         self.client_ids = list(client_ids)
-        ctx = ServerContext(client_ids=list(client_ids), n_clusters=n_clusters, rng=_seed_rng(seed, 3),
-                            n_samples=n_samples, float_dtype=ch.float_dtype)
+        ctx = ServerContext(client_ids=list(client_ids), n_clusters=n_clusters, seed=seed, n_samples=n_samples,
+                            client_sizes=dict(client_sizes or {}), float_dtype=ch.float_dtype)
         with _limit_threads(threads):
             self.server = proto.server(proto.config(**params), ctx)
         self.endpoint = Endpoint(SERVER, encryption=ch.encryption, compression=ch.compression,

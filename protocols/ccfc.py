@@ -559,4 +559,6 @@ PROTOCOL = Protocol(
     partition="horizontal",
     summary="FedAvg of a SimSiam / cluster-contrastive CNN + k-means of local centroids; model up and down every round",
     paper="Liu, Yan, Zhang, cluster-contrastive federated clustering (CCFC)",
+    quick_params={"warmup_rounds": 1, "cluster_rounds": 1, "batch_size": 64, "channels": [4, 8, 8], "proj_hidden": 8,
+                  "latent_dim": 8, "pred_dim": 4, "kmeans_init": 1, "server_kmeans_init": 2},
 )

@@ -47,6 +47,7 @@ from raymvc.protocol import (
     ClientContext,
     Protocol,
     ProtocolConfig,
+    RunFacts,
     Server,
     ServerContext,
     seed_from,
@@ -221,6 +222,25 @@ class CeFMCHServer(CeFMCServer):
     h_variant = True
 
 
+def _label_bytes(k: int) -> int:
+    return 1 if k <= 256 else 2 if k <= 65536 else 4
+
+
+def analytic_bytes(config: Config, facts: RunFacts, h_variant: bool = False) -> int:
+    """Protocol data bytes of a fault-free run of ``facts.rounds`` exchanges (round 0 included).
+
+    Per client: round 0 sends an empty request down and ``H_v`` up; each later round
+    the consensus (``N`` labels + ``k x k`` block) down and ``N`` labels + the objective
+    up (CeFMC-H: ``H_v`` + the objective).
+    """
+    n, k, fb = facts.n_samples, facts.n_clusters, facts.float_bytes
+    lb = _label_bytes(k)
+    later = facts.rounds - 1
+    up = n * k * fb + later * ((n * k * fb if h_variant else n * lb) + 8)
+    down = later * (n * lb + k * k * fb)
+    return len(facts.client_ids) * (up + down)
+
+
 PROTOCOL = Protocol(
     name="cefmc",
     config=Config,
@@ -229,6 +249,8 @@ PROTOCOL = Protocol(
     partition="vertical",
     summary="labels + k x k centroid blocks per round; O(N) per round",
     paper="Liu et al., communication-efficient federated multi-view clustering",
+    quick_params={"max_rounds": 5, "kmeans_init": 2},
+    analytic_bytes=analytic_bytes,
 )
 PROTOCOL_H = Protocol(
     name="cefmc-h",
@@ -238,5 +260,7 @@ PROTOCOL_H = Protocol(
     partition="vertical",
     summary="CeFMC ablation: full N x k embeddings every round",
     paper=PROTOCOL.paper,
+    quick_params=PROTOCOL.quick_params,
+    analytic_bytes=lambda config, facts: analytic_bytes(config, facts, h_variant=True),
 )
 PROTOCOLS = {p.name: p for p in (PROTOCOL, PROTOCOL_H)}

@@ -912,4 +912,5 @@ PROTOCOL = Protocol(
     partition="vertical",
     summary="anchor graphs (m x n_v) up, fused graph + m x m alignments down; local loops to convergence",
     paper="Liu et al., efficient federated incomplete multi-view clustering (ICML 2025)",
+    quick_params={"max_rounds": 3, "client_iters": 5, "server_iters": 5, "kmeans_init": 1, "final_kmeans_init": 2},
 )

@@ -39,6 +39,7 @@ from raymvc.protocol import (
     ClientContext,
     Protocol,
     ProtocolConfig,
+    RunFacts,
     Server,
     ServerContext,
     seed_from,
@@ -145,6 +146,20 @@ class KFedServer(Server):
         return Done(labels=None, info={"global_centroids": int(len(self.C))})
 
 
+def analytic_bytes(config: Config, facts: RunFacts) -> int:
+    """Protocol data bytes of a fault-free run: per client ``k' x d`` centroids and ``k'``
+    int64 sizes up, ``k x d`` global centroids down (requests and acknowledgements are empty).
+
+    Assumes every client finds ``k'`` non-empty clusters (``k'`` is capped at its rows).
+    """
+    total = 0
+    for c in facts.client_ids:
+        d = facts.client_dims[c]
+        kl = min(config.k_local or facts.n_clusters, facts.client_sizes[c])
+        total += kl * d * facts.float_bytes + kl * 8 + facts.n_clusters * d * facts.float_bytes
+    return total
+
+
 PROTOCOL = Protocol(
     name="kfed",
     config=Config,
@@ -153,4 +168,6 @@ PROTOCOL = Protocol(
     partition="horizontal",
     summary="one-shot federated k-means: local centroids up, k global centroids down",
     paper="Dennis, Li, Smith, Heterogeneity for the win: one-shot federated clustering (2021)",
+    quick_params={"kmeans_init": 2},
+    analytic_bytes=analytic_bytes,
 )

@@ -66,20 +66,6 @@ class Message:
     def scalars(self) -> dict[str, Scalar]:
         return {k: v for k, v in self.fields.items() if not isinstance(v, np.ndarray)}
 
-    def nbytes(self) -> int:
-        """Bytes of information carried: array buffers plus scalar values."""
-        total = 0
-        for v in self.fields.values():
-            if isinstance(v, np.ndarray):
-                total += int(v.nbytes)
-            elif isinstance(v, str):
-                total += len(v.encode("utf-8"))
-            elif v is None:
-                total += 0
-            else:
-                total += 8
-        return total
-
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Message):
             return NotImplemented

@@ -58,6 +58,15 @@ class RunWriter:
     def messages(self, ledger) -> None:
         ledger.write_csv(self.dir / "messages.csv")
 
+    def labels(self, labels: np.ndarray | None, n_samples: int) -> Path:
+        """``labels.csv``: ``sample,cluster``, one row per sample, -1 where nobody labelled it."""
+        y = np.full(n_samples, -1, dtype=np.int64) if labels is None else np.asarray(labels, dtype=np.int64)
+        path = self.dir / "labels.csv"
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write("sample,cluster\n")
+            fh.writelines(f"{i},{c}\n" for i, c in enumerate(y.tolist()))
+        return path
+
     def summary(self, summary: dict) -> Path:
         path = self.dir / "summary.json"
         path.write_text(json.dumps(_jsonable(summary), indent=2) + "\n")

@@ -93,9 +93,15 @@ class CrashCfg(_Strict):
     at_round: int = Field(ge=0)
 
 
+class DropCfg(_Strict):
+    client: int = Field(ge=0)
+    at_round: int = Field(ge=0)
+
+
 class FaultsCfg(_Strict):
     dropout: RateCfg = RateCfg()
     disconnect: RateCfg = RateCfg()
+    drop: list[DropCfg] = []  # scheduled dropouts: this client misses this round
     crash: list[CrashCfg] = []
     stragglers: StragglerCfg = StragglerCfg()
     deadline_s: float | None = Field(default=None, gt=0.0)

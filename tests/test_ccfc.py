@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from raymvc.channel.codec import data_bytes
+
 torch = pytest.importorskip("torch")
 
 import raymvc.protocols.ccfc as ccfc  # noqa: E402
-
 from raymvc.channel import decode, encode  # noqa: E402
 from raymvc.messages import Message  # noqa: E402
 from raymvc.protocol import ServerContext  # noqa: E402
@@ -55,7 +56,7 @@ def scenario(**over):
 
 
 def run_nodes(sc):
-    """Drive a ServerNode and ClientNodes in-process; returns (finish dict, partition)."""
+    """Drive a ServerNode and ClientNodes in-process; returns (RunEnd, partition)."""
     ds, part = prepare(sc)
     ids = list(range(part.n_clients))
     ch = sc.channel.model_dump()
@@ -65,7 +66,7 @@ def run_nodes(sc):
                         channel=ch, faults=sc.faults.model_dump(), network=sc.network.model_dump(), seed=sc.seed)
     server.connect()
     server.begin()
-    while not server.run_round()["done"]:
+    while not server.run_round().done:
         pass
     return server.finish(), part
 
@@ -137,11 +138,11 @@ def test_mb_per_round_is_model_plus_centroids(tiny_run):
             assert data_per_round[r] == model_and_centroids
 
 
-def test_message_nbytes_exact():
+def test_message_data_bytes_exact():
     cfg = ccfc.Config(**TINY)
     srv = ccfc.CCFCServer(cfg, ServerContext(client_ids=[0, 1], n_clusters=K, seed=0))
     msg = srv.start()[0]
-    assert msg.nbytes() == model_bytes(cfg) + len("simsiam") + 8
+    assert data_bytes(msg) == model_bytes(cfg) + len("simsiam") + 8
 
 
 # --------------------------------------------------------------------------- weights
@@ -249,10 +250,10 @@ def test_same_seed_same_labels():
     sc = scenario(**{"params.warmup_rounds": 1, "params.cluster_rounds": 1})
     fin1, _ = run_nodes(sc)
     fin2, _ = run_nodes(sc)
-    assert fin1["status"] == fin2["status"] == "finished"
-    assert sorted(fin1["predictions"]) == list(range(N_CLIENTS))
-    for c in fin1["predictions"]:
-        np.testing.assert_array_equal(fin1["predictions"][c], fin2["predictions"][c])
+    assert fin1.status == fin2.status == "finished"
+    assert sorted(fin1.predictions) == list(range(N_CLIENTS))
+    for c in fin1.predictions:
+        np.testing.assert_array_equal(fin1.predictions[c], fin2.predictions[c])
 
 
 def test_disconnected_clients(tmp_path):

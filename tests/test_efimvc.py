@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from raymvc.protocols import efimvc as E
 from scipy.optimize import minimize
 
 from raymvc.data.types import Shard
 from raymvc.messages import Done, Message
 from raymvc.protocol import ClientContext, ServerContext
+from raymvc.protocols import efimvc as E
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "proteinfold"
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import numpy as np
-import raymvc.protocols.kfed as kfed
 
+import raymvc.protocols.kfed as kfed
 from raymvc.messages import Message
 from raymvc.protocol import ServerContext
 from raymvc.runtime import prepare, run_scenario

@@ -15,10 +15,12 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
+from ..channel import Ledger
 from ..data import load_dataset, normalize
 from ..data import partition as parts
 from ..metrics import clustering_scores
@@ -26,6 +28,8 @@ from ..protocols import get
 from ..results import RunWriter, default_out_dir, format_summary
 from ..scenario import Scenario, ScenarioError
 from .nodes import ClientNode, ServerNode
+from .records import RoundRecord, RunEnd
+from .threads import release_threads
 
 
 def _err(sc: Scenario, key: str, msg: str) -> ScenarioError:
@@ -154,8 +158,8 @@ def init_ray(sc: Scenario, n_clients: int) -> float:
     return time.perf_counter() - t
 
 
-def _spawn(sc: Scenario, part, ds) -> tuple[object, dict, Callable[[object], object], list]:
-    """Create the parties; returns (server, clients, get, handles-to-kill)."""
+def _spawn(sc: Scenario, part, ds) -> tuple[object, list]:
+    """Create the parties; returns (server node or actor, actor handles to kill at the end)."""
     rt = sc.runtime
     ids = list(range(part.n_clients))
     common = dict(n_clients=part.n_clients, n_clusters=ds.n_clusters, channel=sc.channel.model_dump(),
@@ -167,15 +171,14 @@ def _spawn(sc: Scenario, part, ds) -> tuple[object, dict, Callable[[object], obj
                   client_sizes={c: int(part.shards[c].n_local) for c in ids})
     if rt.backend == "local":
         clients = {c: ClientNode(c, sc.method, sc.params, part.shards[c], **common) for c in ids}
-        server = ServerNode(sc.method, sc.params, clients, **srv_kw)
-        return server, clients, (lambda x: x), []
+        return ServerNode(sc.method, sc.params, clients, **srv_kw), []
     import ray
 
     ClientActor = ray.remote(num_cpus=rt.client_cpus, max_restarts=0)(ClientNode)
     ServerActor = ray.remote(num_cpus=rt.server_cpus, max_restarts=0)(ServerNode)
     clients = {c: ClientActor.remote(c, sc.method, sc.params, part.shards[c], **common) for c in ids}
     server = ServerActor.remote(sc.method, sc.params, clients, **srv_kw)
-    return server, clients, ray.get, [server, *clients.values()]
+    return server, [server, *clients.values()]
 
 
 class _Call:
@@ -192,6 +195,35 @@ class _Call:
         return getattr(self.node, name)(*args)
 
 
+def _round_line(name: str, rec: RoundRecord) -> str:
+    extra = "".join(f" {k}={v:.6g}" for k, v in rec.info.items() if isinstance(v, float))
+    miss = f" missing={rec.missing}" if rec.missing else ""
+    return f"[{name}] round {rec.round}: {len(rec.replied)} replies, {rec.wire_bytes / 1e6:.3f} MB{miss}{extra}"
+
+
+def _drive(sc: Scenario, part, ds, writer: RunWriter, progress: Callable[[str], None]) -> tuple[RunEnd, dict, list]:
+    """Start the parties, run every round, and return (run end, timings, actor handles)."""
+    timing = {"startup_s": 0.0, "protocol_s": 0.0}
+    server, handles = _spawn(sc, part, ds)
+    call = _Call(server, sc.runtime.backend)
+    t_start = time.perf_counter()
+    connected = call("connect")  # waits for every actor to be up, then agrees keys
+    timing["startup_s"] = time.perf_counter() - t_start
+    t0 = time.perf_counter()
+    progress(f"[{sc.name}] {sc.method}: {len(connected)}/{part.n_clients} clients connected "
+             f"({sc.runtime.backend} backend)")
+    call("begin")
+    while True:
+        rec = call("run_round")
+        writer.round(rec.to_dict())
+        progress(_round_line(sc.name, rec))
+        if rec.done:
+            break
+    end = call("finish")
+    timing["protocol_s"] = time.perf_counter() - t0
+    return end, timing, handles
+
+
 def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: Callable[[str], None] | None = None,
                  prepared=None) -> dict:
     """Run one scenario end to end and return its summary (also written to disk)."""
@@ -204,56 +236,43 @@ def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: C
     writer.scenario(sc.to_yaml())
     proto = get(sc.method)
     handles: list = []
-    fin: dict | None = None
-    protocol_s = startup_s = 0.0
+    timing = {"startup_s": 0.0, "protocol_s": 0.0}
     try:
-        server, clients, _, handles = _spawn(sc, part, ds)
-        call = _Call(server, sc.runtime.backend)
-        t_start = time.perf_counter()
-        connected = call("connect")  # waits for every actor to be up, then agrees keys
-        startup_s = time.perf_counter() - t_start
-        t0 = time.perf_counter()
-        progress(f"[{sc.name}] {sc.method}: {len(connected)}/{part.n_clients} clients connected "
-                 f"({sc.runtime.backend} backend)")
-        call("begin")
-        while True:
-            rec = call("run_round")
-            writer.round(rec)
-            info = rec.get("info") or {}
-            extra = "".join(f" {k}={v:.6g}" for k, v in info.items() if isinstance(v, float))
-            miss = f" missing={rec['missing']}" if rec["missing"] else ""
-            progress(f"[{sc.name}] round {rec['round']}: {len(rec['replied'])} replies, "
-                     f"{rec['wire_bytes'] / 1e6:.3f} MB{miss}{extra}")
-            if rec["done"]:
-                break
-        fin = call("finish")
-        protocol_s = time.perf_counter() - t0
+        end, timing, handles = _drive(sc, part, ds, writer, progress)
     except Exception as e:  # keep whatever we have; the summary says what went wrong
-        fin = fin or {"status": "failed", "error": f"{type(e).__name__}: {e}", "labels": None, "predictions": {},
-                      "info": {}, "rounds": 0, "virtual_s": 0.0, "counts": {}, "crashed": [], "disconnected": [],
-                      "client_errors": [], "ledger": None, "compute_s": 0.0}
+        end = RunEnd.failed(f"{type(e).__name__}: {e}")
     finally:
-        if handles:
-            import ray
-
-            for h in handles:
-                try:
-                    ray.kill(h, no_restart=True)
-                except Exception:
-                    pass
-    summary = _summarise(sc, ds, part, proto, fin, ray_init_s, protocol_s, time.perf_counter() - wall0, out)
-    summary["timing"]["startup_s"] = startup_s
-    if fin.get("ledger") is not None:
-        writer.messages(fin["ledger"])
+        _stop(handles)
+        if sc.runtime.backend == "local":
+            release_threads()  # the driver gets its own thread limits back
+    labels = _assemble_labels(part, end)
+    writer.labels(labels, part.n_samples)
+    summary = _summarise(sc, ds, part, proto, end, labels, ray_init_s, timing["protocol_s"],
+                         time.perf_counter() - wall0, out)
+    summary["timing"]["startup_s"] = timing["startup_s"]
+    if end.ledger is not None:
+        writer.messages(end.ledger)
     writer.summary(summary)
     writer.close()
     return summary
 
 
-def _assemble_labels(part, fin) -> np.ndarray | None:
-    if fin.get("labels") is not None:
-        return np.asarray(fin["labels"]).astype(np.int64)
-    preds = fin.get("predictions") or {}
+def _stop(handles: list) -> None:
+    if not handles:
+        return
+    import ray
+
+    for h in handles:
+        try:
+            ray.kill(h, no_restart=True)
+        except Exception:
+            pass
+
+
+def _assemble_labels(part, end: RunEnd) -> np.ndarray | None:
+    if end.labels is not None:
+        return np.asarray(end.labels).astype(np.int64)
+    preds = end.predictions
     if not preds:
         return None
     y = np.full(part.n_samples, -1, dtype=np.int64)
@@ -262,8 +281,18 @@ def _assemble_labels(part, fin) -> np.ndarray | None:
     return y
 
 
-def _summarise(sc, ds, part, proto, fin, ray_init_s, protocol_s, wall_s, out) -> dict:
-    labels = _assemble_labels(part, fin)
+def _final_status(end: RunEnd, labels: np.ndarray | None) -> str:
+    if end.status == "failed" or labels is None:
+        return "failed"
+    troubled = end.crashed or end.disconnected or end.counts.any()
+    return "degraded" if troubled else "completed"
+
+
+def _participation(end: RunEnd) -> dict[int, dict]:
+    return {c: asdict(p) for c, p in sorted(end.participation.items())}
+
+
+def _summarise(sc, ds, part, proto, end: RunEnd, labels, ray_init_s, protocol_s, wall_s, out) -> dict:
     metrics = metrics_labelled = None
     kappa = proto.partition == "horizontal"
     if labels is not None:
@@ -271,21 +300,8 @@ def _summarise(sc, ds, part, proto, fin, ray_init_s, protocol_s, wall_s, out) ->
         has = labels >= 0
         if 0 < has.sum() < len(labels):  # some clients could not label: score the rest apart
             metrics_labelled = clustering_scores(ds.labels[has], labels[has], kappa=kappa)
-    ledger = fin.get("ledger")
-    empty = {"messages": 0, "data_bytes": 0, "payload_bytes": 0, "wire_bytes": 0, "bytes_up": 0, "bytes_down": 0, "mb_total": 0.0}
-    comm = ledger.totals("protocol") if ledger is not None else empty
-    counts = fin.get("counts") or {}
-    crashed = list(fin.get("crashed") or [])
-    disconnected = list(fin.get("disconnected") or [])
-    status = fin.get("status")
-    if status != "failed":
-        troubled = crashed or disconnected or counts.get("dropped_replies") or counts.get("late_replies") \
-            or counts.get("rejected_messages") or counts.get("client_errors")
-        status = "degraded" if troubled else "completed"
-    if labels is None and status != "failed":
-        status = "failed"
-    unlabelled = int(np.sum(labels < 0)) if labels is not None else part.n_samples
-    summary = {
+    ledger = end.ledger if end.ledger is not None else Ledger()
+    return {
         "name": sc.name,
         "method": sc.method,
         "dataset": ds.name,
@@ -295,36 +311,36 @@ def _summarise(sc, ds, part, proto, fin, ray_init_s, protocol_s, wall_s, out) ->
         "n_clusters": ds.n_clusters,
         "seed": sc.seed,
         "backend": sc.runtime.backend,
-        "status": status,
-        "error": fin.get("error"),
-        "rounds": fin.get("rounds", 0),
+        "status": _final_status(end, labels),
+        "error": end.error,
+        "rounds": end.rounds,
         "metrics": metrics,
-        "unlabelled_samples": unlabelled,
+        "unlabelled_samples": int(np.sum(labels < 0)) if labels is not None else part.n_samples,
         "metrics_labelled": metrics_labelled,
-        "communication": comm,
-        "communication_eval": ledger.totals("eval") if ledger is not None else empty,
-        "communication_setup": ledger.totals("setup") if ledger is not None else empty,
-        "per_client_bytes": ledger.per_client("protocol") if ledger is not None else {},
+        "communication": ledger.totals("protocol"),
+        "communication_eval": ledger.totals("eval"),
+        "communication_setup": ledger.totals("setup"),
+        "per_client_bytes": ledger.per_client("protocol"),
+        "participation": _participation(end),
         "faults": {
-            "dropped_replies": counts.get("dropped_replies", 0),
-            "late_replies": counts.get("late_replies", 0),
-            "crashed_clients": crashed,
-            "rejected_messages": counts.get("rejected_messages", 0),
-            "disconnected_clients": disconnected,
-            "client_errors": fin.get("client_errors") or [],
+            "dropped_replies": end.counts.dropped_replies,
+            "late_replies": end.counts.late_replies,
+            "crashed_clients": list(end.crashed),
+            "rejected_messages": end.counts.rejected_messages,
+            "disconnected_clients": list(end.disconnected),
+            "client_errors": list(end.client_errors),
         },
         "timing": {
             "wall_s": wall_s,
             "ray_init_s": ray_init_s,
             "protocol_s": protocol_s,
-            "virtual_s": fin.get("virtual_s", 0.0),
-            "client_compute_s": fin.get("compute_s", 0.0),
+            "virtual_s": end.virtual_s,
+            "client_compute_s": end.compute_s,
         },
-        "protocol_info": fin.get("info") or {},
+        "protocol_info": end.info,
         "data_info": part.info,
         "out_dir": str(out),
     }
-    return summary
 
 
 __all__ = ["run_scenario", "prepare", "init_ray", "ClusterError", "format_summary"]

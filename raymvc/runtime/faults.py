@@ -1,9 +1,22 @@
-"""Seeded fault plan and the virtual network model.
+"""Seeded fault plan, the one place faults are injected, and the virtual network model.
 
 Every random fault decision comes from the scenario seed through its own stream
 (``default_rng([seed, tag, round, client])``), so whether client 3 drops out of round
 7 does not depend on how many other draws happened before: runs are reproducible and
 the Ray and in-process backends see the same faults.
+
+What a fault means (the same on both backends):
+
+* **dropout** (``faults.dropout.rate``, or scheduled by ``faults.drop``): the server's
+  message for the round is sent -- its bytes count, its ledger row says ``dropped`` --
+  but the client goes offline before acting on it: it does not process the message
+  and sends no reply. Its state stays as it was; it is back the next round unless it
+  drops again. Counted in ``dropped_replies``.
+* **straggler**: the reply arrives ``delay`` virtual seconds later; past
+  ``faults.deadline_s`` it is ``late`` and treated as missing (``late_replies``).
+* **crash**: at the start of the round the client's actor is killed (``ray.kill``);
+  it never answers again (``crashed_clients``).
+* **disconnect**: the client never connects; it is addressed by no message.
 """
 
 from __future__ import annotations
@@ -48,11 +61,14 @@ class FaultPlan:
         n_slow = int(round(self.cfg.stragglers.fraction * n))
         rng = np.random.default_rng([self.seed, _STRAGGLERS])
         self.stragglers: set[int] = set(int(c) for c in rng.choice(ids, n_slow, replace=False)) if n_slow else set()
+        self.drop_at: set[tuple[int, int]] = {(d.at_round, d.client) for d in self.cfg.drop}
         self.crash_at: dict[int, int] = {}
         for c in self.cfg.crash:
             self.crash_at[c.client] = min(c.at_round, self.crash_at.get(c.client, c.at_round))
 
     def dropped(self, round: int, client: int) -> bool:
+        if (round, client) in self.drop_at:
+            return True
         rate = self.cfg.dropout.rate
         if rate <= 0:
             return False
@@ -65,6 +81,35 @@ class FaultPlan:
 
     def crashes_now(self, round: int) -> list[int]:
         return sorted(c for c, r in self.crash_at.items() if r == round)
+
+
+class Injector:
+    """Every fault decision of a round, asked for in one place by the server node.
+
+    ``Injector(None)`` injects nothing (the evaluation path).
+    """
+
+    def __init__(self, plan: FaultPlan | None):
+        self.plan = plan
+        self.deadline = plan.cfg.deadline_s if plan is not None else None
+
+    def crashes(self, round: int) -> list[int]:
+        return self.plan.crashes_now(round) if self.plan is not None else []
+
+    def dropped(self, round: int, client: int) -> bool:
+        return self.plan is not None and self.plan.dropped(round, client)
+
+    def delay(self, round: int, client: int) -> float:
+        return self.plan.delay(round, client) if self.plan is not None else 0.0
+
+    def late(self, arrive: float, t0: float) -> bool:
+        return self.deadline is not None and arrive > t0 + self.deadline
+
+    def round_end(self, end: float, t0: float, anyone_missing: bool) -> float:
+        """The server waits until the deadline when a reply is missing."""
+        if self.deadline is not None and anyone_missing:
+            return max(end, t0 + self.deadline)
+        return end
 
 
 @dataclass

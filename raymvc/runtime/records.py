@@ -1,0 +1,85 @@
+"""Typed records that cross the actor boundary: one round, and the end of a run."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..channel import Ledger
+
+
+@dataclass
+class RoundRecord:
+    """One line of ``rounds.jsonl``: who replied, who did not and why, bytes, times."""
+
+    round: int
+    replied: list[int] = field(default_factory=list)
+    missing: list[int] = field(default_factory=list)
+    dropped: list[int] = field(default_factory=list)
+    late: list[int] = field(default_factory=list)
+    rejected: list[int] = field(default_factory=list)
+    crashed: list[int] = field(default_factory=list)
+    client_errors: list[int] = field(default_factory=list)
+    messages: int = 0
+    wire_bytes: int = 0
+    payload_bytes: int = 0
+    virtual_start_s: float = 0.0
+    virtual_end_s: float = 0.0
+    wall_s: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+    done: bool = False
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        if d["error"] is None:
+            del d["error"]
+        return d
+
+
+@dataclass
+class FaultCounts:
+    dropped_replies: int = 0
+    late_replies: int = 0
+    rejected_messages: int = 0
+    client_errors: int = 0
+
+    def any(self) -> bool:
+        return any(asdict(self).values())
+
+
+@dataclass
+class Participation:
+    """How one client took part: rounds it was addressed in, answered, missed."""
+
+    addressed: int = 0
+    replied: int = 0
+    missed: int = 0
+    last_replied: int | None = None
+
+
+@dataclass
+class RunEnd:
+    """What the server node hands back when a run ends, however it ends."""
+
+    status: str  # finished | failed | running (stopped early)
+    labels: np.ndarray | None = None
+    predictions: dict[int, np.ndarray] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    rounds: int = 0
+    virtual_s: float = 0.0
+    compute_s: float = 0.0
+    counts: FaultCounts = field(default_factory=FaultCounts)
+    crashed: list[int] = field(default_factory=list)
+    disconnected: list[int] = field(default_factory=list)
+    client_errors: list[dict[str, Any]] = field(default_factory=list)
+    participation: dict[int, Participation] = field(default_factory=dict)
+    ledger: Ledger | None = None
+
+    @classmethod
+    def failed(cls, error: str) -> RunEnd:
+        """A run that ended before the server could report anything."""
+        return cls(status="failed", error=error)

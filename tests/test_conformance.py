@@ -1,0 +1,147 @@
+"""Checks every registered method must pass, the way scikit-learn checks every estimator.
+
+Each method runs with its ``quick_params`` on a small split of the kind it expects
+(vertical: a synthetic three-view set; horizontal: 8x8 digits over three clients) and
+must:
+
+(a) give identical labels and bytes on Ray and in-process;
+(b) survive a missing reply from one client in any single round without failing;
+(c) never receive labels: no shard holds them, and a run whose label array is
+    replaced by random labels gives identical cluster assignments;
+(d) be deterministic for a seed (labels and the whole ledger);
+(e) where it declares ``analytic_bytes``, match the ledger's protocol data bytes.
+
+A new method gets all of this by being registered in ``raymvc.protocols``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+
+import numpy as np
+import pytest
+
+from raymvc.protocol import RunFacts
+from raymvc.protocols import available, get
+from raymvc.runtime import prepare, run_scenario
+from raymvc.scenario import scenario_from_dict
+
+METHODS = available()
+
+
+def _scenario(method: str, **over):
+    proto = get(method)
+    if proto.partition == "vertical":
+        data = {"dataset": "synthetic", "normalize": "zscore",
+                "synthetic": {"n_samples": 150, "n_views": 3, "dims": [6, 8, 10], "n_clusters": 3, "noise": 0.6}}
+    else:
+        data = {"dataset": "digits", "partition": "horizontal", "n_clients": 3, "heterogeneity": 0.0}
+    raw = {"name": f"conf-{method}", "method": method, "params": dict(proto.quick_params), "data": data,
+           "runtime": {"backend": "local", "client_cpus": 0.25, "server_cpus": 0.25}, "seed": 3}
+    for key, value in over.items():
+        node = raw
+        *path, last = key.split(".")
+        for p in path:
+            node = node.setdefault(p, {})
+        node[last] = value
+    return scenario_from_dict(raw)
+
+
+def _run(sc, out, prepared=None):
+    return run_scenario(sc, out, progress=lambda line: None, prepared=prepared)
+
+
+def _labels(summary) -> np.ndarray:
+    with open(f"{summary['out_dir']}/labels.csv", newline="") as fh:
+        return np.array([int(r["cluster"]) for r in csv.DictReader(fh)])
+
+
+def _ledger(summary, drop_times: bool = False) -> list[dict]:
+    with open(f"{summary['out_dir']}/messages.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    if drop_times:
+        rows = [{k: v for k, v in r.items() if k not in ("send_t", "arrive_t")} for r in rows]
+    return rows
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    """One fault-free in-process run per method, shared by the checks."""
+    root = tmp_path_factory.mktemp("conformance")
+    cache: dict[str, dict] = {}
+
+    def get_run(method: str) -> dict:
+        if method not in cache:
+            cache[method] = _run(_scenario(method), root / method)
+        return cache[method]
+
+    return get_run
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_completes_and_labels_every_sample(method, baseline):
+    s = baseline(method)
+    assert s["status"] == "completed", s["error"]
+    y = _labels(s)
+    assert len(y) == s["n_samples"] and (y >= 0).all()
+    assert s["metrics"]["nmi"] > 0.1  # it clusters, not just answers
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_deterministic_for_a_seed(method, baseline, tmp_path):
+    s = baseline(method)
+    again = _run(_scenario(method), tmp_path / "again")
+    np.testing.assert_array_equal(_labels(again), _labels(s))
+    assert _ledger(again) == _ledger(s)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_ray_and_in_process_agree(method, baseline, ray_session, tmp_path):
+    s = baseline(method)
+    on_ray = _run(_scenario(method, **{"runtime.backend": "ray"}), tmp_path / "ray")
+    assert on_ray["status"] == "completed", on_ray["error"]
+    np.testing.assert_array_equal(_labels(on_ray), _labels(s))
+    assert _ledger(on_ray, drop_times=True) == _ledger(s, drop_times=True)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_survives_one_missing_reply_in_any_round(method, baseline, tmp_path):
+    rounds = baseline(method)["rounds"]
+    assert rounds >= 1
+    for r in range(rounds):
+        s = _run(_scenario(method, **{"faults.drop": [{"client": 0, "at_round": r}]}), tmp_path / f"drop{r}")
+        assert s["status"] == "degraded", f"client 0 missing in round {r}: {s['status']} {s['error']}"
+        assert s["faults"]["dropped_replies"] == 1
+        assert s["participation"][0]["missed"] == 1
+        assert s["metrics"] is not None and s["unlabelled_samples"] < s["n_samples"]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_protocols_never_see_labels(method, baseline, tmp_path):
+    sc = _scenario(method)
+    ds, part = prepare(sc)
+    for shard, rows in zip(part.shards, part.rows):
+        truth = np.asarray(ds.labels)[rows]
+        arrays = [*shard.views, *(p for p in shard.present if p is not None),
+                  *(np.asarray(v) for v in shard.meta.values() if isinstance(v, (list, tuple, np.ndarray)))]
+        for a in arrays:
+            assert not (a.shape[:1] == truth.shape and a.ndim == 1 and np.array_equal(a, truth)), \
+                "a shard carries the ground-truth labels"
+    noise = np.random.default_rng(99).integers(0, ds.n_clusters, size=len(ds.labels))
+    s = _run(sc, tmp_path / "random-labels", prepared=(dataclasses.replace(ds, labels=noise), part))
+    np.testing.assert_array_equal(_labels(s), _labels(baseline(method)))
+    assert s["metrics"]["nmi"] < 0.2  # the scores did use the (random) labels
+
+
+@pytest.mark.parametrize("method", [m for m in METHODS if get(m).analytic_bytes is not None])
+def test_analytic_bytes_match_the_ledger(method, baseline):
+    s = baseline(method)
+    sc = _scenario(method)
+    ds, part = prepare(sc)
+    ids = list(range(part.n_clients))
+    facts = RunFacts(n_samples=part.n_samples, n_clusters=ds.n_clusters, client_ids=ids,
+                     client_sizes={c: part.shards[c].n_local for c in ids},
+                     client_dims={c: int(part.shards[c].views[0].shape[1]) for c in ids}, rounds=s["rounds"])
+    want = get(method).analytic_bytes(sc.protocol_config(), facts)
+    assert s["communication"]["data_bytes"] == want

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import secrets
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,13 +17,22 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """A local Ray instance (pinned logical CPUs, no dashboard), shared by all tests."""
+    """A local Ray instance (pinned logical CPUs, no dashboard), shared by all tests.
+
+    It authenticates with a token held in the environment only and keeps its session
+    files in a temporary folder removed afterwards, so the tests leave no token in
+    ~/.ray and no Ray state under /tmp/ray for another program to pick up.
+    """
     ray = pytest.importorskip("ray")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+    tmp = tempfile.mkdtemp(prefix="rmvc-", dir="/tmp")  # short: Ray's socket paths live here
     if not ray.is_initialized():
-        ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 _temp_dir=tmp)
     yield ray
     ray.shutdown()
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture

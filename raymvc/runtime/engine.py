@@ -10,8 +10,6 @@ written, with ``status`` saying what happened.
 
 from __future__ import annotations
 
-import math
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -27,9 +25,11 @@ from ..metrics import clustering_scores
 from ..protocols import get
 from ..results import RunWriter, default_out_dir, format_summary
 from ..scenario import Scenario, ScenarioError
-from .nodes import ClientNode, ServerNode
+from .cluster import ClusterError, init_ray
+from .nodes import ClientNode, ClientPool, ServerNode
 from .records import RoundRecord, RunEnd
 from .threads import release_threads
+from .transport import RayPools
 
 
 def _err(sc: Scenario, key: str, msg: str) -> ScenarioError:
@@ -98,66 +98,6 @@ def _progress_default(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-class ClusterError(RuntimeError):
-    """Joining an existing Ray cluster failed (one line, names runtime.address)."""
-
-
-def _token_auth_if_available() -> None:
-    """Ray 2.60 clusters started by `ray start --head` expect a token from every driver.
-
-    When joining a cluster and a token is at hand (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or
-    ~/.ray/auth_token), turn token mode on unless the user chose a mode already.
-    """
-    if "RAY_AUTH_MODE" in os.environ:
-        return
-    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") or \
-            (Path.home() / ".ray" / "auth_token").is_file():
-        os.environ["RAY_AUTH_MODE"] = "token"
-
-
-def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """Fail fast when nothing listens at host:port (Ray itself retries for minutes)."""
-    import socket
-
-    if "://" in address or address == "auto" or ":" not in address:
-        return
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s):
-            return
-    except (OSError, ValueError) as e:
-        raise ClusterError(f"runtime.address: cannot join the Ray cluster at {address}: "
-                           f"nothing answers there ({e.__class__.__name__})") from None
-
-
-def init_ray(sc: Scenario, n_clients: int) -> float:
-    """Start (or join) Ray; returns the seconds it took (0 if already running)."""
-    if sc.runtime.address:
-        _token_auth_if_available()  # before Ray reads its configuration
-    import ray
-
-    if ray.is_initialized():
-        return 0.0
-    t = time.perf_counter()
-    rt = sc.runtime
-    kwargs = dict(include_dashboard=False, log_to_driver=True, configure_logging=False)
-    if rt.address:
-        _check_reachable(rt.address)
-        try:
-            ray.init(address=rt.address, **kwargs)
-        except Exception as e:  # ConnectionError, AuthenticationError, ...
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ClusterError(
-                f"runtime.address: cannot join the Ray cluster at {rt.address}: {first}. With token "
-                "authentication, give this driver the cluster's token (RAY_AUTH_TOKEN or ~/.ray/auth_token)"
-            ) from None
-    else:
-        need = math.ceil(n_clients * rt.client_cpus + rt.server_cpus)
-        # address="local": always a fresh embedded instance, even if `ray start` runs here
-        ray.init(address="local", num_cpus=rt.num_cpus or max(os.cpu_count() or 1, need), **kwargs)
-    return time.perf_counter() - t
-
-
 def _spawn(sc: Scenario, part, ds) -> tuple[object, list]:
     """Create the parties; returns (server node or actor, actor handles to kill at the end)."""
     rt = sc.runtime
@@ -173,12 +113,22 @@ def _spawn(sc: Scenario, part, ds) -> tuple[object, list]:
         clients = {c: ClientNode(c, sc.method, sc.params, part.shards[c], **common) for c in ids}
         return ServerNode(sc.method, sc.params, clients, **srv_kw), []
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    ClientActor = ray.remote(num_cpus=rt.client_cpus, max_restarts=0)(ClientNode)
+    per = rt.clients_per_actor
+    groups = [ids[i:i + per] for i in range(0, len(ids), per)]
+    opts = {"scheduling_strategy": "SPREAD"} if rt.placement == "spread" else {}
+    PoolActor = ray.remote(num_cpus=rt.client_cpus, max_restarts=0)(ClientPool).options(**opts)
     ServerActor = ray.remote(num_cpus=rt.server_cpus, max_restarts=0)(ServerNode)
-    clients = {c: ClientActor.remote(c, sc.method, sc.params, part.shards[c], **common) for c in ids}
-    server = ServerActor.remote(sc.method, sc.params, clients, **srv_kw)
-    return server, [server, *clients.values()]
+    pools = RayPools(
+        handles={p: PoolActor.remote({c: part.shards[c] for c in g}, sc.method, sc.params, **common)
+                 for p, g in enumerate(groups)},
+        owner={c: p for p, g in enumerate(groups) for c in g},
+        sizes={p: len(g) for p, g in enumerate(groups)})
+    # the server runs beside the driver, so losing a worker node never takes the server with it
+    here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=True)
+    server = ServerActor.options(scheduling_strategy=here).remote(sc.method, sc.params, pools, **srv_kw)
+    return server, [server, *pools.handles.values()]
 
 
 class _Call:
@@ -209,6 +159,7 @@ def _drive(sc: Scenario, part, ds, writer: RunWriter, progress: Callable[[str], 
     t_start = time.perf_counter()
     connected = call("connect")  # waits for every actor to be up, then agrees keys
     timing["startup_s"] = time.perf_counter() - t_start
+    timing["placement"] = call("placement")
     t0 = time.perf_counter()
     progress(f"[{sc.name}] {sc.method}: {len(connected)}/{part.n_clients} clients connected "
              f"({sc.runtime.backend} backend)")
@@ -250,6 +201,11 @@ def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: C
     summary = _summarise(sc, ds, part, proto, end, labels, ray_init_s, timing["protocol_s"],
                          time.perf_counter() - wall0, out)
     summary["timing"]["startup_s"] = timing["startup_s"]
+    where = timing.get("placement") or {}
+    clients = where.get("clients") or {}
+    summary["placement"] = {"clients_per_actor": sc.runtime.clients_per_actor, "strategy": sc.runtime.placement,
+                            "nodes": sorted(set(clients.values())), "server_node": where.get("server"),
+                            "client_node": clients}
     if end.ledger is not None:
         writer.messages(end.ledger)
     writer.summary(summary)

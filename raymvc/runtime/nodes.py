@@ -29,7 +29,7 @@ from ..scenario import ChannelCfg, FaultsCfg, NetworkCfg
 from .faults import FaultPlan, Injector, Network
 from .records import FaultCounts, Participation, RoundRecord, RunEnd
 from .threads import pin_threads
-from .transport import Outcome, make_transport
+from .transport import LocalTransport, Outcome, make_transport
 
 SERVER = "server"
 EVAL_PREDICT = "eval.predict"  # engine-reserved kinds: the evaluation path
@@ -90,6 +90,34 @@ class ClientNode:
             return "ok", None, None, compute
         sealed = self.endpoint.seal(SERVER, opened.round, reply)
         return "ok", sealed.frame, None, compute
+
+
+class ClientPool:
+    """Several logical clients in one process (one Ray actor with ``runtime.clients_per_actor``).
+
+    Each logical client is a full :class:`ClientNode` with its own protocol state, keys,
+    fault stream and ledger rows; a crash fault kills one logical client, not its
+    neighbours. Frames for the pool's clients arrive in one call.
+    """
+
+    def __init__(self, shards: dict[int, object], method: str, params: dict, **common):
+        self.nodes = {cid: ClientNode(cid, method, params, shard, **common) for cid, shard in shards.items()}
+        self.dead: set[int] = set()
+
+    def hello(self, cid: int, server_key: bytes | None) -> bytes | None:
+        return self.nodes[cid].hello(server_key)
+
+    def deliver(self, frames: dict[int, bytes]) -> dict[int, tuple]:
+        return {cid: (("crashed", None, "logical client killed", 0.0) if cid in self.dead
+                      else self.nodes[cid].deliver(frame)) for cid, frame in frames.items()}
+
+    def kill(self, cid: int) -> None:
+        self.dead.add(cid)
+
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
 
 
 # ---------------------------------------------------------------------------
@@ -158,6 +186,15 @@ class ServerNode:
             self.endpoint.add_peer(peer, self.transport.call(cid, "hello", key))
             self.connected.append(cid)
         return self.connected
+
+    def placement(self) -> dict[str, object]:
+        """Where the server and each client run (Ray node ids, or ``local``)."""
+        server = "local"
+        if not isinstance(self.transport, LocalTransport):
+            import ray
+
+            server = ray.get_runtime_context().get_node_id()
+        return {"server": server, "clients": self.transport.placement()}
 
     def begin(self) -> None:
         pin_threads(self.threads)

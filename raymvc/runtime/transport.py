@@ -1,8 +1,13 @@
-"""How frames reach client nodes: directly in this process, or to Ray actors."""
+"""How frames reach client nodes: directly in this process, or to Ray actors.
+
+On Ray every actor is a :class:`~raymvc.runtime.nodes.ClientPool` hosting one or more
+logical clients (``runtime.clients_per_actor``, default 1). A round sends one call per
+actor, all at once, and waits for them together (``ray.wait``) with a wall-clock limit.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -39,45 +44,71 @@ class LocalTransport:
     def kill(self, cid: int) -> None:
         self.dead.add(cid)
 
+    def placement(self) -> dict[int, str]:
+        return {cid: "local" for cid in self.clients}
+
+
+@dataclass
+class RayPools:
+    """Actor handles of the client pools and which pool hosts which client."""
+
+    handles: dict[int, object]  # pool id -> actor handle
+    owner: dict[int, int]  # client id -> pool id
+    sizes: dict[int, int] = field(default_factory=dict)  # pool id -> logical clients
+
 
 class RayTransport:
-    """Sends frames to client actors at once and waits for replies with a wall-clock limit."""
+    """Sends frames to the client pools at once and waits for replies with a wall-clock limit."""
 
-    def __init__(self, handles: dict, timeout_s: float):
+    def __init__(self, pools: RayPools, timeout_s: float):
         import ray
 
         self.ray = ray
-        self.handles = handles
+        self.pools = pools
         self.timeout_s = timeout_s
 
+    def _pool(self, cid: int):
+        return self.pools.handles[self.pools.owner[cid]]
+
     def call(self, cid: int, method: str, *args):
-        return self.ray.get(getattr(self.handles[cid], method).remote(*args), timeout=self.timeout_s)
+        return self.ray.get(getattr(self._pool(cid), method).remote(cid, *args), timeout=self.timeout_s)
 
     def exchange(self, frames: dict[int, bytes]) -> dict[int, Outcome]:
         ray = self.ray
-        refs = {cid: self.handles[cid].deliver.remote(frame) for cid, frame in frames.items()}
+        groups: dict[int, dict[int, bytes]] = {}
+        for cid, frame in frames.items():
+            groups.setdefault(self.pools.owner[cid], {})[cid] = frame
+        refs = {pid: self.pools.handles[pid].deliver.remote(group) for pid, group in groups.items()}
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.timeout_s)
         ready = set(ready)
-        out = {}
-        for cid, ref in refs.items():
+        out: dict[int, Outcome] = {}
+        for pid, ref in refs.items():
             if ref not in ready:
                 ray.cancel(ref, force=False)
-                out[cid] = Outcome("timeout", detail=f"no reply within {self.timeout_s} s wall time")
+                for cid in groups[pid]:
+                    out[cid] = Outcome("timeout", detail=f"no reply within {self.timeout_s} s wall time")
                 continue
             try:
-                out[cid] = Outcome(*ray.get(ref))
+                out.update({cid: Outcome(*res) for cid, res in ray.get(ref).items()})
             except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as e:
-                out[cid] = Outcome("crashed", detail=type(e).__name__)
-        return out
+                out.update({cid: Outcome("crashed", detail=type(e).__name__) for cid in groups[pid]})
+        return {cid: out[cid] for cid in frames}
 
     def kill(self, cid: int) -> None:
-        self.ray.kill(self.handles[cid], no_restart=True)
+        pid = self.pools.owner[cid]
+        if self.pools.sizes.get(pid, 1) == 1:
+            self.ray.kill(self.pools.handles[pid], no_restart=True)  # a real crash: the process is gone
+        else:
+            self.ray.get(self.pools.handles[pid].kill.remote(cid), timeout=self.timeout_s)
+
+    def placement(self) -> dict[int, str]:
+        nodes = self.ray.get([h.node_id.remote() for h in self.pools.handles.values()], timeout=self.timeout_s)
+        by_pool = dict(zip(self.pools.handles, nodes))
+        return {cid: by_pool[pid] for cid, pid in sorted(self.pools.owner.items())}
 
 
-def make_transport(clients: dict, timeout_s: float):
-    """In-process client nodes get a :class:`LocalTransport`, actor handles a :class:`RayTransport`."""
-    from .nodes import ClientNode
-
-    if clients and all(isinstance(c, ClientNode) for c in clients.values()):
-        return LocalTransport(clients)
-    return RayTransport(clients, timeout_s)
+def make_transport(clients, timeout_s: float):
+    """In-process client nodes get a :class:`LocalTransport`, Ray client pools a :class:`RayTransport`."""
+    if isinstance(clients, RayPools):
+        return RayTransport(clients, timeout_s)
+    return LocalTransport(clients)

@@ -1,0 +1,110 @@
+"""Starting an embedded Ray instance, or joining a running Ray cluster.
+
+Token authentication (Ray 2.59+): an embedded instance gets a fresh token for this
+process through ``RAY_AUTH_TOKEN`` (nothing is written to ``~/.ray``). When joining a
+cluster, the driver uses token mode if the user set ``RAY_AUTH_MODE``,
+``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH``, or else if ``~/.ray/auth_token`` exists
+(where ``ray start --head`` writes it). Because that file may be stale -- left by
+another cluster -- the join is checked with a probe task: a driver whose authentication
+the cluster does not accept gets one line naming ``runtime.address`` and what to set.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+import socket
+import time
+from pathlib import Path
+
+from ..scenario import Scenario
+
+TOKEN_FILE = Path("~/.ray/auth_token")
+
+
+class ClusterError(RuntimeError):
+    """Joining an existing Ray cluster failed (one line, names runtime.address)."""
+
+
+def _token_source() -> str | None:
+    """Where the driver's token would come from, or None when the driver uses no token."""
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if mode is not None:
+        return f"RAY_AUTH_MODE={mode}" if mode == "token" else None
+    for var in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        if os.environ.get(var):
+            os.environ["RAY_AUTH_MODE"] = "token"
+            return var
+    if TOKEN_FILE.expanduser().is_file():
+        os.environ["RAY_AUTH_MODE"] = "token"
+        return str(TOKEN_FILE)
+    return None
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast when nothing listens at host:port (Ray itself retries for minutes)."""
+    if "://" in address or address == "auto" or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return
+    except (OSError, ValueError) as e:
+        raise ClusterError(f"runtime.address: cannot join the Ray cluster at {address}: "
+                           f"nothing answers there ({e.__class__.__name__})") from None
+
+
+class _Probe:
+    def ping(self) -> bool:
+        return True
+
+
+def _probe(ray, address: str, token: str | None, timeout_s: float = 60.0) -> None:
+    """Start one tiny actor; a cluster that rejects this driver's authentication never runs it."""
+    try:
+        actor = ray.remote(num_cpus=0)(_Probe).remote()
+        ray.get(actor.ping.remote(), timeout=timeout_s)
+        ray.kill(actor)
+    except Exception as e:
+        ray.shutdown()
+        hint = (f"this driver used a token from {token}; if the cluster runs without token authentication set "
+                "RAY_AUTH_MODE=disabled" if token else
+                "if the cluster uses token authentication, set RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH) to its token")
+        raise ClusterError(f"runtime.address: the Ray cluster at {address} does not run this driver's tasks "
+                           f"({type(e).__name__}); {hint}") from None
+
+
+def _join(ray, address: str, kwargs: dict) -> None:
+    token = _token_source()  # before Ray reads its configuration
+    _check_reachable(address)
+    try:
+        ray.init(address=address, **kwargs)
+    except Exception as e:  # ConnectionError, AuthenticationError, ...
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ClusterError(
+            f"runtime.address: cannot join the Ray cluster at {address}: {first}. With token "
+            "authentication, give this driver the cluster's token (RAY_AUTH_TOKEN or ~/.ray/auth_token)"
+        ) from None
+    _probe(ray, address, token)
+
+
+def init_ray(sc: Scenario, n_clients: int) -> float:
+    """Start (or join) Ray; returns the seconds it took (0 if already running)."""
+    import ray
+
+    if ray.is_initialized():
+        return 0.0
+    t = time.perf_counter()
+    rt = sc.runtime
+    kwargs = dict(include_dashboard=False, log_to_driver=True, configure_logging=False)
+    if rt.address:
+        _join(ray, rt.address, kwargs)
+    else:
+        if os.environ.get("RAY_AUTH_MODE") != "disabled" and not (
+                os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
+            os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)  # this process's own; nothing on disk
+        need = math.ceil(math.ceil(n_clients / rt.clients_per_actor) * rt.client_cpus + rt.server_cpus)
+        # address="local": always a fresh embedded instance, even if `ray start` runs here
+        ray.init(address="local", num_cpus=rt.num_cpus or max(os.cpu_count() or 1, need), **kwargs)
+    return time.perf_counter() - t

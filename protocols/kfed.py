@@ -31,7 +31,7 @@ from collections.abc import Mapping
 
 import numpy as np
 from pydantic import Field
-from sklearn.cluster import KMeans
+from sklearn.metrics import pairwise_distances_argmin
 
 from raymvc.messages import Done, Message
 from raymvc.protocol import (
@@ -41,8 +41,9 @@ from raymvc.protocol import (
     ProtocolConfig,
     Server,
     ServerContext,
-    seed_from,
 )
+
+from ._common import kmeans_capped
 
 
 class Config(ProtocolConfig):
@@ -58,15 +59,12 @@ def local_summary(X: np.ndarray, k_local: int, rng: np.random.Generator, n_init:
 
     ``k'`` is capped at the number of distinct rows; empty clusters are dropped.
     """
-    n = X.shape[0]
-    if n == 0:
+    if X.shape[0] == 0:
         return np.zeros((0, X.shape[1])), np.zeros(0, dtype=np.int64)
-    distinct = len(np.unique(X, axis=0))
-    kk = max(1, min(k_local, distinct))
-    km = KMeans(n_clusters=kk, n_init=n_init, max_iter=max_iter, random_state=seed_from(rng)).fit(X)
-    counts = np.bincount(km.labels_, minlength=kk).astype(np.int64)
+    C, labels = kmeans_capped(X, k_local, rng, n_init, max_iter, pad=False)
+    counts = np.bincount(labels, minlength=len(C)).astype(np.int64)
     keep = counts > 0
-    return km.cluster_centers_[keep], counts[keep]
+    return C[keep], counts[keep]
 
 
 def global_centroids(centroids: np.ndarray, counts: np.ndarray | None, k: int, rng: np.random.Generator,
@@ -76,20 +74,13 @@ def global_centroids(centroids: np.ndarray, counts: np.ndarray | None, k: int, r
     With fewer than ``k`` distinct local centroids, the missing global centroids repeat
     existing ones (they then simply never win a sample).
     """
-    distinct = len(np.unique(centroids, axis=0))
-    kk = max(1, min(k, distinct))
-    km = KMeans(n_clusters=kk, n_init=n_init, max_iter=max_iter, random_state=seed_from(rng))
-    km.fit(centroids, sample_weight=None if counts is None else np.asarray(counts, dtype=np.float64))
-    C = km.cluster_centers_
-    if kk < k:
-        C = np.vstack([C, C[np.arange(k - kk) % kk]])
-    return C
+    w = None if counts is None else np.asarray(counts, dtype=np.float64)
+    return kmeans_capped(centroids, k, rng, n_init, max_iter, sample_weight=w)[0]
 
 
 def nearest(X: np.ndarray, C: np.ndarray) -> np.ndarray:
     """Index of the nearest row of ``C`` (Euclidean) for every row of ``X``."""
-    d = (X * X).sum(1)[:, None] - 2.0 * X @ C.T + (C * C).sum(1)[None, :]
-    return np.argmin(d, axis=1)
+    return pairwise_distances_argmin(X, C)
 
 
 # ---------------------------------------------------------------------------

@@ -27,7 +27,7 @@ arrive, the server reruns the global k-means over all summaries it holds (seeded
 that round), sends the new centroids to every client that has summarised, and asks the
 clients still lacking once more, up to ``retry_rounds`` times. The run ends in the
 first round after round 0 that brings no new summary, so clients that never answer
-(disconnected, crashed) cost a few empty-ish messages, never a round of their own. Without faults
+(disconnected, crashed) cost a few small messages, never a round of their own. Without faults
 nothing changes: two rounds. A client that never receives any centroids
 (disconnected, or every message to it was dropped) cannot label its rows: its samples
 stay unlabelled (``-1``) and count as wrong.

@@ -51,7 +51,7 @@ Exchange
   deviations. The plain first singular vector is then that common column, and row
   normalisation lets it swamp the other ``k - 1`` directions. Centring uses ``k``
   informative directions instead (on HW with 50% of samples missing views, ACC 0.85 vs
-  0.72; ProteinFold unchanged; see the table). ``embedding: plain`` is the paper's
+  0.72; ProteinFold unchanged; see ``benchmarks/efimvc_tuning.md``). ``embedding: plain`` is the paper's
   recipe.
 
 Why ``J`` never increases

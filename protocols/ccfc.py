@@ -50,10 +50,14 @@ Missing replies and disconnected clients
 ----------------------------------------
 Clients that do not reply in a round (dropped, late, crashed, disconnected) take no
 part in that round's average or centroid k-means; when no client replies, the global
-model and centroids stay as they were. Every connected client is addressed every round.
-A client that never receives any global centroids cannot label its samples (they stay
-unlabelled); a client that missed only the final message labels with the last global
-model and centroids it received.
+model and centroids stay as they were. Every connected client is addressed every round
+with the full global model, so a client that missed a round rejoins with its next
+reply: its weights enter that round's average and, from the last warm-up round on, its
+local centroids the global k-means. Should no client deliver centroids in the last
+warm-up round, the cluster phase waits: rounds stay SimSiam rounds (still asking for
+centroids) until the server holds global centroids. A client that never receives any
+global centroids cannot label its samples (they stay unlabelled); a client that missed
+only the final message labels with the last global model and centroids it received.
 
 Defaults (digits, 2 CPU cores): 100 warm-up + 100 cluster rounds, batch 128 (the
 paper's), Adam 3e-3, λ = 1 (the paper's Fashion-MNIST value; its MNIST value 1e-3 gave
@@ -82,7 +86,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from pydantic import Field
-from sklearn.cluster import KMeans
 
 from raymvc.messages import Done, Message
 from raymvc.protocol import (
@@ -94,6 +97,8 @@ from raymvc.protocol import (
     ServerContext,
     seed_from,
 )
+
+from ._common import kmeans_capped, normalise_rows
 
 W_PREFIX = "w."
 
@@ -466,13 +471,8 @@ class CCFCClient(Client):
 
     def _local_centroids(self) -> np.ndarray:
         Z = embed(self.model, self.x).numpy().astype(np.float64)
-        k = self.ctx.n_clusters
-        kk = max(1, min(k, len(np.unique(Z, axis=0))))
-        km = KMeans(n_clusters=kk, n_init=self.config.kmeans_init, random_state=seed_from(self.ctx.rng_for("local_kmeans")))
-        km.fit(Z)
-        C = km.cluster_centers_
-        if kk < k:  # pad by repeating: the message keeps its k x latent size
-            C = np.vstack([C, C[np.arange(k - kk) % kk]])
+        # padded by repetition: the message keeps its k x latent size
+        C, _ = kmeans_capped(Z, self.ctx.n_clusters, self.ctx.rng_for("local_kmeans"), self.config.kmeans_init)
         return C.astype(np.float32)
 
     def predict(self) -> np.ndarray:
@@ -495,9 +495,11 @@ class CCFCServer(Server):
 
     def _train_messages(self, r: int) -> dict[int, Message]:
         fields: dict = dict(self.weights)
-        fields["phase"] = self._phase(r)
+        # no centroids yet (no client answered the last warm-up round): one more warm-up round
+        phase = "simsiam" if self.C is None else self._phase(r)
+        fields["phase"] = phase
         fields["want_centroids"] = r >= self.config.warmup_rounds - 1
-        if self._phase(r) == "cluster":
+        if phase == "cluster":
             fields["C"] = self.C
         return {c: Message("train", fields) for c in self.ctx.client_ids}
 
@@ -520,15 +522,9 @@ class CCFCServer(Server):
             if self.config.weighted_centroids:
                 w = np.concatenate([np.full(len(m["centroids"]), float(m["n"]) / len(m["centroids"]))
                                     for _, m in sorted(ups.items()) if "centroids" in m])
-            k = self.ctx.n_clusters
-            kk = max(1, min(k, len(np.unique(P, axis=0))))
-            km = KMeans(n_clusters=kk, n_init=self.config.server_kmeans_init,
-                        random_state=seed_from(self.ctx.rng_for("global_kmeans", round))).fit(P, sample_weight=w)
-            C = km.cluster_centers_
-            if kk < k:
-                C = np.vstack([C, C[np.arange(k - kk) % kk]])
-            C /= np.maximum(np.linalg.norm(C, axis=1, keepdims=True), 1e-12)
-            self.C = C.astype(np.float32)
+            C, _ = kmeans_capped(P, self.ctx.n_clusters, self.ctx.rng_for("global_kmeans", round),
+                                 self.config.server_kmeans_init, sample_weight=w)
+            self.C = normalise_rows(C).astype(np.float32)
         return sorted(ups)
 
     def step(self, round: int, replies: Mapping[int, Message], missing: set[int]) -> dict[int, Message] | Done:

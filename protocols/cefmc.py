@@ -27,10 +27,21 @@ CeFMC-H (the paper's ablation) runs the same optimisation but clients upload the
 
 Missing replies
 ---------------
-A client whose reply is missing in a round (dropped, late, crashed, rejected) is
+A member whose reply is missing in a round (dropped, late, crashed, rejected) is
 represented by its last ``y_v`` (CeFMC-H: last ``H_v``) and last objective; it is
-reported as stale in the round log. A client that never delivered its round-0
-embedding is left out of the consensus for the whole run (it receives nothing more).
+reported as stale in the round log. A client that did not deliver its round-0
+embedding is not lost: every later round the server sends it ``"embed"`` again
+(instead of ``"consensus"``; the log lists it as ``left_out``). The server keeps the
+members' round-0 embeddings, so when a late ``H_v`` arrives it restarts the consensus
+exactly as in round 0, now with every view it holds: k-means on ``[H_1 ... H_V]``
+(seeded for that round), ``C`` from the centroids, and every member fixes its new
+block as ``C_v`` from the next ``"consensus"`` (which carries ``refix``; the log lists
+the view under ``joined``). The run then goes on as if the view had been there from
+the start; the objective history restarts, and a join round never counts as
+converged. A client fixes ``C_v`` from the first consensus it handles; while the
+server has no reply to a consensus from it (the message was dropped, or the reply
+lost), the next consensus carries ``refix`` too and the client fixes ``C_v`` again
+from it, so client and server always agree on ``C_v``.
 """
 
 from __future__ import annotations
@@ -52,6 +63,8 @@ from raymvc.protocol import (
     ServerContext,
     seed_from,
 )
+
+from ._common import Membership, polar, rel_change
 
 
 class Config(ProtocolConfig):
@@ -75,12 +88,6 @@ def _orthonormal_basis(X: np.ndarray, k: int, rng: np.random.Generator) -> np.nd
         Q, _ = np.linalg.qr(extra)
         H = np.hstack([H, Q])
     return H
-
-
-def _polar(M: np.ndarray) -> np.ndarray:
-    """U W^T from the thin SVD of M: the closest matrix with orthonormal columns."""
-    U, _, Wt = np.linalg.svd(M, full_matrices=False)
-    return U @ Wt
 
 
 def communication(n: int, k: int, rounds: int, label_bytes: int = 1, float_bytes: int = 8, h_variant: bool = False) -> dict:
@@ -116,7 +123,7 @@ class CeFMCClient(Client):
         if msg.kind == "consensus":
             y = np.asarray(msg["y"], dtype=np.intp)
             Cbar = np.asarray(msg["C"], dtype=np.float64)
-            if self.C is None:
+            if self.C is None or bool(msg.get("refix", False)):
                 self.C, self.y = Cbar.copy(), y.copy()
             return self._round(y, Cbar)
         raise ValueError(f"cefmc client: unexpected message {msg.kind!r}")
@@ -126,7 +133,7 @@ class CeFMCClient(Client):
         H = self.H
         for _ in range(self.config.inner_iters):
             M = X @ (X.T @ H) + lam * C[self.y]
-            H = _polar(M)
+            H = polar(M)
         self.H = H
         S = H @ C.T + (Cbar @ C.T)[y]
         self.y = np.argmax(S, axis=1)
@@ -148,8 +155,10 @@ class CeFMCServer(Server):
         super().__init__(config, ctx)
         self.k = ctx.n_clusters
         self.beta = config.beta if config.beta is not None else config.lam
-        self.members: list[int] = []  # clients in the consensus, in view order
+        self.membership = Membership(ctx.client_ids)  # clients in the consensus, in view order
         self.Cfix: dict[int, np.ndarray] = {}
+        self.H0: dict[int, np.ndarray] = {}  # the members' round-0 embeddings
+        self.awaiting: dict[int, np.ndarray | None] = {}  # members with no consensus answered yet: last block sent
         self.last: dict[int, np.ndarray] = {}  # last y_v (or H_v for the H variant)
         self.obj_v: dict[int, float] = {}
         self.C: np.ndarray | None = None
@@ -157,59 +166,93 @@ class CeFMCServer(Server):
         self.prev_obj: float | None = None
         self.history: list[float] = []
 
+    @property
+    def members(self) -> list[int]:
+        return self.membership.members
+
     def start(self) -> dict[int, Message]:
         return {c: Message("embed") for c in self.ctx.client_ids}
 
+    def _block(self, j: int) -> np.ndarray:
+        k = self.k
+        return self.C[:, j * k:(j + 1) * k].copy()
+
     def _outgoing(self) -> dict[int, Message]:
         y = labels_array(self.y)
-        k = self.k
-        return {c: Message("consensus", y=y, C=self.C[:, j * k:(j + 1) * k].copy()) for j, c in enumerate(self.members)}
+        out = {c: Message("embed") for c in self.membership.left_out()}
+        for j, c in enumerate(self.members):
+            fields = {"y": y, "C": self._block(j)}
+            if c in self.awaiting:
+                if self.awaiting[c] is not None:  # an earlier consensus may have been fixed: fix this one
+                    fields["refix"] = True
+                self.awaiting[c] = fields["C"]
+            out[c] = Message("consensus", fields)
+        return out
+
+    def _consensus(self, round: int) -> None:
+        """Round-0 consensus over the embeddings of all members: labels ``y``, ``C``, fixed blocks."""
+        Hc = np.hstack([self.H0[c] for c in self.members])
+        km = KMeans(n_clusters=self.k, n_init=self.config.kmeans_init,
+                    random_state=seed_from(self.ctx.rng_for("kmeans", round)))
+        self.y = km.fit_predict(Hc)
+        self.C = polar(km.cluster_centers_)  # k x Vk with orthonormal rows
+        for j, c in enumerate(self.members):
+            self.Cfix[c] = self._block(j)  # provisional until the client answers this consensus
+            if not self.h_variant or c not in self.last:
+                self.last[c] = self.H0[c] if self.h_variant else self.y.copy()
+            self.obj_v.setdefault(c, 0.0)
+            self.awaiting[c] = None if round == 0 else self.Cfix[c]  # after round 0: members must refix
+
+    def _stacked(self) -> np.ndarray:
+        if self.h_variant:
+            return np.hstack([np.asarray(self.last[c], dtype=np.float64) for c in self.members])
+        return np.hstack([self.Cfix[c][self.last[c].astype(np.intp)] for c in self.members])
 
     def step(self, round: int, replies: Mapping[int, Message], missing: set[int]) -> dict[int, Message] | Done:
         if round == 0:
             return self._init(replies)
         k = self.k
-        stale = sorted(c for c in self.members if c not in replies)
-        for c in self.members:
-            if c in replies:
-                r = replies[c]
-                self.last[c] = np.asarray(r["H"] if self.h_variant else r["y"])
-                self.obj_v[c] = float(r["obj"])
-        if self.h_variant:
-            Hc = np.hstack([np.asarray(self.last[c], dtype=np.float64) for c in self.members])
-        else:
-            Hc = np.hstack([self.Cfix[c][self.last[c].astype(np.intp)] for c in self.members])
-        self.y = np.argmax(Hc @ self.C.T, axis=1)
+        stale = self.membership.stale(replies)
+        for c in self.membership.fresh(replies):
+            r = replies[c]
+            if c in self.awaiting:  # its first answer: it fixed the block it was sent last
+                self.Cfix[c] = self.awaiting.pop(c)
+            self.last[c] = np.asarray(r["H"] if self.h_variant else r["y"])
+            self.obj_v[c] = float(r["obj"])
+        joining = self.membership.join(c for c in self.membership.left_out()
+                                       if c in replies and replies[c].kind == "embedding")
+        if joining:  # restart the consensus with the new views
+            for c in joining:
+                self.H0[c] = np.asarray(replies[c]["H"], dtype=np.float64)
+            self._consensus(round)
+            self.history = []
+        Hc = self._stacked()
+        if not joining:
+            self.y = np.argmax(Hc @ self.C.T, axis=1)
         # P = Hc^T Y: column j sums the rows labelled j (bincount per column, O(N Vk))
         P = np.stack([np.bincount(self.y, weights=Hc[:, i], minlength=k) for i in range(Hc.shape[1])])
-        self.C = _polar(P).T
+        if not joining:
+            self.C = polar(P).T
         obj = float(self.beta * np.sum(P * self.C.T) + sum(self.obj_v.values()))
-        scale = max(abs(obj), 1e-300)
-        change = abs(obj - self.history[-1]) / scale if self.history else None
+        change = rel_change(self.history[-1], obj) if self.history else None
         # a 2-cycle (labels flipping between two assignments) counts as converged too
-        cycle = abs(obj - self.history[-2]) / scale if len(self.history) >= 2 else None
+        cycle = rel_change(self.history[-2], obj) if len(self.history) >= 2 else None
         self.history.append(obj)
         self.prev_obj = obj
-        self.info = {"objective": obj, "rel_change": change, "stale_clients": stale}
+        self.info = {"objective": obj, "rel_change": change, "stale_clients": stale,
+                     "joined": joining, "left_out": self.membership.left_out()}
         converged = any(c is not None and c <= self.config.tol for c in (change, cycle))
         if converged or round >= self.config.max_rounds:
             return Done(labels=self.y.copy(), info={"objective": obj, "converged": converged})
         return self._outgoing()
 
     def _init(self, replies: Mapping[int, Message]) -> dict[int, Message]:
-        self.members = sorted(replies)
-        if not self.members:
+        if not replies:
             raise RuntimeError("cefmc: no client delivered its embedding")
-        k = self.k
-        Hc = np.hstack([np.asarray(replies[c]["H"], dtype=np.float64) for c in self.members])
-        km = KMeans(n_clusters=k, n_init=self.config.kmeans_init, random_state=seed_from(self.ctx.rng_for("kmeans", 0)))
-        self.y = km.fit_predict(Hc)
-        self.C = _polar(km.cluster_centers_)  # k x Vk with orthonormal rows
-        for j, c in enumerate(self.members):
-            self.Cfix[c] = self.C[:, j * k:(j + 1) * k].copy()
-            self.last[c] = replies[c]["H"] if self.h_variant else self.y.copy()
-            self.obj_v[c] = 0.0
-        self.info = {"members": self.members, "left_out": sorted(set(self.ctx.client_ids) - set(self.members))}
+        for c in self.membership.join(replies):
+            self.H0[c] = np.asarray(replies[c]["H"], dtype=np.float64)
+        self._consensus(0)
+        self.info = {"members": list(self.members), "left_out": self.membership.left_out()}
         return self._outgoing()
 
     def result(self) -> Done:

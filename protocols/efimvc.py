@@ -51,7 +51,7 @@ Exchange
   deviations. The plain first singular vector is then that common column, and row
   normalisation lets it swamp the other ``k - 1`` directions. Centring uses ``k``
   informative directions instead (on HW with 50% of samples missing views, ACC 0.85 vs
-  0.72; ProteinFold unchanged; see the table). ``embedding: plain`` is the paper's
+  0.72; ProteinFold unchanged; see ``benchmarks/efimvc_tuning.md``). ``embedding: plain`` is the paper's
   recipe.
 
 Why ``J`` never increases
@@ -79,7 +79,7 @@ a uniform column. The median width spreads the entries over roughly 0.1-1 (media
 
 Solvers
 -------
-:func:`simplex_qp` solves ``min z^T W z - 2 t^T z`` on the simplex for all columns at
+:func:`simplex_qp` (in :mod:`raymvc.protocols._simplex_qp`) solves ``min z^T W z - 2 t^T z`` on the simplex for all columns at
 once (``W`` shared, or one ``W`` per column group). It runs monotone FISTA with adaptive
 restart, the exact sort-based simplex projection, and a step set by the curvature on
 ``1^T z = 0``. Every ``check_every`` iterations a batched primal active-set refinement
@@ -96,52 +96,21 @@ A client whose reply is missing in a round keeps its last ``Z_v``, ``S_v`` and
 reconstruction error on the server, and is listed in ``stale_clients``; it still gets
 ``Z`` and ``P_v`` the next round. The server's ``Z`` solve updates only the columns of
 samples with at least one fresh view: a sample with no fresh view keeps its previous
-``Z`` column. A client that never delivered its round-0 graph is left out for the whole
-run (``left_out``). Under faults ``J`` can rise: a client whose reply was lost has
-moved on from the state the server holds.
+``Z`` column. A client that did not deliver its round-0 graph is asked again: every
+later round the server sends it ``"init"`` (the log lists it as ``left_out``), and its
+graph joins when it arrives (``joined``): its ``Z_v``, ``S_v``, indices and ``P_v = I``
+are added as in round 0, a sample that had no view takes the new ``Z_v`` column, and
+the server's loop of that round runs with the new view; from the next round the client
+gets ``"guide"`` like every member. A round in which a view joins never counts as
+converged. Under faults ``J`` can rise: a client whose reply was lost has moved on from
+the state the server holds, and a joining view adds its terms to ``J``.
 
 Hyperparameters
 ---------------
 One default for every data set, chosen offline and never with labels at run time:
 ``m = 2k`` anchors, ``λ = 1e-3``, ``β = 0.1``, plus ``σ`` and ``embedding`` as above.
-Evidence, measured with this implementation. ProteinFold: mean over Per0.1/0.3/0.5/
-0.7/0.9 and seeds 0-2 ("s0": seed 0 only). HW: handwritten with 50% of samples missing
-views (point pattern), ACC for seeds 0/1/2. "plain": uncentred embedding.
-
-=====================  ==============  ====================  =====
-m, λ, β                ProteinFold     HW ACC                s/run
-                       ACC/NMI/purity  seed 0 / 1 / 2        PF
-=====================  ==============  ====================  =====
-2k, 1e-3, 0.1 default  .315/.396/.371  .852 / .863 / .848     23
-same, plain embedding  .315/.395/.370  .718 / .728 / .728     23
-2k, 1e-3, 0            .310/.394/.371  .881 / .886 / .855     20
-2k, 1e-3, 0.01         .310/.397/.374  .863 / .875 / .845     20
-2k, 1e-3, 1            .310/.396/.370  .838 / .749 / .840     22
-2k, 1e-2, 0.1          .316/.397/.371  .845 / .848 / .839     31
-2k, 1e-2, 1            .312/.394/.372  .797 / .820 / .829     28
-2k, 0.1, 1             .296/.378/.353  .794 / .720 / .733     22
-2k, 1, 0.1             .298/.381/.355  .748 / .807 / .724     14
-k, 1e-3, 0.1 (s0)      .269/.344/.321  .797                    4
-3k, 1e-3, 0.1 (s0)     .309/.399/.378  .856                   50
-=====================  ==============  ====================  =====
-
-The study ran the final k-means (200 restarts) with a fixed random state; seconds are
-wall time on a shared 2-core machine. Small ``λ`` wins on ProteinFold, as in the
-paper's sensitivity study: there ``m > d_v``, so the reconstruction error nearly
-vanishes and even ``λ = 1e-3`` balances it. Once the embedding is centred, small ``λ``
-costs nothing on HW; ``λ = 1`` loses on both. ``m = k`` is clearly worse; ``m = 3k`` is
-no better and takes ~50 s per ProteinFold run. ``β`` matters little, as in the paper's
-ablation: ``β = 0`` (no anchor-structure term) is a little better on HW and a little
-worse on ProteinFold.
-
-The default as run by ``python benchmarks/efimvc_proteinfold.py`` (seed 0; ACC / NMI /
-purity, 7 rounds each): Per0.1 .308/.384/.370, Per0.3 .293/.388/.363, Per0.5
-.337/.401/.388, Per0.7 .303/.398/.366, Per0.9 .366/.441/.427; mean .321/.402/.383, with
-30-48 MB and 18-29 s per file. The paper's figures are ACC .317, NMI .403, purity .380,
-taking each file and metric at the best point of a 48-point grid. ``scenarios/hw-efimvc-missing.yaml``:
-ACC .852, NMI .741 in 6 rounds (16 MB). CeFMC on the same split with zero-filled views
-(``scenarios/hw-cefmc-missing.yaml``): ACC .733, NMI .643 in 16 rounds (1.4 MB). The
-anchor graphs beat zero-filling by 12 points of ACC and use 11 times the traffic.
+The evidence (a grid over ``m``, ``λ`` and ``β`` on ProteinFold and on handwritten with
+half the samples missing views) is in ``benchmarks/efimvc_tuning.md``.
 
 Cost
 ----
@@ -160,6 +129,7 @@ from typing import Literal
 
 import numpy as np
 from pydantic import Field
+from scipy.sparse import csgraph
 from sklearn.cluster import KMeans
 
 from raymvc.messages import Done, Message, labels_array
@@ -173,327 +143,8 @@ from raymvc.protocol import (
     seed_from,
 )
 
-# ---------------------------------------------------------------------------
-# batched simplex-constrained QP
-_COUNTS: dict[int, np.ndarray] = {}
-
-
-def _one_to(m: int) -> np.ndarray:
-    """``[1, 2, ..., m]`` as floats (cached)."""
-    a = _COUNTS.get(m)
-    if a is None:
-        a = _COUNTS[m] = np.arange(1, m + 1, dtype=np.float64)
-    return a
-
-
-def project_simplex_rows(V: np.ndarray) -> np.ndarray:
-    """Euclidean projection of every row of ``V`` onto the probability simplex.
-
-    Exact, sort-based (Held/Michelot threshold): for each row the threshold ``θ`` is
-    found from the sorted values and the result is ``max(v - θ, 0)``. Vectorised over
-    rows.
-    """
-    n, m = V.shape
-    U = np.sort(V, axis=1)[:, ::-1]
-    css = np.cumsum(U, axis=1)
-    css -= 1.0
-    # u_k k > css_k holds exactly for k = 1..rho (sorted descending), so count it
-    rho = np.count_nonzero(U * _one_to(m) > css, axis=1)
-    theta = css[np.arange(n), rho - 1] / rho
-    out = V - theta[:, None]
-    np.maximum(out, 0.0, out=out)
-    return out
-
-
-def _centred_lmax(W: np.ndarray) -> float:
-    """Largest eigenvalue of ``W`` restricted to the plane ``1^T z = 0``.
-
-    On the simplex ``z^T 11^T z`` is constant, so only this part of the curvature
-    matters; it is often far smaller than ``λmax(W)`` (anchor Gram matrices have a big
-    common-mode eigenvalue), which gives a longer safe step.
-    """
-    m = W.shape[0]
-    Q = np.eye(m) - 1.0 / m
-    return float(max(np.linalg.eigvalsh(Q @ W @ Q)[-1], 1e-12))
-
-
-def qp_objective(W: np.ndarray, T: np.ndarray, Z: np.ndarray, groups: np.ndarray | None = None) -> np.ndarray:
-    """Per-column values ``z^T W z - 2 t^T z`` for columns of ``Z`` (m x n)."""
-    Zr, Tr = Z.T, T.T
-    WZ = _rows_times(W, groups if W.ndim == 3 else None, Zr)
-    return np.einsum("ij,ij->i", Zr, WZ) - 2.0 * np.einsum("ij,ij->i", Tr, Zr)
-
-
-def _face_solve(Wg: np.ndarray, gsel: np.ndarray | None, Tr: np.ndarray, S: np.ndarray) -> np.ndarray:
-    """Minimiser of each row's QP on the affine hull of its face ``S`` (bool, r x m).
-
-    With ``W_SS a = t_S`` and ``W_SS b = 1`` the minimiser is ``a + b (1 - 1^T a) / 1^T b``
-    (the multiplier of ``1^T z = 1`` eliminated). Rows are padded to a common support
-    size with identity rows; rows are processed in buckets of similar support size so
-    little work is spent on padding.
-    """
-    r, m = S.shape
-    out = np.zeros((r, m))
-    s = S.sum(axis=1)
-    order = np.argsort(s, kind="stable")
-    ss = s[order]
-    cuts = sorted({int(np.searchsorted(ss, ss[int(q * (r - 1))], side="right")) for q in (0.5, 0.85)})
-    for rows in np.split(order, [c for c in cuts if 0 < c < r]):
-        if rows.size == 0:
-            continue
-        Sr = S[rows]
-        sr = s[rows]
-        smax = int(sr.max())
-        idx = np.argsort(~Sr, axis=1, kind="stable")[:, :smax]  # support first
-        valid = np.arange(smax)[None, :] < sr[:, None]
-        if gsel is None:
-            Wss = Wg[idx[:, :, None], idx[:, None, :]]
-        else:
-            Wss = Wg[gsel[rows][:, None, None], idx[:, :, None], idx[:, None, :]]
-        Wss *= valid[:, :, None] & valid[:, None, :]
-        diag = np.arange(smax)
-        Wss[:, diag, diag] += ~valid
-        rhs = np.empty((rows.size, smax, 2))
-        rhs[:, :, 0] = np.take_along_axis(Tr[rows], idx, axis=1) * valid
-        rhs[:, :, 1] = valid
-        sol = np.linalg.solve(Wss, rhs)
-        a, b = sol[:, :, 0], sol[:, :, 1]
-        z = a + ((1.0 - a.sum(axis=1)) / b.sum(axis=1))[:, None] * b
-        z *= valid
-        zr = np.zeros((rows.size, m))
-        np.put_along_axis(zr, idx, z, axis=1)
-        out[rows] = zr
-    return out
-
-
-def _active_set(Wg: np.ndarray, gsel: np.ndarray | None, Tr: np.ndarray, X: np.ndarray,
-                passes: int = 30) -> tuple[np.ndarray, np.ndarray]:
-    """Primal active-set refinement of feasible rows ``X``, batched over rows.
-
-    The working set starts as each row's support. A pass solves every row's KKT system
-    on its working set ``S`` (``[2 W_SS 1; 1^T 0] [z_S; μ] = [2 t_S; 1]``, padded to a
-    common size). If the solution is feasible the row moves there and, if some gradient
-    entry outside ``S`` lies below the multiplier, the most violating index joins ``S``;
-    if none does, the row is optimal. If the solution is infeasible the row moves towards
-    it until the first coordinate reaches zero (ratio test), and that coordinate leaves
-    ``S``. Every move lowers (or keeps) the row's objective and keeps it on the simplex.
-    Returns ``(X, optimal)``; raises ``LinAlgError`` on a singular system.
-    """
-    X = X.copy()
-    S = X > 0.0
-    optimal = np.zeros(len(X), dtype=bool)
-    work = np.arange(len(X))
-    for _ in range(passes):
-        if work.size == 0:
-            break
-        gs = None if gsel is None else gsel[work]
-        Xw, Sw, Tw = X[work], S[work], Tr[work]
-        Zs = _face_solve(Wg, gs, Tw, Sw)
-        neg = Sw & (Zs < 0.0)
-        infeas = neg.any(axis=1)
-        # infeasible rows: step towards Zs until the first coordinate hits zero
-        if infeas.any():
-            r = np.flatnonzero(infeas)
-            xr, zr = Xw[r], Zs[r]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                ratio = np.where(neg[r], xr / (xr - zr), np.inf)
-            alpha = np.clip(ratio.min(axis=1), 0.0, 1.0)
-            xn = xr + alpha[:, None] * (zr - xr)
-            block = ratio <= alpha[:, None] * (1.0 + 1e-12) + 1e-300
-            xn[block | ~Sw[r]] = 0.0
-            xn = np.maximum(xn, 0.0)
-            xn /= xn.sum(axis=1, keepdims=True)
-            Xw[r] = xn
-            Sw[r] = Sw[r] & ~block
-        # feasible rows: move to the face minimiser, then price the outside indices
-        f = np.flatnonzero(~infeas)
-        done_rows = np.zeros(len(work), dtype=bool)
-        if f.size:
-            zf = np.where(Sw[f], Zs[f], 0.0)
-            Xw[f] = zf
-            G = _rows_times(Wg, None if gs is None else gs[f], zf) - Tw[f]
-            Sf = Sw[f]
-            mu = np.sum(G * Sf, axis=1) / np.maximum(Sf.sum(axis=1), 1)
-            gap = np.where(Sf, np.inf, G - mu[:, None])
-            j = np.argmin(gap, axis=1)
-            viol = gap[np.arange(f.size), j] < -1e-11 * (1.0 + np.abs(mu) + np.abs(G).max(axis=1))
-            Sw[f[viol], j[viol]] = True
-            done_rows[f[~viol]] = True
-        X[work], S[work] = Xw, Sw
-        optimal[work[done_rows]] = True
-        work = work[~done_rows]
-    return X, optimal
-
-
-def _rows_times(Wg: np.ndarray, gsel: np.ndarray | None, Z: np.ndarray) -> np.ndarray:
-    """Row-wise ``z W`` with a shared ``W`` or a per-row group matrix ``W[gsel]``."""
-    if gsel is None:
-        return Z @ Wg
-    out = np.empty_like(Z)
-    for g in np.unique(gsel):
-        sl = gsel == g
-        out[sl] = Z[sl] @ Wg[g]
-    return out
-
-
-def simplex_qp(
-    W: np.ndarray,
-    T: np.ndarray,
-    Z0: np.ndarray | None = None,
-    groups: np.ndarray | None = None,
-    max_iter: int = 500,
-    tol: float = 1e-7,
-    check_every: int = 10,
-    polish: bool = True,
-    polish_passes: int | None = None,
-) -> tuple[np.ndarray, dict]:
-    """Solve ``min_z z^T W z - 2 t^T z`` s.t. ``z >= 0, 1^T z = 1`` for every column.
-
-    ``T`` is ``m x n`` (one linear term per column). ``W`` is ``m x m`` (shared by all
-    columns) or ``G x m x m`` with ``groups[j]`` in ``0..G-1`` naming column ``j``'s
-    matrix. ``W`` must be symmetric positive semi-definite (positive definite on every
-    face for the refinement, which is skipped if a face system is singular). ``Z0``
-    (``m x n``) is a warm start, projected onto the simplex first.
-
-    Method, vectorised over columns:
-
-    * monotone FISTA -- the extrapolated point only proposes a step; a column moves only
-      when its objective does not increase -- with gradient-based adaptive restart, the
-      exact sort-based simplex projection, and a per-column step ``1 / (2 λmax)`` with
-      ``λmax`` taken on the plane ``1^T z = 0`` (the only directions that matter on the
-      simplex);
-    * every ``check_every`` iterations (``polish``) a batched primal active-set
-      refinement (:func:`_active_set`) of the columns whose support held since the last
-      check; it ends at the exact minimiser within ``polish_passes`` passes (default
-      ``2m``) for almost every column, and replaces the iterate where it is not worse;
-    * a column whose Frank-Wolfe gap ``z^T ∇f - min_i ∇f_i`` (an upper bound on its
-      distance to the optimal value) is at most ``tol * (1 + |f(z)|)`` is frozen and
-      leaves the working set.
-
-    The result never has a larger objective than the (projected) warm start. Returns
-    ``(Z, info)`` with ``info = {"iters": iterations of the slowest column,
-    "residual": largest Frank-Wolfe gap, "unconverged": columns not frozen}``.
-    """
-    T = np.asarray(T, dtype=np.float64)
-    m, n = T.shape
-    W = np.asarray(W, dtype=np.float64)
-    if n == 0:
-        return np.zeros((m, 0)), {"iters": 0, "residual": 0.0, "unconverged": 0}
-    grouped = W.ndim == 3
-    if grouped:
-        g_all = np.asarray(groups, dtype=np.intp)
-        Lg = np.ones(W.shape[0])
-        for g in np.unique(g_all):
-            Lg[g] = 2.0 * _centred_lmax(W[g])
-        step_all = (1.0 / Lg[g_all])[:, None]
-    else:
-        g_all = None
-        step_all = np.full((n, 1), 1.0 / (2.0 * _centred_lmax(W)))
-
-    out = project_simplex_rows(np.full((n, m), 1.0 / m) if Z0 is None else np.asarray(Z0, dtype=np.float64).T.copy())
-    res_all = np.zeros(n)
-    active = np.arange(n)
-    Tr = T.T.copy()
-    gsel = g_all
-    step = step_all
-
-    def WZ(Zr: np.ndarray) -> np.ndarray:
-        return _rows_times(W, gsel if grouped else None, Zr)
-
-    def fval(Zr: np.ndarray, WZr: np.ndarray) -> np.ndarray:
-        return np.einsum("ij,ij->i", Zr, WZr - 2.0 * Tr)
-
-    def fval_rows(Zr: np.ndarray, WZr: np.ndarray, Tsub: np.ndarray) -> np.ndarray:
-        return np.einsum("ij,ij->i", Zr, WZr - 2.0 * Tsub)
-
-    n_unconv = 0
-    S_prev = S_tried = None
-    if polish_passes is None:
-        polish_passes = 2 * m
-    X = out.copy()
-    WX = WZ(X)
-    fX = fval(X, WX)
-    Y, WY = X, WX
-    t = np.ones(n)
-    it = 0
-    while it < max_iter and active.size:
-        for _ in range(min(check_every, max_iter - it)):
-            it += 1
-            G = WY - Tr
-            G *= 2.0 * step
-            Zc = project_simplex_rows(Y - G)
-            WZc = WZ(Zc)
-            fZ = fval(Zc, WZc)
-            better = fZ <= fX
-            if better.all():
-                Xn, WXn, fX = Zc, WZc, fZ
-            else:
-                b = better[:, None]
-                Xn = np.where(b, Zc, X)
-                WXn = np.where(b, WZc, WX)
-                fX = np.where(better, fZ, fX)
-            tn = 0.5 * (1.0 + np.sqrt(1.0 + 4.0 * t * t))
-            # restart where the proposal was rejected or the step went against the momentum
-            restart = ~better | (np.einsum("ij,ij->i", Y - Zc, Zc - X) > 0)
-            a1 = (t / tn)[:, None]
-            a2 = ((t - 1.0) / tn)[:, None]
-            if restart.any():
-                a1[restart] = 0.0
-                a2[restart] = 0.0
-                tn[restart] = 1.0
-            # W is linear, so W y for the next point is combined from known products
-            Y = Xn + a1 * (Zc - Xn) + a2 * (Xn - X)
-            WY = WXn + a1 * (WZc - WXn) + a2 * (WXn - WX)
-            t = tn
-            X, WX = Xn, WXn
-        if polish:
-            # polish rows whose support held since the last check and was not tried yet
-            Sx = X > 0.0
-            if S_prev is None:
-                cand = np.ones(len(X), dtype=bool)
-                S_tried = np.zeros_like(Sx)
-            else:
-                cand = (Sx == S_prev).all(axis=1) & (Sx != S_tried).any(axis=1)
-            S_prev = Sx
-            if cand.any():
-                ci = np.flatnonzero(cand)
-                gs = gsel[ci] if grouped else None
-                S_tried[ci] = Sx[ci]
-                try:
-                    Xp, _ = _active_set(W, gs, Tr[ci], X[ci], passes=polish_passes)
-                except np.linalg.LinAlgError:
-                    Xp = None
-                if Xp is not None:
-                    WXp = _rows_times(W, gs, Xp)
-                    fp = fval_rows(Xp, WXp, Tr[ci])
-                    ok = fp <= fX[ci]
-                    if ok.any():
-                        rows = ci[ok]
-                        X, WX, Y, WY, fX, t = X.copy(), WX.copy(), Y.copy(), WY.copy(), fX.copy(), t.copy()
-                        X[rows] = Y[rows] = Xp[ok]
-                        WX[rows] = WY[rows] = WXp[ok]
-                        fX[rows] = fp[ok]
-                        t[rows] = 1.0
-        GX = 2.0 * (WX - Tr)
-        # Frank-Wolfe gap: z^T ∇f - min_i ∇f_i >= f(z) - f*, a certified bound per column
-        res = np.einsum("ij,ij->i", X, GX) - GX.min(axis=1)
-        conv = res <= tol * (1.0 + np.abs(fX))
-        if it >= max_iter:
-            n_unconv = int(np.sum(~conv))
-            conv[:] = True
-        if conv.any():
-            done = active[conv]
-            out[done] = X[conv]
-            res_all[done] = res[conv]
-            keep = ~conv
-            active = active[keep]
-            X, WX, fX, Y, WY, t = X[keep], WX[keep], fX[keep], Y[keep], WY[keep], t[keep]
-            if S_prev is not None:
-                S_prev, S_tried = S_prev[keep], S_tried[keep]
-            Tr, step = Tr[keep], step[keep]
-            if grouped:
-                gsel = gsel[keep]
-    return out.T.copy(), {"iters": it, "residual": float(res_all.max()), "unconverged": n_unconv}
+from ._common import Membership, normalise_rows, polar, rel_change
+from ._simplex_qp import simplex_qp
 
 
 # ---------------------------------------------------------------------------
@@ -546,13 +197,8 @@ def anchor_similarity(A: np.ndarray, sigma: float | None, sigma_scale: float = 1
 
 
 def laplacian(S: np.ndarray) -> np.ndarray:
-    S = 0.5 * (S + S.T)
-    return np.diag(S.sum(axis=1)) - S
-
-
-def _polar(M: np.ndarray) -> np.ndarray:
-    U, _, Vt = np.linalg.svd(M, full_matrices=False)
-    return U @ Vt
+    """``D - S`` for the symmetrised similarity ``S`` (``D`` its degrees; self-loops cancel)."""
+    return csgraph.laplacian(0.5 * (S + S.T))
 
 
 def gpi(P: np.ndarray, Lt: np.ndarray, ZZ: np.ndarray, K: np.ndarray, beta: float,
@@ -569,20 +215,15 @@ def gpi(P: np.ndarray, Lt: np.ndarray, ZZ: np.ndarray, K: np.ndarray, beta: floa
     fP = f(P)
     it = 0
     for it in range(1, iters + 1):
-        Pn = _polar(2.0 * beta * (Lt @ P @ ZZ) + K)
+        Pn = polar(2.0 * beta * (Lt @ P @ ZZ) + K)
         fn = f(Pn)
         if fn < fP:  # only by rounding; keep the better point
             break
-        done = fn - fP <= tol * max(abs(fn), 1e-300)
+        done = rel_change(fP, fn) <= tol
         P, fP = Pn, fn
         if done:
             break
     return P, it
-
-
-def _normalise_rows(X: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(X, axis=1, keepdims=True)
-    return X / np.where(norms > 0, norms, 1.0)
 
 
 # ---------------------------------------------------------------------------
@@ -595,7 +236,7 @@ class EFIMVCClient(Client):
         present = shard.present[0] if shard.present else None
         self.idx = np.arange(X.shape[0]) if present is None else np.flatnonzero(np.asarray(present, dtype=bool))
         # the client's own preprocessing: absent -> dropped, present samples unit L2 norm
-        self.X = _normalise_rows(X[self.idx])  # n_v x d (rows are samples)
+        self.X = normalise_rows(X[self.idx])  # n_v x d (rows are samples)
         self.xx = float(np.sum(self.X * self.X))
         self.m = config.n_anchors(ctx.n_clusters)
         self.A: np.ndarray | None = None  # d x m
@@ -686,7 +327,7 @@ class EFIMVCClient(Client):
             Z = self._update_Z(A, Y, Z, exact=False)
             obj, recon = self._objective(A, Z, Y)
             trace.append(obj)
-            change = abs(prev - obj) / max(abs(prev), 1e-300)
+            change = rel_change(obj, prev)
             prev = obj
             if change < cfg.client_tol:
                 break
@@ -708,7 +349,7 @@ class EFIMVCServer(Server):
         self.k = ctx.n_clusters
         self.m = config.n_anchors(ctx.n_clusters)
         self.n = ctx.n_samples
-        self.members: list[int] = []
+        self.membership = Membership(ctx.client_ids)
         self.idx: dict[int, np.ndarray] = {}
         self.Zv: dict[int, np.ndarray] = {}
         self.S: dict[int, np.ndarray] = {}
@@ -722,6 +363,10 @@ class EFIMVCServer(Server):
         self.count: np.ndarray | None = None
         self.obj: float | None = None
         self.history: list[float] = []
+
+    @property
+    def members(self) -> list[int]:
+        return self.membership.members
 
     def start(self) -> dict[int, Message]:
         return {c: Message("init") for c in self.ctx.client_ids}
@@ -757,32 +402,27 @@ class EFIMVCServer(Server):
         if round == 0:
             return self._init(replies)
         cfg = self.config
-        fresh = [c for c in self.members if c in replies]
-        stale = [c for c in self.members if c not in replies]
-        refreshed = 0
-        for c in fresh:
+        stale = self.membership.stale(replies)
+        updated = self.membership.fresh(replies)
+        joined = self.membership.join(c for c in self.membership.left_out() if c in replies and "idx" in replies[c])
+        for c in joined:
+            self._add_view(c, replies[c])
+            new = self.count[self.idx[c]] == 0
+            self.count[self.idx[c]] += 1
+            self.Z[:, self.idx[c][new]] = self.Zv[c][:, new]  # a sample's first view: its graph column
+        for c in updated:
             r = replies[c]
             self.Zv[c] = np.asarray(r["Z"], dtype=np.float64)
             self.recon[c] = float(r["recon"])
             self.cobj[c] = float(r["obj"])
-        # adopt a client's new anchor similarity only where it does not raise that view's
-        # share of the overall objective (its graph update alone never does)
-        ZZ = self.Z @ self.Z.T
-        for c in fresh:
-            if "S" not in replies[c]:
-                continue
-            S_new = np.asarray(replies[c]["S"], dtype=np.float64)
-            base = self._align(c, self.Z) + self.recon[c] / cfg.lam
-            if base + self._reg(c, ZZ, laplacian(S_new)) <= self.term[c]:
-                self._set_S(c, S_new)
-                refreshed += 1
+        refreshed = self._refresh_similarities(updated, replies)
         upd = np.zeros(self.n, dtype=bool)
-        for c in fresh:
+        for c in updated + joined:
             upd[self.idx[c]] = True
         start_obj = self._overall(self._terms(self.Z))[0]
         js, it, qp = self._server_loop(upd)
         jo = self._finish_round()
-        change = abs(self.obj - jo) / max(abs(self.obj), 1e-300)
+        change = rel_change(jo, self.obj)
         self.obj = jo
         self.history.append(jo)
         self.info = {
@@ -793,37 +433,57 @@ class EFIMVCServer(Server):
             "rel_change": change,
             "server_iters": it,
             "server_qp_iters": qp,
-            "client_iters": [int(replies[c]["iters"]) for c in fresh],
+            "client_iters": [int(replies[c]["iters"]) for c in updated],
             "s_refreshed": refreshed,
             "stale_clients": stale,
+            "joined": joined,
+            "left_out": self.membership.left_out(),
         }
-        if change < cfg.tol or round >= cfg.max_rounds:
-            return self._done(converged=change < cfg.tol)
+        converged = change < cfg.tol and not joined
+        if converged or round >= cfg.max_rounds:
+            return self._done(converged=converged)
         return self._outgoing()
 
+    def _refresh_similarities(self, fresh: list[int], replies: Mapping[int, Message]) -> int:
+        """Adopt a client's new anchor similarity only where it does not raise that view's
+        share of the overall objective (its graph update alone never does); returns the count."""
+        cfg = self.config
+        ZZ = self.Z @ self.Z.T
+        refreshed = 0
+        for c in fresh:
+            if "S" not in replies[c]:
+                continue
+            S_new = np.asarray(replies[c]["S"], dtype=np.float64)
+            base = self._align(c, self.Z) + self.recon[c] / cfg.lam
+            if base + self._reg(c, ZZ, laplacian(S_new)) <= self.term[c]:
+                self._set_S(c, S_new)
+                refreshed += 1
+        return refreshed
+
+    def _add_view(self, c: int, r: Message) -> None:
+        """A member's first graph: its samples, ``Z_v``, errors, ``P_v = I`` and ``S_v``."""
+        self.idx[c] = np.asarray(r["idx"], dtype=np.intp)
+        self.Zv[c] = np.asarray(r["Z"], dtype=np.float64)
+        self.recon[c] = float(r["recon"])
+        self.cobj[c] = float(r["obj"])
+        self.P[c] = np.eye(self.m)
+        self._set_S(c, np.asarray(r["S"], dtype=np.float64))
+
     def _init(self, replies: Mapping[int, Message]) -> dict[int, Message]:
-        self.members = sorted(replies)
-        if not self.members:
+        if not replies:
             raise RuntimeError("efimvc: no client delivered its anchor graph")
         m, n = self.m, self.n
         total = np.zeros((m, n))
         count = np.zeros(n, dtype=np.int64)
-        for c in self.members:
-            r = replies[c]
-            self.idx[c] = np.asarray(r["idx"], dtype=np.intp)
-            self.Zv[c] = np.asarray(r["Z"], dtype=np.float64)
-            self.recon[c] = float(r["recon"])
-            self.cobj[c] = float(r["obj"])
-            self.P[c] = np.eye(m)
-            self._set_S(c, np.asarray(r["S"], dtype=np.float64))
+        for c in self.membership.join(replies):
+            self._add_view(c, replies[c])
             total[:, self.idx[c]] += self.Zv[c]
             count[self.idx[c]] += 1
         self.count = count
         self.Z = np.where(count > 0, total / np.maximum(count, 1), 1.0 / m)
         self.obj = self._finish_round()
         self.history.append(self.obj)
-        self.info = {"objective": self.obj, "members": self.members,
-                     "left_out": sorted(set(self.ctx.client_ids) - set(self.members)),
+        self.info = {"objective": self.obj, "members": list(self.members), "left_out": self.membership.left_out(),
                      "samples_without_views": int(np.sum(count == 0))}
         return self._outgoing()
 
@@ -864,7 +524,7 @@ class EFIMVCServer(Server):
             Z[:, cols] = Zc
             js = self._overall(self._terms(Z))[1]
             self.server_trace.append(js)
-            change = abs(prev - js) / max(abs(prev), 1e-300)
+            change = rel_change(js, prev)
             prev = js
             if change < cfg.server_tol:
                 break
@@ -872,7 +532,9 @@ class EFIMVCServer(Server):
         return prev, it, qp_total
 
     def _outgoing(self) -> dict[int, Message]:
-        return {c: Message("guide", Z=self.Z[:, self.idx[c]].copy(), P=self.P[c].copy()) for c in self.members}
+        out = {c: Message("init") for c in self.membership.left_out()}
+        out.update({c: Message("guide", Z=self.Z[:, self.idx[c]].copy(), P=self.P[c].copy()) for c in self.members})
+        return out
 
     def embedding(self) -> np.ndarray:
         """Top-k left singular vectors of ``Z^T`` (``n x k``), rows L2-normalised.
@@ -885,7 +547,7 @@ class EFIMVCServer(Server):
         if self.config.embedding == "centered":
             Z = Z - Z.mean(axis=1, keepdims=True)
         U, _, _ = np.linalg.svd(Z.T, full_matrices=False)
-        return _normalise_rows(U[:, : self.k])
+        return normalise_rows(U[:, : self.k])
 
     def labels(self) -> np.ndarray:
         """k-means (``final_kmeans_init`` restarts) on :meth:`embedding`."""

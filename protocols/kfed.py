@@ -20,9 +20,17 @@ sees a label or a data row.
 Missing replies
 ---------------
 A client whose round-0 summary is missing (dropped, late, crashed) is left out of the
-global k-means; it still receives the global centroids in round 1 and can label its
-rows. A client that does not receive them (disconnected, or its round-1 message was
-dropped) cannot label its rows: its samples stay unlabelled (``-1``) and count as wrong.
+first global k-means, but not for good: with the global centroids of round 1 every
+other client gets, it gets ``"summarise"`` again, carrying the current global
+centroids (so it can label its rows even if its answer is lost). Whenever new summaries
+arrive, the server reruns the global k-means over all summaries it holds (seeded for
+that round), sends the new centroids to every client that has summarised, and asks the
+clients still lacking once more, up to ``retry_rounds`` times. The run ends in the
+first round after round 0 that brings no new summary, so clients that never answer
+(disconnected, crashed) cost a few small messages, never a round of their own. Without faults
+nothing changes: two rounds. A client that never receives any centroids
+(disconnected, or every message to it was dropped) cannot label its rows: its samples
+stay unlabelled (``-1``) and count as wrong.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from collections.abc import Mapping
 
 import numpy as np
 from pydantic import Field
-from sklearn.cluster import KMeans
+from sklearn.metrics import pairwise_distances_argmin
 
 from raymvc.messages import Done, Message
 from raymvc.protocol import (
@@ -42,8 +50,9 @@ from raymvc.protocol import (
     RunFacts,
     Server,
     ServerContext,
-    seed_from,
 )
+
+from ._common import kmeans_capped
 
 
 class Config(ProtocolConfig):
@@ -51,6 +60,7 @@ class Config(ProtocolConfig):
     weighted: bool = Field(default=True, description="weight local centroids by their cluster sizes on the server")
     kmeans_init: int = Field(default=10, ge=1, description="k-means restarts (client and server)")
     max_iter: int = Field(default=300, ge=1)
+    retry_rounds: int = Field(default=2, ge=0, description="rounds in which a client whose summary is missing is asked again")
 
 
 def local_summary(X: np.ndarray, k_local: int, rng: np.random.Generator, n_init: int = 10,
@@ -59,15 +69,12 @@ def local_summary(X: np.ndarray, k_local: int, rng: np.random.Generator, n_init:
 
     ``k'`` is capped at the number of distinct rows; empty clusters are dropped.
     """
-    n = X.shape[0]
-    if n == 0:
+    if X.shape[0] == 0:
         return np.zeros((0, X.shape[1])), np.zeros(0, dtype=np.int64)
-    distinct = len(np.unique(X, axis=0))
-    kk = max(1, min(k_local, distinct))
-    km = KMeans(n_clusters=kk, n_init=n_init, max_iter=max_iter, random_state=seed_from(rng)).fit(X)
-    counts = np.bincount(km.labels_, minlength=kk).astype(np.int64)
+    C, labels = kmeans_capped(X, k_local, rng, n_init, max_iter, pad=False)
+    counts = np.bincount(labels, minlength=len(C)).astype(np.int64)
     keep = counts > 0
-    return km.cluster_centers_[keep], counts[keep]
+    return C[keep], counts[keep]
 
 
 def global_centroids(centroids: np.ndarray, counts: np.ndarray | None, k: int, rng: np.random.Generator,
@@ -77,20 +84,13 @@ def global_centroids(centroids: np.ndarray, counts: np.ndarray | None, k: int, r
     With fewer than ``k`` distinct local centroids, the missing global centroids repeat
     existing ones (they then simply never win a sample).
     """
-    distinct = len(np.unique(centroids, axis=0))
-    kk = max(1, min(k, distinct))
-    km = KMeans(n_clusters=kk, n_init=n_init, max_iter=max_iter, random_state=seed_from(rng))
-    km.fit(centroids, sample_weight=None if counts is None else np.asarray(counts, dtype=np.float64))
-    C = km.cluster_centers_
-    if kk < k:
-        C = np.vstack([C, C[np.arange(k - kk) % kk]])
-    return C
+    w = None if counts is None else np.asarray(counts, dtype=np.float64)
+    return kmeans_capped(centroids, k, rng, n_init, max_iter, sample_weight=w)[0]
 
 
 def nearest(X: np.ndarray, C: np.ndarray) -> np.ndarray:
     """Index of the nearest row of ``C`` (Euclidean) for every row of ``X``."""
-    d = (X * X).sum(1)[:, None] - 2.0 * X @ C.T + (C * C).sum(1)[None, :]
-    return np.argmin(d, axis=1)
+    return pairwise_distances_argmin(X, C)
 
 
 # ---------------------------------------------------------------------------
@@ -104,6 +104,8 @@ class KFedClient(Client):
     def handle(self, msg: Message) -> Message | None:
         if msg.kind == "summarise":
             cfg = self.config
+            if "C" in msg:  # asked again: the current global centroids come along
+                self.C = np.asarray(msg["C"], dtype=np.float64)
             C, counts = local_summary(self.X, self.k_local, self.ctx.rng_for("summary"), cfg.kmeans_init, cfg.max_iter)
             return Message("local_centroids", C=C, counts=counts)
         if msg.kind == "global_centroids":
@@ -121,24 +123,44 @@ class KFedServer(Server):
     def __init__(self, config: Config, ctx: ServerContext):
         super().__init__(config, ctx)
         self.C: np.ndarray | None = None
+        self.summaries: dict[int, Message] = {}
 
     def start(self) -> dict[int, Message]:
         return {c: Message("summarise") for c in self.ctx.client_ids}
 
+    def _global(self, round: int) -> None:
+        """Global k-means over every summary held, in client order."""
+        senders = sorted(self.summaries)
+        cents = np.vstack([np.asarray(self.summaries[c]["C"], dtype=np.float64) for c in senders])
+        counts = np.concatenate([np.asarray(self.summaries[c]["counts"], dtype=np.float64) for c in senders])
+        cfg = self.config
+        self.C = global_centroids(cents, counts if cfg.weighted else None, self.ctx.n_clusters,
+                                  self.ctx.rng_for("global_kmeans", round), cfg.kmeans_init, cfg.max_iter)
+
     def step(self, round: int, replies: Mapping[int, Message], missing: set[int]) -> dict[int, Message] | Done:
+        # a client without rows summarises to nothing: it counts as answered, adds no centroid
+        new = sorted(c for c, m in replies.items() if m.kind == "local_centroids" and c not in self.summaries)
+        self.summaries.update({c: replies[c] for c in new})
+        useful = [c for c in new if len(replies[c]["C"])]
+        if self.C is None and not useful:
+            raise RuntimeError("kfed: no client delivered local centroids")
+        if useful:
+            self._global(round)
+        lacking = [c for c in self.ctx.client_ids if c not in self.summaries]
+        ask = lacking if round < self.config.retry_rounds else []
         if round == 0:
-            senders = sorted(c for c, m in replies.items() if m.kind == "local_centroids" and len(m["C"]))
-            if not senders:
-                raise RuntimeError("kfed: no client delivered local centroids")
-            cents = np.vstack([np.asarray(replies[c]["C"], dtype=np.float64) for c in senders])
-            counts = np.concatenate([np.asarray(replies[c]["counts"], dtype=np.float64) for c in senders])
-            cfg = self.config
-            self.C = global_centroids(cents, counts if cfg.weighted else None, self.ctx.n_clusters,
-                                      self.ctx.rng_for("global_kmeans", round), cfg.kmeans_init, cfg.max_iter)
-            self.info = {"senders": senders, "missing": sorted(missing), "local_centroids": int(len(cents))}
-            return {c: Message("global_centroids", C=self.C) for c in self.ctx.client_ids}
-        self.info = {"acknowledged": sorted(replies), "missing": sorted(missing)}
-        return Done(labels=None, info={"global_centroids": int(len(self.C))})
+            cents = sum(len(m["C"]) for m in self.summaries.values())
+            self.info = {"senders": useful, "missing": sorted(missing), "local_centroids": int(cents), "asked_again": ask}
+        else:
+            self.info = {"acknowledged": sorted(c for c, m in replies.items() if m.kind == "ack"),
+                         "joined": useful, "missing": sorted(missing), "asked_again": ask}
+        if not useful:  # nothing new (round >= 1): the clients hold the current centroids
+            return Done(labels=None, info={"global_centroids": int(len(self.C))})
+        # new centroids for everyone who has summarised (round 0: for everyone not asked again)
+        out = {c: Message("global_centroids", C=self.C) for c in self.ctx.client_ids
+               if c in self.summaries or (round == 0 and c not in ask)}
+        out.update({c: Message("summarise", C=self.C) for c in ask})
+        return out
 
     def result(self) -> Done:
         if self.C is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+from sklearn.metrics.cluster import contingency_matrix, pair_confusion_matrix
 
 UNLABELLED = -1
 
@@ -25,14 +26,9 @@ def _table(y_true, y_pred) -> tuple[np.ndarray, np.ndarray, int]:
         raise ValueError(f"y_true has {y_true.size} labels but y_pred has {y_pred.size}")
     if y_true.size == 0:
         raise ValueError("cannot score an empty labelling")
-    _, t = np.unique(y_true, return_inverse=True)
-    labelled = y_pred != UNLABELLED
-    _, p = np.unique(y_pred[labelled], return_inverse=True)
-    k_true = int(t.max()) + 1
-    k_pred = int(p.max()) + 1 if p.size else 0
-    table = np.zeros((k_true, k_pred), dtype=np.int64)
-    np.add.at(table, (t[labelled], p), 1)
-    return table, np.bincount(t, minlength=k_true), int(y_true.size)
+    full = contingency_matrix(y_true, y_pred).astype(np.int64)  # columns in sorted label order: -1 first
+    table = full[:, 1:] if np.any(y_pred == UNLABELLED) else full
+    return table, full.sum(axis=1), int(y_true.size)
 
 
 def _matching(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -53,19 +49,23 @@ def purity(y_true, y_pred) -> float:
     return float(table.max(axis=0).sum() / n) if table.size else 0.0
 
 
-def _pairs(x: np.ndarray) -> int:
-    x = x.astype(np.int64)
-    return int((x * (x - 1) // 2).sum())
-
-
 def pairwise_fscore(y_true, y_pred) -> float:
-    """F-measure of pairwise precision and recall over sample pairs (from the table)."""
-    table, class_sizes, _ = _table(y_true, y_pred)
-    same_both = _pairs(table)
-    same_pred = _pairs(table.sum(axis=0))
-    same_true = _pairs(class_sizes)
+    """F-measure of pairwise precision and recall over sample pairs.
+
+    Every unlabelled sample becomes a singleton cluster, so it is in no predicted pair.
+    """
+    y_true = np.asarray(y_true).ravel()
+    y_pred = np.asarray(y_pred).ravel()
+    _table(y_true, y_pred)  # the same input checks as every score
+    unlabelled = y_pred == UNLABELLED
+    if unlabelled.any():
+        y_pred = y_pred.copy()
+        y_pred[unlabelled] = y_pred.max() + 1 + np.arange(int(unlabelled.sum()))
+    # ordered pairs: [[apart in both, together in pred only], [together in true only, together in both]]
+    (_, pred_only), (true_only, both) = pair_confusion_matrix(y_true, y_pred)
+    same_both, same_pred, same_true = int(both), int(both + pred_only), int(both + true_only)
     if same_pred == 0 and same_true == 0:
-        return 1.0 if same_both == 0 and table.sum() == class_sizes.sum() else 0.0
+        return 0.0 if unlabelled.any() else 1.0
     precision = same_both / same_pred if same_pred else 0.0
     recall = same_both / same_true if same_true else 0.0
     return float(2 * precision * recall / (precision + recall)) if precision + recall else 0.0

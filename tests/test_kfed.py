@@ -76,10 +76,11 @@ def test_server_uses_only_replies():
     }
     out = srv.step(0, replies, {1})
     assert set(out) == {0, 1, 2}  # the missing client still gets the global centroids
+    assert out[1].kind == "summarise" and out[0].kind == "global_centroids"  # ... and is asked again
     C = out[1]["C"]
     C = C[np.argsort(C[:, 0])]
     np.testing.assert_allclose(C, [[0.1, 0.0], [10.15, 10.0]])  # size-weighted means
-    done = srv.step(1, {c: Message("ack") for c in (0, 1, 2)}, set())
+    done = srv.step(1, {c: Message("ack") for c in (0, 2)}, {1})  # nothing new: the run ends
     assert done.labels is None
 
 
@@ -94,3 +95,58 @@ def test_scenario_files_validate():
         sc = load_scenario(ROOT / "scenarios" / f"{name}.yaml")
         assert sc.data.partition == "horizontal" and sc.data.heterogeneity == 0.0
         assert sc.runtime.backend == "ray"
+
+
+def _clients_and_server(k_local=None, retry_rounds=2):
+    """Three clients, k = 3 in the plane; only client 0 holds the cluster around (0, 10)."""
+    from raymvc.data.types import Shard
+    from raymvc.protocol import ClientContext
+
+    rng = np.random.default_rng(0)
+    centres = np.array([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0]])
+    owned = {0: [2, 2, 0], 1: [0, 1, 1], 2: [0, 1, 0]}  # clusters of each client's blocks of 20 rows
+    data = {c: (centres[ys].repeat(20, axis=0) + 0.3 * rng.standard_normal((60, 2)), np.repeat(ys, 20))
+            for c, ys in owned.items()}
+    cfg = kfed.Config(k_local=k_local, kmeans_init=3, retry_rounds=retry_rounds)
+    clients = {c: kfed.KFedClient(cfg, Shard(views=[X]), ClientContext(c, 3, 3, 0)) for c, (X, _) in data.items()}
+    server = kfed.KFedServer(cfg, ServerContext(client_ids=[0, 1, 2], n_clusters=3, seed=0))
+    return clients, server, data
+
+
+def _drive(clients, server, drop):
+    out, r = server.start(), 0
+    while True:
+        lost = set(drop(r)) & set(out)
+        for c in clients.values():
+            c.ctx.round = r
+        done = server.step(r, {c: clients[c].handle(m) for c, m in out.items() if c not in lost}, lost)
+        if not isinstance(done, dict):
+            return r
+        out, r = done, r + 1
+
+
+def test_k_local_sets_the_number_of_local_centroids():
+    from raymvc.messages import Message as M
+
+    for k_local, want in ((None, 3), (1, 1), (5, 5)):
+        clients, _, _ = _clients_and_server(k_local=k_local)
+        for c in clients.values():
+            assert len(c.handle(M("summarise"))["C"]) == want
+
+
+def test_client_missing_in_round_0_is_asked_again_and_counts():
+    from raymvc.metrics import acc
+
+    def score(drop, retry_rounds=2):
+        clients, server, data = _clients_and_server(retry_rounds=retry_rounds)
+        rounds = _drive(clients, server, drop)
+        pred = np.concatenate([clients[c].predict() for c in sorted(clients)])
+        return acc(np.concatenate([data[c][1] for c in sorted(data)]), pred), rounds, server
+
+    full, rounds, _ = score(lambda r: ())
+    assert full == 1.0 and rounds == 1  # no faults: two rounds, as before
+    late, rounds, server = score(lambda r: {0} if r == 0 else ())
+    assert late == 1.0 and sorted(server.summaries) == [0, 1, 2]  # its cluster got a global centroid
+    assert rounds == 2  # one extra round to send the new centroids
+    never, _, _ = score(lambda r: {0} if r == 0 else (), retry_rounds=0)
+    assert never < 0.9  # without asking again its cluster shares a centroid with another

@@ -114,3 +114,57 @@ def test_large_input_uses_counts():
 def test_length_mismatch():
     with pytest.raises(ValueError):
         acc([0, 1], [0])
+
+
+# --------------------------------------------------------------------------- library replacements
+def _old_table(y_true, y_pred):
+    """The contingency table as computed before scikit-learn's contingency_matrix."""
+    y_true, y_pred = np.asarray(y_true).ravel(), np.asarray(y_pred).ravel()
+    _, t = np.unique(y_true, return_inverse=True)
+    labelled = y_pred != -1
+    _, p = np.unique(y_pred[labelled], return_inverse=True)
+    k_true = int(t.max()) + 1
+    k_pred = int(p.max()) + 1 if p.size else 0
+    table = np.zeros((k_true, k_pred), dtype=np.int64)
+    np.add.at(table, (t[labelled], p), 1)
+    return table, np.bincount(t, minlength=k_true), int(y_true.size)
+
+
+def _old_fscore(y_true, y_pred):
+    """The pairwise F-score as computed before scikit-learn's pair_confusion_matrix."""
+    def pairs(x):
+        x = x.astype(np.int64)
+        return int((x * (x - 1) // 2).sum())
+
+    table, class_sizes, _ = _old_table(y_true, y_pred)
+    same_both, same_pred, same_true = pairs(table), pairs(table.sum(axis=0)), pairs(class_sizes)
+    if same_pred == 0 and same_true == 0:
+        return 1.0 if same_both == 0 and table.sum() == class_sizes.sum() else 0.0
+    precision = same_both / same_pred if same_pred else 0.0
+    recall = same_both / same_true if same_true else 0.0
+    return float(2 * precision * recall / (precision + recall)) if precision + recall else 0.0
+
+
+def _random_labellings(seed=0, count=200):
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        n = int(rng.integers(1, 40))
+        y_true = rng.integers(0, int(rng.integers(1, 6)), n) * 7 - 3  # arbitrary label values
+        y_pred = rng.integers(-1, int(rng.integers(1, 6)), n)  # -1: unlabelled
+        if rng.random() < 0.1:
+            y_pred[:] = -1
+        if rng.random() < 0.1:
+            y_pred = np.arange(n)  # all singletons
+        yield y_true, y_pred
+
+
+def test_table_and_fscore_equal_the_previous_formulas():
+    from raymvc.metrics import _table
+
+    for y_true, y_pred in _random_labellings():
+        table, sizes, n = _table(y_true, y_pred)
+        old_table, old_sizes, old_n = _old_table(y_true, y_pred)
+        np.testing.assert_array_equal(table, old_table)
+        np.testing.assert_array_equal(sizes, old_sizes)
+        assert n == old_n
+        assert pairwise_fscore(y_true, y_pred) == pytest.approx(_old_fscore(y_true, y_pred), abs=1e-12)

@@ -346,6 +346,12 @@ def _assemble(path, raw_views, labels, present, index, names) -> MultiViewDatase
 NORMALIZE_METHODS = ("none", "l2", "zscore", "minmax")
 
 
+def normalise_rows(X: np.ndarray) -> np.ndarray:
+    """Every row of ``X`` scaled to unit Euclidean norm; zero rows stay zero."""
+    norms = np.linalg.norm(X, axis=1, keepdims=True)
+    return X / np.where(norms > 0, norms, 1.0)
+
+
 def normalize(ds: MultiViewDataset, method: str) -> MultiViewDataset:
     """Return a new data set with every view normalised.
 
@@ -362,8 +368,7 @@ def normalize(ds: MultiViewDataset, method: str) -> MultiViewDataset:
         Y = np.zeros_like(X, dtype=np.float64)
         P = np.asarray(X[rows], dtype=np.float64)
         if method == "l2":
-            norms = np.linalg.norm(P, axis=1, keepdims=True)
-            P = P / np.where(norms > 0, norms, 1.0)
+            P = normalise_rows(P)
         elif method == "zscore" and len(P):
             std = P.std(axis=0)
             P = (P - P.mean(axis=0)) / np.where(std > 0, std, 1.0)

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..data import load_dataset, normalize
 from ..data import partition as parts
-from ..metrics import clustering_scores
+from ..metrics import clustering_scores, label_free_scores
 from ..protocols import get
 from ..results import RunWriter, default_out_dir, format_summary
 from ..scenario import Scenario, ScenarioError
@@ -55,6 +55,12 @@ def prepare(sc: Scenario):
         raise _err(sc, "data.path" if d.path else "data.dataset", str(e)) from None
     except (KeyError, ValueError) as e:
         raise _err(sc, "data.dataset", str(e).strip("'\"")) from None
+    if d.n_clusters is not None:
+        ds.k = d.n_clusters
+    elif not ds.has_labels:
+        raise _err(sc, "data.n_clusters", f"{ds.name} has no labels; give the number of clusters (data.n_clusters: K)")
+    if not ds.has_labels and (d.heterogeneity > 0):
+        raise _err(sc, "data.heterogeneity", "a label-skewed split needs labels; this data has none")
     ds = normalize(ds, d.normalize)
     kind = d.partition or proto.partition
     if kind != proto.partition:
@@ -149,7 +155,9 @@ def init_ray(sc: Scenario, n_clients: int) -> float:
             ) from None
     else:
         need = math.ceil(n_clients * rt.client_cpus + rt.server_cpus)
-        # address="local": always a fresh embedded instance, even if `ray start` runs here
+        # address="local": always a fresh embedded instance, even if `ray start` runs here.
+        # Token mode stays on (Ray's default) but set explicitly, which skips Ray's banner.
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
         ray.init(address="local", num_cpus=rt.num_cpus or max(os.cpu_count() or 1, need), **kwargs)
     return time.perf_counter() - t
 
@@ -193,8 +201,12 @@ class _Call:
 
 
 def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: Callable[[str], None] | None = None,
-                 prepared=None) -> dict:
-    """Run one scenario end to end and return its summary (also written to disk)."""
+                 prepared=None, on_round: Callable[[dict], None] | None = None) -> dict:
+    """Run one scenario end to end and return its summary (also written to disk).
+
+    ``on_round(record)``, if given, receives every round's record instead of the
+    round's progress line (the command line draws its own progress from it).
+    """
     progress = progress or _progress_default
     wall0 = time.perf_counter()
     ds, part = prepared or prepare(sc)
@@ -219,6 +231,11 @@ def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: C
         while True:
             rec = call("run_round")
             writer.round(rec)
+            if on_round is not None:
+                on_round(rec)
+                if rec["done"]:
+                    break
+                continue
             info = rec.get("info") or {}
             extra = "".join(f" {k}={v:.6g}" for k, v in info.items() if isinstance(v, float))
             miss = f" missing={rec['missing']}" if rec["missing"] else ""
@@ -243,6 +260,7 @@ def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: C
                     pass
     summary = _summarise(sc, ds, part, proto, fin, ray_init_s, protocol_s, time.perf_counter() - wall0, out)
     summary["timing"]["startup_s"] = startup_s
+    writer.labels(_assemble_labels(part, fin), part.n_samples)
     if fin.get("ledger") is not None:
         writer.messages(fin["ledger"])
     writer.summary(summary)
@@ -266,7 +284,9 @@ def _summarise(sc, ds, part, proto, fin, ray_init_s, protocol_s, wall_s, out) ->
     labels = _assemble_labels(part, fin)
     metrics = metrics_labelled = None
     kappa = proto.partition == "horizontal"
-    if labels is not None:
+    if labels is not None and not ds.has_labels:  # unlabelled data: label-free scores only
+        metrics = label_free_scores(ds, labels, seed=sc.seed)
+    elif labels is not None:
         metrics = clustering_scores(ds.labels, labels, kappa=kappa)
         has = labels >= 0
         if 0 < has.sum() < len(labels):  # some clients could not label: score the rest apart

@@ -107,5 +107,5 @@ def _unknown(name: str) -> str:
     names = available()
     close = difflib.get_close_matches(name, names, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
-    return (f"unknown method {name!r}; {hint}choose one of {', '.join(names)}, "
-            "or give the import path of a module that defines PROTOCOL")
+    return (f"unknown method {name!r}; {hint}choose one of {', '.join(names)}, or the import path of a "
+            "module that defines PROTOCOL (installed, on PYTHONPATH or in the current directory)")

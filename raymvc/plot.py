@@ -62,19 +62,30 @@ def plot_sweep(sweep_dir: str | Path, formats: tuple[str, ...] = ("png", "svg"))
     for r in agg:
         lines.setdefault(line_name(r), []).append(r)
 
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels) + 1.6, 3.6), squeeze=False)
-    axes = axes[0]
+    ncols = 2 if len(panels) > 2 else len(panels)
+    nrows = (len(panels) + ncols - 1) // ncols
+    fig, grid_axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.3 * nrows + 0.9), squeeze=False)
+    axes = list(grid_axes.ravel())
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
     mb_values = [v for r in agg if (v := _num(r.get("mb_mean"))) is not None and v > 0]
     for ax, (m, title) in zip(axes, panels):
         for name, rs in lines.items():
             rs = sorted(rs, key=lambda r: pos[str(r[xkey])] if xkey else 0)
-            pts = [(pos[str(r[xkey])] if xkey else 0, _num(r.get(f"{m}_mean")), _num(r.get(f"{m}_std")) or 0.0)
-                   for r in rs]
+            pts = [(pos[str(r[xkey])] if xkey else 0, _num(r.get(f"{m}_mean")), _num(r.get(f"{m}_std")) or 0.0,
+                    int(r["failed"]), int(r["runs"])) for r in rs]
             pts = [p for p in pts if p[1] is not None]
             if not pts:
                 continue
-            x, y, e = zip(*pts)
-            ax.errorbar(x, y, yerr=e, marker="o", markersize=4, capsize=3, linewidth=1.5, label=name)
+            x, y, e, failed, runs = zip(*pts)
+            line = ax.errorbar(x, y, yerr=e, marker="o", markersize=4, capsize=3, linewidth=1.5, label=name)
+            color = line[0].get_color()
+            for xi, yi, fi, ni in zip(x, y, failed, runs):
+                if fi:  # a mean over fewer runs: an open ring and the count of failed runs
+                    ax.plot([xi], [yi], marker="o", markersize=9, color=color, markerfacecolor="none",
+                            markeredgecolor=color)
+                    ax.annotate(f"{fi}/{ni} failed", (xi, yi), textcoords="offset points", xytext=(0, 9),
+                                ha="center", fontsize=7, color=color)
         ax.set_title(title)
         ax.set_xlabel(short_key(xkey) if xkey else "")
         if not numeric:
@@ -89,10 +100,11 @@ def plot_sweep(sweep_dir: str | Path, formats: tuple[str, ...] = ("png", "svg"))
     seeds = meta.get("seeds")
     sub = f"mean ± std over seeds {','.join(map(str, seeds))}" if seeds else "mean ± std over seeds"
     if n_failed:
-        sub += f"; {n_failed} of {n_runs} runs failed and are left out"
-    fig.suptitle(f"{short_key(xkey) if xkey else 'runs'}: {sub}", fontsize=10)
-    fig.legend(handles, labels, loc="center right", fontsize=9, frameon=False)
-    fig.tight_layout(rect=(0, 0, 1 - 1.5 / fig.get_size_inches()[0], 0.95))
+        sub += f"; {n_failed} of {n_runs} runs failed and are left out of the means (open rings)"
+    fig.suptitle(f"{xkey or 'runs'}: {sub}", fontsize=10)
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.955), ncol=min(len(labels), 4),
+               fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.6 / fig.get_size_inches()[1]))
     written = []
     for fmt in formats:
         path = d / f"sweep.{fmt}"

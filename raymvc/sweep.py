@@ -358,8 +358,8 @@ def format_aggregate(agg: list[dict], keys: list[str]) -> str:
              f"{r['completed']}/{r['degraded']}/{r['failed']}", pm(r, "acc", 4), pm(r, "nmi", 4), pm(r, "ari", 4),
              pm(r, "mb", 3)] for r in agg]
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)) for b in body]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)).rstrip() for b in body]
     if any(int(r["failed"]) for r in agg):
         lines.append("(failed runs are left out of every mean)")
     return "\n".join(lines)

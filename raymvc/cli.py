@@ -61,6 +61,8 @@ def cmd_run(args) -> int:
     if not args.quiet:
         rp = RunProgress(sc.name, getattr(sc.protocol_config(), "max_rounds", None))
         kw = {"progress": rp.text, "on_round": rp.round}
+        what = "starting Ray, " if sc.runtime.backend == "ray" else ""
+        rp.text(f"[{sc.name}] {what}{prepared[1].n_clients} clients, {sc.method} on {prepared[0].name} ...")
     try:
         summary = run_scenario(sc, args.out, prepared=prepared, **kw)
     except ClusterError as e:

@@ -156,8 +156,10 @@ def init_ray(sc: Scenario, n_clients: int) -> float:
     else:
         need = math.ceil(n_clients * rt.client_cpus + rt.server_cpus)
         # address="local": always a fresh embedded instance, even if `ray start` runs here.
-        # Token mode stays on (Ray's default) but set explicitly, which skips Ray's banner.
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
+        # Ray keeps its default (token mode on); only its notice about that is not shown.
+        import logging
+
+        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
         ray.init(address="local", num_cpus=rt.num_cpus or max(os.cpu_count() or 1, need), **kwargs)
     return time.perf_counter() - t
 

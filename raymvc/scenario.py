@@ -235,6 +235,10 @@ def blame_override(text: str, source: str | None, overrides) -> str:
         okey = item.split("=", 1)[0].strip()
         if key == okey or key.startswith(okey + ".") or okey.startswith(key + "."):
             return f"--set {item}: {rest}"
+    if key == "data" or key.startswith("data."):  # a problem of data given on the command line
+        for item in reversed(list(overrides)):
+            if item.split("=", 1)[0].strip() in ("data.path", "data.dataset"):
+                return f"--set {item}: {rest}"
     return text
 
 

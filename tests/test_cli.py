@@ -203,7 +203,7 @@ def test_unlabelled_data_needs_n_clusters_and_gets_label_free_scores(tmp_path, c
     monkeypatch.chdir(tmp_path)
     assert main(["validate", str(QUICK), "--set", "data.path=raw.npz"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and "data.n_clusters: raw has no labels" in err
+    assert err.startswith("error: --set data.path=raw.npz: data.n_clusters: raw has no labels")
     out = tmp_path / "run"
     assert main(["run", str(QUICK), "--backend", "local", "--set", "data.path=raw.npz", "--set", "data.n_clusters=3",
                  "--out", str(out), "--json", "--quiet"]) == 0

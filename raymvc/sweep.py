@@ -128,8 +128,11 @@ class Cell:
 
 
 def _run_dir_name(name: str, point: dict, seed: int) -> str:
-    parts = [name] + [f"{short_key(k)}{_slug(short_value(v)) if _slug(short_value(v)) != 'x' else 'none'}"
-                      for k, v in point.items()] + [f"seed{seed}"]
+    def part(k, v) -> str:
+        text = _slug(short_value(v)) if _slug(short_value(v)) != "x" else "none"
+        return f"{short_key(k)}{'-' if text[:1].isalpha() else ''}{text}"
+
+    parts = [name] + [part(k, v) for k, v in point.items()] + [f"seed{seed}"]
     slug = _slug("_".join(parts))
     if len(slug) > 100 or any(_slug(short_value(v)) != short_value(v) for v in point.values()):
         # values that lose characters in a folder name get a short digest, so two never collide

@@ -63,8 +63,9 @@ def cmd_run(args) -> int:
         kw = {"progress": rp.text, "on_round": rp.round}
         what = "starting Ray, " if sc.runtime.backend == "ray" else ""
         rp.text(f"[{sc.name}] {what}{prepared[1].n_clients} clients, {sc.method} on {prepared[0].name} ...")
+    out = args.out or _default_run_dir(sc.name, list(args.set or []) + ([f"seed={args.seed}"] if args.seed else []))
     try:
-        summary = run_scenario(sc, args.out, prepared=prepared, **kw)
+        summary = run_scenario(sc, out, prepared=prepared, **kw)
     except ClusterError as e:
         return _fail(f"{args.scenario}: {e}")
     finally:
@@ -72,6 +73,19 @@ def cmd_run(args) -> int:
             rp.close()
     print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
     return 0 if summary["status"] != "failed" else 1
+
+
+def _default_run_dir(name: str, overrides: list[str]) -> Path:
+    """``runs/<name>[_<key><value>...]-<time>``: the overrides show in the folder name."""
+    from .results import default_out_dir
+    from .sweep import _slug, short_key
+
+    bits = []
+    for item in overrides:
+        key, _, val = item.partition("=")
+        text = _slug(val) if _slug(val) != "x" else "none"
+        bits.append(f"{short_key(key.strip())}{'-' if text[:1].isalpha() else ''}{text}")
+    return default_out_dir("_".join([name, *bits])[:80])
 
 
 def cmd_validate(args) -> int:

@@ -224,3 +224,16 @@ def test_method_by_import_path_from_the_current_directory(tmp_path, capsys, monk
     assert s["method"] == "fedlloyd" and s["status"] == "completed" and s["metrics"]["acc"] > 0.3
     assert main(["params", "fedlloyd"]) == 0
     assert "Lloyd rounds after the start" in capsys.readouterr().out
+
+
+def test_method_from_an_entry_point(monkeypatch):
+    from importlib.metadata import EntryPoint
+
+    import raymvc.protocols as protocols
+
+    ep = EntryPoint(name="kfed-alias", value="raymvc.protocols.kfed", group=protocols.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(protocols, "_entry_points", lambda: {"kfed-alias": ep})
+    assert "kfed-alias" in protocols.available()
+    assert protocols.get("kfed-alias").name == "kfed"
+    sc = load_scenario(REPO / "scenarios" / "digits-kfed.yaml", ["method=kfed-alias"])
+    assert sc.method == "kfed-alias"

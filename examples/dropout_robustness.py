@@ -1,36 +1,36 @@
-"""How does a method degrade when clients drop out? One Ray instance, many runs.
+"""How do methods degrade when clients drop out? A sweep, its aggregate and a plot.
 
-    python examples/dropout_robustness.py [scenarios/hw-cefmc.yaml] [--backend local]
+    python examples/dropout_robustness.py [SCENARIO ...] [--backend local] [--jobs 2] [--out runs/dropout]
 
-Prints mean ACC/NMI and MB per dropout rate over three seeds.
+The same as::
+
+    raymvc sweep scenarios/hw-cefmc.yaml scenarios/hw-efimvc-missing.yaml scenarios/digits-kfed.yaml \\
+        --grid 'faults.dropout.rate=[0, 0.1, 0.3, 0.5]' --seeds 0-2 --backend local --jobs 2 --out runs/dropout
+    raymvc plot runs/dropout
+
+Prints, per method and dropout rate, mean ± std over the seeds of ACC/NMI/ARI/MB and
+how many runs completed, were degraded or failed (failed runs are not averaged).
+Rerunning with the same --out resumes: finished runs are not run again.
 """
 
 import argparse
-import statistics
-import tempfile
+import sys
 from pathlib import Path
 
-from raymvc.runtime import run_scenario
-from raymvc.scenario import load_scenario
+from raymvc.cli import main
+
+SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 
 ap = argparse.ArgumentParser()
-ap.add_argument("scenario", nargs="?", default=str(Path(__file__).parents[1] / "scenarios" / "hw-cefmc.yaml"))
-ap.add_argument("--backend", default="ray", choices=["ray", "local"])
-ap.add_argument("--rates", default="0,0.1,0.2,0.3,0.5")
-ap.add_argument("--seeds", type=int, default=3)
+ap.add_argument("scenarios", nargs="*", default=[str(SCENARIOS / f) for f in
+                                                 ("hw-cefmc.yaml", "hw-efimvc-missing.yaml", "digits-kfed.yaml")])
+ap.add_argument("--backend", default="local", choices=["ray", "local"])
+ap.add_argument("--rates", default="[0, 0.1, 0.3, 0.5]", help="a YAML list of dropout rates")
+ap.add_argument("--seeds", default="0-2")
+ap.add_argument("--jobs", type=int, default=1)
+ap.add_argument("--out", default="runs/dropout")
 args = ap.parse_args()
 
-print(f"{'dropout':>8} {'ACC':>7} {'NMI':>7} {'MB':>7} {'dropped':>8}")
-with tempfile.TemporaryDirectory() as tmp:
-    for rate in [float(r) for r in args.rates.split(",")]:
-        runs = []
-        for seed in range(args.seeds):
-            sc = load_scenario(args.scenario, [f"faults.dropout.rate={rate}", f"seed={seed}",
-                                               f"runtime.backend={args.backend}"])
-            runs.append(run_scenario(sc, Path(tmp) / f"{rate}-{seed}", progress=lambda line: None))
-        ok = [r for r in runs if r["metrics"]]
-        acc = statistics.mean(r["metrics"]["acc"] for r in ok)
-        nmi = statistics.mean(r["metrics"]["nmi"] for r in ok)
-        mb = statistics.mean(r["communication"]["mb_total"] for r in runs)
-        dropped = sum(r["faults"]["dropped_replies"] for r in runs)
-        print(f"{rate:8.2f} {acc:7.4f} {nmi:7.4f} {mb:7.3f} {dropped:8d}")
+rc = main(["sweep", *args.scenarios, "--grid", f"faults.dropout.rate={args.rates}", "--seeds", args.seeds,
+           "--backend", args.backend, "--jobs", str(args.jobs), "--out", args.out])
+sys.exit(rc or main(["plot", args.out]))

@@ -1,13 +1,16 @@
-"""Command line: ``raymvc run | validate | list | sweep | report``.
+"""Command line: ``raymvc run | validate | list | params | sweep | plot | report``.
 
-Scenario problems exit with code 2 and one line naming the file and key; they are
-found before Ray starts.
+Bad input -- a scenario problem, a bad ``--set`` or ``--grid`` -- exits with code 2
+and one line ``error: WHERE: key.path: message``, where WHERE is the file or the
+``--set`` that caused it; it is found before Ray starts. Output meant for pipes goes to
+stdout (``--json``, tables); progress goes to stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -32,31 +35,62 @@ def _load(args) -> object:
     return load_scenario(args.scenario, overrides)
 
 
+def _load_and_prepare(args):
+    """(scenario, prepared data) or a ScenarioError naming the file or the --set."""
+    from .runtime import prepare
+
+    sc = _load(args)
+    try:
+        return sc, prepare(sc)  # data problems surface here, before Ray starts
+    except ScenarioError as e:
+        raise sc.blame(e) from None
+
+
 def cmd_run(args) -> int:
+    from .progress import RunProgress
     from .results import format_summary
-    from .runtime import prepare, run_scenario
+    from .runtime import run_scenario
     from .runtime.engine import ClusterError
 
     try:
-        sc = _load(args)
-        prepared = prepare(sc)  # data problems surface here, before Ray starts
+        sc, prepared = _load_and_prepare(args)
     except ScenarioError as e:
         return _fail(str(e))
-    progress = (lambda line: None) if args.quiet else (lambda line: print(line, file=sys.stderr, flush=True))
+    kw: dict = {"progress": lambda line: None}
+    rp = None
+    if not args.quiet:
+        rp = RunProgress(sc.name, getattr(sc.protocol_config(), "max_rounds", None))
+        kw = {"progress": rp.text, "on_round": rp.round}
+        what = "starting Ray, " if sc.runtime.backend == "ray" else ""
+        rp.text(f"[{sc.name}] {what}{prepared[1].n_clients} clients, {sc.method} on {prepared[0].name} ...")
+    out = args.out or _default_run_dir(sc.name, list(args.set or []) + ([f"seed={args.seed}"] if args.seed else []))
     try:
-        summary = run_scenario(sc, args.out, progress=progress, prepared=prepared)
+        summary = run_scenario(sc, out, prepared=prepared, **kw)
     except ClusterError as e:
         return _fail(f"{args.scenario}: {e}")
+    finally:
+        if rp is not None:
+            rp.close()
     print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
     return 0 if summary["status"] != "failed" else 1
 
 
-def cmd_validate(args) -> int:
-    from .runtime import prepare
+def _default_run_dir(name: str, overrides: list[str]) -> Path:
+    """``runs/<name>[_<key><value>...]-<time>``: the overrides show in the folder name."""
+    from .results import default_out_dir
+    from .sweep import _slug, short_key
 
+    bits = []
+    for item in overrides:
+        key, _, val = item.partition("=")
+        text = _slug(val) if _slug(val) != "x" else "none"
+        bits.append(f"{short_key(key.strip())}{'-' if text[:1].isalpha() else ''}{text}")
+    return default_out_dir("_".join([name, *bits])[:80])
+
+
+def cmd_validate(args) -> int:
     try:
-        sc = _load(args)
-        ds, part = prepare(sc)
+        sc, (ds, part) = _load_and_prepare(args)
     except ScenarioError as e:
         return _fail(str(e))
     print(f"{args.scenario}: ok -- {sc.method} on {ds.name} ({ds.n_samples} samples, {ds.n_views} views, "
@@ -68,13 +102,16 @@ def cmd_list(args) -> int:
     from .data import list_builtin
     from .protocols import available, get
 
-    print("methods:")
+    print("methods:  (raymvc params METHOD: each parameter's type, default, range and meaning)")
     for name in available():
         try:
             p = get(name)
             print(f"  {name:<10} {p.partition:<10} {p.summary}")
+            params = ", ".join(f"{r['name']}={r['default']}" for r in param_rows(p.config))
+            print(f"  {'':<10} {'':<10} params: {params or '(none)'}")
         except Exception as e:  # e.g. torch missing for a deep method
             print(f"  {name:<10} (unavailable: {e})")
+    print("  (or an import path of a module that defines PROTOCOL, e.g. method: mylab.mymethod)")
     print("datasets:")
     for name, text in list_builtin().items():
         print(f"  {name:<16} {text}")
@@ -92,6 +129,67 @@ def cmd_list(args) -> int:
     return 0
 
 
+def _type_name(annotation) -> str:
+    import typing
+
+    if isinstance(annotation, type):
+        return annotation.__name__
+    if typing.get_origin(annotation) is typing.Literal:
+        return " | ".join(repr(a) for a in typing.get_args(annotation))
+    return str(annotation).replace("typing.", "").replace("NoneType", "None")
+
+
+def _range(field) -> str:
+    lo = hi = ""
+    for c in field.metadata:
+        for attr, side in (("ge", "lo"), ("gt", "lo"), ("le", "hi"), ("lt", "hi")):
+            v = getattr(c, attr, None)
+            if v is None:
+                continue
+            if side == "lo":
+                lo = f"{'[' if attr == 'ge' else '('}{v}"
+            else:
+                hi = f"{v}{']' if attr == 'le' else ')'}"
+    if not lo and not hi:
+        return ""
+    return f"{lo or '(-inf'}, {hi or 'inf)'}"
+
+
+def param_rows(config) -> list[dict]:
+    """One dict per parameter of a method's pydantic Config: name, type, default, range, description."""
+    from pydantic_core import PydanticUndefined
+
+    rows = []
+    for name, f in config.model_fields.items():
+        default = "(required)" if f.default is PydanticUndefined else repr(f.default).replace("None", "null")
+        rows.append({"name": f.alias or name, "type": _type_name(f.annotation), "default": default,
+                     "range": _range(f), "description": f.description or ""})
+    return rows
+
+
+def cmd_params(args) -> int:
+    from .protocols import get
+
+    try:
+        proto = get(args.method)
+    except KeyError as e:
+        return _fail(f"method: {str(e).strip(chr(39) + chr(34))}")
+    rows = param_rows(proto.config)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{args.method}: {proto.summary} ({proto.partition} split)")
+    if not rows:
+        print("  (no parameters)")
+        return 0
+    head = {"name": "param", "type": "type", "default": "default", "range": "range", "description": "description"}
+    w = {k: max(len(head[k]), *(len(r[k]) for r in rows)) for k in ("name", "type", "default", "range")}
+    for r in [head, *rows]:
+        print("  " + "  ".join(r[k].ljust(w[k]) for k in ("name", "type", "default", "range")) + "  " + r["description"])
+    print(f"set them in the scenario's params: {{...}} or with --set params.{rows[0]['name']}=...")
+    return 0
+
+
 def cmd_sweep(args) -> int:
     from .sweep import run_sweep
 
@@ -101,36 +199,92 @@ def cmd_sweep(args) -> int:
         return _fail(str(e))
 
 
-def cmd_report(args) -> int:
-    from .results import format_summary, read_summary
+def cmd_plot(args) -> int:
+    from .plot import plot_sweep
 
-    rows = []
+    d = Path(args.sweep_dir)
+    if not (d / "sweep.csv").is_file():
+        return _fail(f"{d}: no sweep.csv here (give a folder written by raymvc sweep)")
+    try:
+        paths = plot_sweep(d)
+    except ValueError as e:
+        return _fail(str(e))
+    for p in paths:
+        print(p)
+    return 0
+
+
+def cmd_report(args) -> int:
+    from .results import differing_keys, flatten, format_summary, read_scenario, read_summary, short_value
+    from .sweep import format_aggregate, read_sweep
+
+    runs, sweeps = [], []
     for d in args.runs:
         p = Path(d)
-        if not (p / "summary.json").is_file():
-            return _fail(f"{d}: no summary.json here")
-        rows.append(read_summary(p))
+        if (p / "summary.json").is_file():
+            runs.append(p)
+        elif (p / "sweep.csv").is_file():
+            sweeps.append(p)
+        elif p.is_dir() and any((c / "summary.json").is_file() for c in p.iterdir() if c.is_dir()):
+            runs.extend(sorted(c for c in p.iterdir() if (c / "summary.json").is_file()))
+        else:
+            return _fail(f"{d}: neither a run folder (summary.json) nor a sweep folder (sweep.csv)")
+    summaries = [read_summary(p) for p in runs]
+    sweep_data = [(p, *read_sweep(p)) for p in sweeps]
+    scen = [read_scenario(p) for p in runs]
+    diff = differing_keys(scen) if len(runs) > 1 else []
     if args.json:
-        print(json.dumps(rows, indent=2))
+        out = {"runs": summaries, "differing_keys": diff,
+               "sweeps": [{"dir": str(p), "grid_keys": meta.get("grid_keys"), "aggregate": agg}
+                          for p, meta, _, agg in sweep_data]}
+        if not sweeps and len(runs) == 1:
+            out = summaries[0]
+        print(json.dumps(out, indent=2))
         return 0
-    if len(rows) == 1:
-        print(format_summary(rows[0]))
-        return 0
-    print(f"{'run':<32} {'method':<9} {'status':<9} {'ACC':>6} {'NMI':>6} {'MB':>8} {'rounds':>6}")
-    for s in rows:
-        m = s.get("metrics") or {}
-        print(f"{Path(s.get('out_dir', '')).name[:32]:<32} {s['method']:<9} {s['status']:<9} "
-              f"{m.get('acc', float('nan')):6.3f} {m.get('nmi', float('nan')):6.3f} "
-              f"{s['communication']['mb_total']:8.3f} {s['rounds']:6d}")
+    if len(summaries) == 1:
+        print(format_summary(summaries[0]))
+    elif summaries:
+        diff_cols = [k for k in diff if k not in ("name",)]
+        flat = [flatten(s) for s in scen]
+        print("differing scenario keys: " + (", ".join(diff) if diff else "none"))
+        head = ["run", *diff_cols, "method", "status", "ACC", "NMI", "MB", "rounds"]
+        body = []
+        for p, s, f in zip(runs, summaries, flat):
+            m = s.get("metrics") or {}
+            acc, nmi = (f"{m[k]:.4f}" if m.get(k) is not None else "n/a" for k in ("acc", "nmi"))
+            body.append([p.name, *[short_value(f.get(k)) for k in diff_cols], str(s.get("method")),
+                         str(s.get("status")), acc, nmi,
+                         f"{(s.get('communication') or {}).get('mb_total', 0):.3f}", str(s.get("rounds"))])
+        widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
+        for row in [head, *body]:
+            print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    for p, meta, rows, agg in sweep_data:
+        if summaries or len(sweep_data) > 1:
+            print()
+        print(f"sweep {p}: {len(rows)} runs over {', '.join(meta.get('grid_keys') or []) or 'seeds only'}")
+        print(format_aggregate(agg, list(meta.get("grid_keys") or [])))
     return 0
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("raymvc")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="raymvc", description="Federated multi-view clustering simulator on Ray.")
+    p.add_argument("--version", action="version", version=f"raymvc {_version()}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    def scenario_args(q):
-        q.add_argument("scenario", help="scenario YAML file")
+    def scenario_args(q, many=False):
+        if many:
+            q.add_argument("scenario", nargs="+", help="scenario YAML files (methods side by side)")
+        else:
+            q.add_argument("scenario", help="scenario YAML file")
         q.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="override a scenario key (value parsed as YAML); repeatable")
         q.add_argument("--backend", choices=["ray", "local"], help="same as --set runtime.backend=...")
@@ -148,21 +302,32 @@ def build_parser() -> argparse.ArgumentParser:
     scenario_args(v)
     v.set_defaults(fn=cmd_validate)
 
-    ls = sub.add_parser("list", help="list methods, datasets and fault kinds")
+    ls = sub.add_parser("list", help="list methods (with their parameters), datasets and fault kinds")
     ls.set_defaults(fn=cmd_list)
 
-    sw = sub.add_parser("sweep", help="run a scenario over a grid of overrides and tabulate")
-    scenario_args(sw)
-    sw.add_argument("--grid", action="append", required=True, metavar="KEY=V1,V2,...",
-                    help="a key and the values to try (YAML each); repeat for a product grid")
-    sw.add_argument("--repeats", type=int, default=1, help="seeds per grid point (seed, seed+1, ...)")
-    sw.add_argument("--out", help="sweep directory (default: runs/<name>-sweep-<time>)")
+    pa = sub.add_parser("params", help="a method's parameters: type, default, range, description")
+    pa.add_argument("method", help="method name or import path")
+    pa.add_argument("--json", action="store_true")
+    pa.set_defaults(fn=cmd_params)
+
+    sw = sub.add_parser("sweep", help="run scenarios over a grid of overrides and seeds; aggregate")
+    scenario_args(sw, many=True)
+    sw.add_argument("--grid", action="append", metavar="KEY=[V1, V2, ...]",
+                    help="a key and a YAML list of values to try; repeat for a product grid")
+    sw.add_argument("--seeds", metavar="0,1,2", help="seeds for every grid point (0,1,2 or 0-4)")
+    sw.add_argument("--repeats", type=int, default=1, help="seeds per grid point (seed, seed+1, ...) if no --seeds")
+    sw.add_argument("--jobs", type=int, default=1, help="runs at once with the local backend (processes)")
+    sw.add_argument("--out", help="sweep directory (default: runs/sweep-<names>-<time>); rerun to resume")
     sw.add_argument("--address", help="join this Ray cluster")
-    sw.add_argument("--quiet", action="store_true")
+    sw.add_argument("--quiet", action="store_true", help="no progress on stderr")
     sw.set_defaults(fn=cmd_sweep)
 
-    rp = sub.add_parser("report", help="show one run's summary or compare several runs")
-    rp.add_argument("runs", nargs="+", help="run directories")
+    pl = sub.add_parser("plot", help="plot a sweep: metrics and MB against the swept key (PNG + SVG)")
+    pl.add_argument("sweep_dir", help="a folder written by raymvc sweep")
+    pl.set_defaults(fn=cmd_plot)
+
+    rp = sub.add_parser("report", help="show a run, compare runs, or show a sweep's aggregate")
+    rp.add_argument("runs", nargs="+", help="run folders and/or sweep folders")
     rp.add_argument("--json", action="store_true")
     rp.set_defaults(fn=cmd_report)
     return p
@@ -175,6 +340,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader went away (`| head`): stop quietly; point stdout at /dev/null so
+        # the interpreter's final flush does not complain either
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -105,3 +105,27 @@ def clustering_scores(y_true, y_pred, kappa: bool = False) -> dict[str, float]:
     if kappa:
         scores["kappa"] = matched_kappa(y_true, y_pred)
     return scores
+
+
+def label_free_scores(ds, y_pred, seed: int = 0, max_samples: int = 5000) -> dict[str, float | None]:
+    """Scores for data without ground truth: silhouette and Calinski-Harabasz.
+
+    Computed on the driver's copy of the data (all views side by side, as normalised
+    for the run), over the samples that got a cluster. The silhouette is estimated on
+    at most ``max_samples`` samples (drawn with ``seed``), since it costs O(n^2).
+    ``None`` where fewer than two clusters (or too few samples) make a score undefined.
+    """
+    from sklearn.metrics import calinski_harabasz_score, silhouette_score
+
+    y_pred = np.asarray(y_pred).ravel()
+    X = np.hstack(ds.views)
+    has = y_pred >= 0
+    X, y = X[has], y_pred[has]
+    k = len(np.unique(y))
+    if k < 2 or k >= len(y):
+        return {"silhouette": None, "calinski_harabasz": None}
+    size = min(len(y), max_samples) if len(y) > max_samples else None
+    return {
+        "silhouette": float(silhouette_score(X, y, sample_size=size, random_state=seed)),
+        "calinski_harabasz": float(calinski_harabasz_score(X, y)),
+    }

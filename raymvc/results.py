@@ -1,4 +1,5 @@
-"""The run directory: ``summary.json``, ``rounds.jsonl``, ``messages.csv``, ``scenario.yaml``.
+"""The run directory: ``summary.json``, ``rounds.jsonl``, ``messages.csv``, ``scenario.yaml``,
+``labels.csv``.
 
 ``rounds.jsonl`` gets one line per round as the round ends (flushed), so a long run
 can be watched with ``tail -f`` and a crash mid-run still leaves every finished round.
@@ -13,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
+
+FINAL_STATUSES = ("completed", "degraded", "failed")
 
 
 def _jsonable(x: Any) -> Any:
@@ -55,17 +59,17 @@ class RunWriter:
         self._rounds.write(json.dumps(_jsonable(record)) + "\n")
         self._rounds.flush()
 
-    def messages(self, ledger) -> None:
-        ledger.write_csv(self.dir / "messages.csv")
-
-    def labels(self, labels: np.ndarray | None, n_samples: int) -> Path:
-        """``labels.csv``: ``sample,cluster``, one row per sample, -1 where nobody labelled it."""
-        y = np.full(n_samples, -1, dtype=np.int64) if labels is None else np.asarray(labels, dtype=np.int64)
+    def labels(self, labels, n_samples: int) -> Path:
+        """``labels.csv``: ``sample,cluster``, one row per sample, -1 where nothing labelled it."""
+        y = np.full(n_samples, -1, dtype=np.int64) if labels is None else np.asarray(labels, dtype=np.int64).ravel()
         path = self.dir / "labels.csv"
-        with open(path, "w", encoding="utf-8") as fh:
+        with open(path, "w") as fh:
             fh.write("sample,cluster\n")
             fh.writelines(f"{i},{c}\n" for i, c in enumerate(y.tolist()))
         return path
+
+    def messages(self, ledger) -> None:
+        ledger.write_csv(self.dir / "messages.csv")
 
     def summary(self, summary: dict) -> Path:
         path = self.dir / "summary.json"
@@ -95,6 +99,10 @@ def format_summary(s: dict) -> str:
     ]
     if m:
         lines.append("  metrics   " + "  ".join(f"{k.upper()} {v:.4f}" for k, v in m.items() if v is not None))
+    if s.get("metrics_labelled"):
+        ml = s["metrics_labelled"]
+        lines.append(f"  labelled  {s.get('unlabelled_samples', 0)} samples unlabelled; the rest: "
+                     + "  ".join(f"{k.upper()} {v:.4f}" for k, v in ml.items() if v is not None))
     lines.append(
         f"  traffic   {c.get('mb_total', 0):.3f} MB in {c.get('messages', 0)} messages "
         f"(up {c.get('bytes_up', 0) / 1e6:.3f} MB, down {c.get('bytes_down', 0) / 1e6:.3f} MB; "
@@ -110,9 +118,54 @@ def format_summary(s: dict) -> str:
         fault_bits.append(f"never connected {f['disconnected_clients']}")
     lines.append("  faults    " + ", ".join(fault_bits))
     lines.append(
-        f"  time      {t.get('wall_s', 0):.2f} s wall, {t.get('protocol_s', 0):.2f} s protocol, "
-        f"{t.get('ray_init_s', 0):.2f} s Ray start, {t.get('virtual_s', 0):.2f} s virtual"
+        f"  time      {t.get('wall_s', 0):.2f} s wall: {t.get('ray_init_s', 0):.2f} s Ray start, "
+        f"{t.get('startup_s', 0):.2f} s start-up (parties + keys), {t.get('protocol_s', 0):.2f} s protocol; "
+        f"{t.get('virtual_s', 0):.2f} s virtual"
     )
     if s.get("out_dir"):
         lines.append(f"  results   {s['out_dir']}")
     return "\n".join(lines)
+
+
+def run_finished(out_dir: str | Path) -> bool:
+    """Whether ``out_dir`` holds a finished run (a summary with a final status)."""
+    try:
+        return read_summary(out_dir).get("status") in FINAL_STATUSES
+    except (OSError, ValueError):
+        return False
+
+
+def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    """``{'a': {'b': 1}}`` -> ``{'a.b': 1}`` (lists stay values)."""
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key))
+        else:
+            out[key] = v
+    return out
+
+
+def read_scenario(out_dir: str | Path) -> dict:
+    p = Path(out_dir) / "scenario.yaml"
+    try:
+        return yaml.safe_load(p.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return {}
+
+
+def differing_keys(scenarios: list[dict], ignore: tuple[str, ...] = ("description",)) -> list[str]:
+    """Scenario keys (dotted) whose values are not the same in every scenario given."""
+    flat = [flatten(s) for s in scenarios]
+    keys = sorted(set().union(*flat)) if flat else []
+    return [k for k in keys if k not in ignore and len({yaml.safe_dump(f.get(k)) for f in flat}) > 1]
+
+
+def short_value(v: Any) -> str:
+    """A value as compact one-line YAML (``0.1``, ``[{client: 2, at_round: 2}]``)."""
+    if v is None:
+        return "null"
+    return yaml.safe_dump(v, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()

@@ -3,12 +3,22 @@
 Every problem is reported as :class:`ScenarioError` with one line that names the file
 and the key path, e.g. ``scenarios/x.yaml: faults.dropout.rate: must be <= 1, got 1.5``.
 ``--set key.path=value`` overrides are applied to the raw YAML before validation, so
-they are checked exactly like keys written in the file.
+they are checked exactly like keys written in the file; a problem that comes from an
+override is reported against it (``--set params.lamda=2: params.lamda: unknown key;
+did you mean 'lambda'? ...``). An unknown key always suggests the closest valid one.
+
+Data paths: a ``data.path`` written in the YAML resolves against the YAML file's folder;
+one given with ``--set`` resolves against the current directory and replaces a built-in
+``data.dataset`` (and ``--set data.dataset=...`` replaces a ``data.path``).
 """
 
 from __future__ import annotations
 
 import copy
+import difflib
+import os
+import types
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -59,6 +69,7 @@ class DataCfg(_Strict):
     heterogeneity: float = Rate
     dirichlet_alpha: float | None = Field(default=None, gt=0.0)
     synthetic: SyntheticCfg = SyntheticCfg()
+    n_clusters: int | None = Field(default=None, ge=2, description="number of clusters; required for unlabelled data")
 
     @model_validator(mode="after")
     def _one_source(self) -> DataCfg:
@@ -143,11 +154,12 @@ class Scenario(_Strict):
     @field_validator("method")
     @classmethod
     def _known_method(cls, v: str) -> str:
-        from .protocols import available
+        from .protocols import get
 
-        names = available()
-        if v not in names:
-            raise ValueError(f"unknown method {v!r}; choose one of {', '.join(sorted(names))}")
+        try:
+            get(v)
+        except KeyError as e:
+            raise ValueError(str(e).strip("'\"")) from None
         return v
 
     def data_path(self) -> Path | None:
@@ -166,22 +178,89 @@ class Scenario(_Strict):
         try:
             return proto.config(**self.params)
         except ValidationError as e:
-            raise ScenarioError(_format(self.source, e, prefix=("params",))) from None
+            raise ScenarioError(_format(self.source, e, prefix=("params",), model=proto.config,
+                                        overrides=self._overrides)) from None
+
+    # the --set overrides this scenario was built with (to blame them in errors)
+    _overrides: tuple = ()
+
+    def blame(self, err: ScenarioError) -> ScenarioError:
+        """Re-attribute an error phrased against the file to the --set that caused it."""
+        return ScenarioError(blame_override(str(err), self.source, self._overrides))
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+        d = self.model_dump(mode="json")
+        if self.data.path is not None:  # resolved, so the copy in a run folder still finds the file
+            d["data"]["path"] = str(self.data_path().resolve())
+        return yaml.safe_dump(d, sort_keys=False)
 
 
 # ---------------------------------------------------------------------------
-def _format(source: str | None, err: ValidationError, prefix: tuple = ()) -> str:
+def _model_in(annotation) -> type[BaseModel] | None:
+    """The pydantic model inside an annotation such as ``X``, ``X | None`` or ``list[X]``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType, list, tuple):
+        for arg in typing.get_args(annotation):
+            m = _model_in(arg)
+            if m is not None:
+                return m
+    return None
+
+
+def valid_keys(model: type[BaseModel] | None, path: list) -> list[str] | None:
+    """The keys accepted at ``path`` (a location below ``model``), or None if unknown."""
+    for part in path:
+        if model is None:
+            return None
+        if isinstance(part, int) or str(part).isdigit():
+            continue
+        field = next((f for n, f in model.model_fields.items() if part in (n, f.alias)), None)
+        if field is None:
+            return None
+        model = _model_in(field.annotation)
+    if model is None:
+        return None
+    return sorted((f.alias or n) for n, f in model.model_fields.items() if not f.exclude)
+
+
+def unknown_key_message(bad: str, valid: list[str] | None) -> str:
+    if not valid:
+        return "unknown key"
+    close = difflib.get_close_matches(bad, valid, n=1, cutoff=0.5)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown key{hint} (valid keys: {', '.join(valid)})"
+
+
+def blame_override(text: str, source: str | None, overrides) -> str:
+    """``FILE: key: msg`` -> ``--set key=value: key: msg`` when an override set that key."""
+    if not overrides:
+        return text
+    rest = text[len(source) + 2:] if source and text.startswith(f"{source}: ") else text
+    key = rest.split(": ", 1)[0]
+    for item in reversed(list(overrides)):
+        okey = item.split("=", 1)[0].strip()
+        if key == okey or key.startswith(okey + ".") or okey.startswith(key + "."):
+            return f"--set {item}: {rest}"
+    if key == "data" or key.startswith("data."):  # a problem of data given on the command line
+        for item in reversed(list(overrides)):
+            if item.split("=", 1)[0].strip() in ("data.path", "data.dataset"):
+                return f"--set {item}: {rest}"
+    return text
+
+
+def _format(source: str | None, err: ValidationError, prefix: tuple = (), model=None, overrides=()) -> str:
     e = err.errors()[0]
-    loc = [str(x) for x in (*prefix, *e["loc"]) if not str(x).startswith("function-")]
+    raw_loc = [x for x in e["loc"] if not str(x).startswith("function-")]
+    loc = [str(x) for x in (*prefix, *raw_loc)]
     # pydantic adds the union/literal branch name to the location; drop it
     loc = [x for x in loc if x not in {"int", "list[int]", "constrained-float"}]
     key = ".".join(loc) or "(top level)"
     typ = e["type"]
     if typ == "extra_forbidden":
-        msg = "unknown key"
+        within = [x for x in raw_loc[:-1] if str(x) not in {"int", "list[int]", "constrained-float"}]
+        msg = unknown_key_message(str(raw_loc[-1]), valid_keys(model or Scenario, within))
     elif typ == "missing":
         msg = "required key is missing"
     else:
@@ -192,7 +271,7 @@ def _format(source: str | None, err: ValidationError, prefix: tuple = ()) -> str
         if "input" in e and typ not in {"value_error", "model_type", "dict_type"}:
             msg += f", got {e['input']!r}"
     where = f"{source}: " if source else ""
-    return f"{where}{key}: {msg}"
+    return blame_override(f"{where}{key}: {msg}", source, overrides)
 
 
 def _set_path(raw: dict, dotted: str, value: Any, source: str | None) -> None:
@@ -203,10 +282,24 @@ def _set_path(raw: dict, dotted: str, value: Any, source: str | None) -> None:
         if nxt is None:
             nxt = node[k] = {}
         if not isinstance(nxt, dict):
-            where = f"{source}: " if source else ""
-            raise ScenarioError(f"{where}{'.'.join(keys[: i + 1])}: cannot set a key inside a {type(nxt).__name__}")
+            raise ScenarioError(f"--set {dotted}=...: {'.'.join(keys[: i + 1])}: cannot set a key inside a "
+                                f"{type(nxt).__name__}")
         node = nxt
     node[keys[-1]] = value
+
+
+def _apply_override(raw: dict, key: str, value: Any, source: str | None) -> None:
+    """Set one override; a data source given on the command line replaces the other one."""
+    if key == "data.path" and isinstance(value, str):
+        p = Path(value).expanduser()
+        value = str(p if p.is_absolute() else Path(os.getcwd()) / p)  # command line: relative to here
+    _set_path(raw, key, value, source)
+    data = raw.get("data")
+    if isinstance(data, dict) and value is not None:
+        if key == "data.path":
+            data.pop("dataset", None)
+        elif key == "data.dataset":
+            data.pop("path", None)
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -253,20 +346,25 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ())
 
 def scenario_from_dict(raw: dict, source: str | None = None, overrides=()) -> Scenario:
     raw = copy.deepcopy(raw)
+    overrides = tuple(overrides)
     for item in overrides:
         key, value = parse_override(item)
-        _set_path(raw, key, value, source)
+        try:
+            _apply_override(raw, key, value, source)
+        except ScenarioError as e:
+            raise ScenarioError(str(e).replace(f"--set {key}=...", f"--set {item}", 1)) from None
     raw.pop("source", None)
     try:
         sc = Scenario(**raw, source=source)
     except ValidationError as e:
-        raise ScenarioError(_format(source, e)) from None
+        raise ScenarioError(_format(source, e, overrides=overrides)) from None
     except TypeError as e:  # e.g. a key that is not a string
         where = f"{source}: " if source else ""
         raise ScenarioError(f"{where}(top level): {e}") from None
+    sc._overrides = overrides
     sc.protocol_config()
     p = sc.data_path()
     if p is not None and not p.is_file():
         where = f"{source}: " if source else ""
-        raise ScenarioError(f"{where}data.path: file not found: {p}")
+        raise ScenarioError(blame_override(f"{where}data.path: file not found: {p}", source, overrides))
     return sc

@@ -1,90 +1,426 @@
-"""``raymvc sweep``: one scenario over a grid of overrides, one Ray instance for all runs.
+"""``raymvc sweep``: scenarios x a grid of overrides x seeds, resumable, with an aggregate.
 
-Typical use is a dropout-robustness study::
+A dropout-robustness study of three methods side by side::
 
-    raymvc sweep scenarios/hw-cefmc.yaml --grid faults.dropout.rate=0,0.1,0.2,0.3 --repeats 3
+    raymvc sweep scenarios/hw-cefmc.yaml scenarios/digits-kfed.yaml \\
+        --grid 'faults.dropout.rate=[0, 0.1, 0.3, 0.5]' --seeds 0,1,2 --backend local --jobs 2 --out runs/drop
 
-Each grid point and seed gets its own run directory under the sweep directory, and
-``sweep.csv`` collects one row per run (status, metrics, MB, faults).
+Each ``--grid`` value list is read as one YAML list, so any value works
+(``--grid 'faults.crash=[[], [{client: 2, at_round: 2}]]'``); several ``--grid`` flags
+make a product. Every cell (scenario, grid point, seed) gets its own run folder, named
+after them, under the sweep folder. A cell whose ``summary.json`` already holds a final
+status is not run again, so an interrupted sweep resumes where it stopped.
+
+Written beside the run folders:
+
+* ``sweep.json`` -- what was swept (scenarios, grid keys and values, seeds);
+* ``sweep.csv`` -- one row per run: scenario, method, grid values, seed, status, acc,
+  nmi, ari, mb, rounds, wall, faults, run folder;
+* ``aggregate.csv`` -- one row per scenario and grid point: mean and std over the seeds
+  of ACC/NMI/ARI/MB and the count of completed, degraded and failed runs. Failed runs
+  never enter a mean; their count is shown instead.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import itertools
+import json
+import math
+import re
+import shutil
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from .results import default_out_dir
+from .results import FINAL_STATUSES, default_out_dir, read_summary, run_finished, short_value
 from .scenario import ScenarioError, load_scenario
 
+METRICS = ("acc", "nmi", "ari")
+RUN_FIELDS = ("seed", "status", "acc", "nmi", "ari", "mb", "rounds", "wall", "dropped_replies", "late_replies",
+              "crashed_clients", "run_dir")
 
+
+# --------------------------------------------------------------------------- parsing
 def parse_grid(items: list[str]) -> list[tuple[str, list]]:
+    """``['key=[v1, v2]', ...]`` -> ``[('key', [v1, v2]), ...]``.
+
+    The part after ``=`` is one YAML list; without brackets it is read as if it had
+    them (``key=0,0.1`` is ``key=[0, 0.1]``), so lists and mappings inside brackets keep
+    their commas.
+    """
     grid = []
     for item in items:
         if "=" not in item:
-            raise ScenarioError(f"--grid {item}: expected key.path=v1,v2,...")
-        key, vals = item.split("=", 1)
+            raise ScenarioError(f"--grid {item}: expected key.path=[v1, v2, ...]")
+        key, text = (part.strip() for part in item.split("=", 1))
+        if not key or any(not p for p in key.split(".")):
+            raise ScenarioError(f"--grid {item}: bad key path {key!r}")
+        src = text if text.startswith("[") else f"[{text}]"
         try:
-            values = [yaml.safe_load(v) for v in vals.split(",")]
-        except yaml.YAMLError:
-            raise ScenarioError(f"--grid {key}: values are not valid YAML") from None
-        grid.append((key.strip(), values))
+            values = yaml.safe_load(src)
+        except yaml.YAMLError as e:
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ScenarioError(f"--grid {item}: {key}: values are not a valid YAML list ({problem})") from None
+        if not isinstance(values, list) or not values:
+            raise ScenarioError(f"--grid {item}: {key}: expected a non-empty YAML list of values, e.g. {key}=[0, 0.1]")
+        if key in {k for k, _ in grid}:
+            raise ScenarioError(f"--grid {item}: {key}: given twice")
+        grid.append((key, values))
     return grid
 
 
-def _fmt(v) -> str:
-    return yaml.safe_dump(v, default_flow_style=True).strip().removesuffix("...").strip()
+def parse_seeds(text: str) -> list[int]:
+    """``'0,1,2'`` or ``'0-4'`` (or a mix) -> a list of seeds."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        m = re.fullmatch(r"(\d+)\s*-\s*(\d+)", part)
+        try:
+            if m:
+                lo, hi = int(m.group(1)), int(m.group(2))
+                if hi < lo:
+                    raise ValueError
+                seeds.extend(range(lo, hi + 1))
+            else:
+                seeds.append(int(part))
+        except ValueError:
+            raise ScenarioError(f"--seeds {text}: expected seeds like 0,1,2 or 0-4") from None
+    if any(s < 0 for s in seeds):
+        raise ScenarioError(f"--seeds {text}: seeds must be >= 0")
+    return list(dict.fromkeys(seeds))
 
 
+def short_key(key: str) -> str:
+    """``faults.dropout.rate`` -> ``dropout``; ``data.missing.rate`` -> ``missing``; ``seed`` -> ``seed``."""
+    parts = key.split(".")
+    if len(parts) >= 2 and parts[-1] in {"rate", "fraction", "value"}:
+        return parts[-2]
+    return parts[-1]
+
+
+def _slug(text: str) -> str:
+    text = re.sub(r"[\s:{}\[\],'\"]+", "-", text)
+    text = re.sub(r"[^A-Za-z0-9._=+-]", "", text)
+    return re.sub(r"-{2,}", "-", text).strip("-") or "x"
+
+
+# --------------------------------------------------------------------------- cells
+@dataclass
+class Cell:
+    scenario: str  # the YAML file
+    name: str  # the scenario's name
+    method: str
+    point: dict  # grid key -> value
+    seed: int
+    overrides: list[str]
+    run_dir: Path
+    max_rounds: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        pts = " ".join(f"{short_key(k)}={short_value(v)}" for k, v in self.point.items())
+        return f"{self.name}{' ' + pts if pts else ''} seed {self.seed}"
+
+
+def _run_dir_name(name: str, point: dict, seed: int) -> str:
+    def part(k, v) -> str:
+        text = _slug(short_value(v)) if _slug(short_value(v)) != "x" else "none"
+        return f"{short_key(k)}{'-' if text[:1].isalpha() else ''}{text}"
+
+    parts = [name] + [part(k, v) for k, v in point.items()] + [f"seed{seed}"]
+    slug = _slug("_".join(parts))
+    if len(slug) > 100 or any(_slug(short_value(v)) != short_value(v) for v in point.values()):
+        # values that lose characters in a folder name get a short digest, so two never collide
+        digest = hashlib.sha1(json.dumps(point, sort_keys=True, default=str).encode()).hexdigest()[:6]
+        slug = f"{slug[:90]}-{digest}"
+    return slug
+
+
+def plan(scenarios: list[str], grid: list[tuple[str, list]], seeds: list[int] | None, base: list[str],
+         out: Path) -> list[Cell]:
+    """Every (scenario, grid point, seed), validated before anything runs."""
+    from .runtime import prepare
+
+    cells: list[Cell] = []
+    keys = [k for k, _ in grid]
+    for path in scenarios:
+        first = _load(path, base, keys)
+        run_seeds = seeds if seeds is not None else [first.seed]
+        for combo in itertools.product(*[vals for _, vals in grid]):
+            point = dict(zip(keys, combo))
+            over = base + [f"{k}={short_value(v)}" for k, v in point.items()]
+            for j, seed in enumerate(run_seeds):
+                sc = _load(path, over + [f"seed={seed}"], keys)
+                if j == 0:  # the data and the split for this point load (errors before any run)
+                    try:
+                        prepare(sc)
+                    except ScenarioError as e:
+                        raise _grid_blame(sc.blame(e), keys) from None
+                cfg = sc.protocol_config()
+                cells.append(Cell(scenario=path, name=sc.name, method=sc.method, point=point, seed=seed,
+                                  overrides=over + [f"seed={seed}"],
+                                  run_dir=out / _run_dir_name(sc.name, point, seed),
+                                  max_rounds=getattr(cfg, "max_rounds", None),
+                                  extra={"backend": sc.runtime.backend}))
+    dirs = [c.run_dir for c in cells]
+    if len(set(dirs)) != len(dirs):
+        dup = next(d for d in dirs if dirs.count(d) > 1)
+        raise ScenarioError(f"two runs would share the folder {dup.name}; give the scenarios different names")
+    return cells
+
+
+def _grid_blame(err: ScenarioError, keys: list[str]) -> ScenarioError:
+    text = str(err)
+    for k in keys:
+        if text.startswith(f"--set {k}="):
+            return ScenarioError("--grid " + text[len("--set "):])
+    return err
+
+
+def _load(path: str, overrides: list[str], grid_keys: list[str]):
+    try:
+        return load_scenario(path, overrides)
+    except ScenarioError as e:
+        raise _grid_blame(e, grid_keys) from None
+
+
+# --------------------------------------------------------------------------- running
+def _run_cell(scenario: str, overrides: list[str], run_dir: str, progress=None) -> dict:
+    """Run one cell (in this process or a worker process); returns its summary."""
+    from .runtime import run_scenario
+
+    sc = load_scenario(scenario, overrides)
+    rd = Path(run_dir)
+    if rd.exists():  # an unfinished earlier attempt: a run folder never mixes two runs
+        shutil.rmtree(rd)
+    kw = {}
+    if progress is not None:
+        kw = {"progress": progress.text, "on_round": progress.round}
+    else:
+        kw = {"progress": lambda line: None}
+    return run_scenario(sc, rd, **kw)
+
+
+def _failed_summary(cell: Cell, err: BaseException) -> dict:
+    return {"name": cell.name, "method": cell.method, "seed": cell.seed, "status": "failed",
+            "error": f"{type(err).__name__}: {err}", "rounds": 0, "metrics": None,
+            "communication": {"mb_total": 0.0}, "faults": {}, "timing": {}, "out_dir": str(cell.run_dir)}
+
+
+def execute(cells: list[Cell], jobs: int = 1, quiet: bool = False, live: bool | None = None) -> tuple[int, int]:
+    """Run the cells not finished yet; returns (executed, skipped)."""
+    from .progress import SweepProgress
+
+    todo = [c for c in cells if not run_finished(c.run_dir)]
+    skipped = len(cells) - len(todo)
+    prog = SweepProgress(len(cells), skipped=skipped, live=live, quiet=quiet)
+    if skipped and not quiet:
+        prog.line.log(f"[sweep] {skipped} of {len(cells)} runs finished before; running the other {len(todo)}")
+    parallel = jobs > 1 and len(todo) > 1 and all(c.extra.get("backend") == "local" for c in todo)
+    if jobs > 1 and not parallel and todo and not quiet:
+        prog.line.log("[sweep] --jobs applies to the local backend; Ray runs go one after another "
+                      "(their clients already run in parallel)")
+    try:
+        if parallel:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor, as_completed
+
+            ctx = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+                futures = {pool.submit(_run_cell, c.scenario, c.overrides, str(c.run_dir)): c for c in todo}
+                for fut in as_completed(futures):
+                    cell = futures[fut]
+                    try:
+                        summary = fut.result()
+                    except Exception as e:  # a worker that died: record it, go on
+                        summary = _failed_summary(cell, e)
+                        _write_failed(cell, summary)
+                    prog.finished(cell.label, summary)
+        else:
+            for cell in todo:
+                rp = prog.run(cell.label, cell.max_rounds)
+                try:
+                    summary = _run_cell(cell.scenario, cell.overrides, str(cell.run_dir), progress=rp)
+                except Exception as e:
+                    summary = _failed_summary(cell, e)
+                    _write_failed(cell, summary)
+                prog.finished(cell.label, summary)
+    finally:
+        prog.close()
+    return len(todo), skipped
+
+
+def _write_failed(cell: Cell, summary: dict) -> None:
+    cell.run_dir.mkdir(parents=True, exist_ok=True)
+    (cell.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+
+# --------------------------------------------------------------------------- tables
+def collect(cells: list[Cell], out: Path) -> list[dict]:
+    """One row per cell from its summary.json (cells without one count as failed)."""
+    rows = []
+    for c in cells:
+        try:
+            s = read_summary(c.run_dir)
+        except (OSError, ValueError):
+            s = {"status": "failed", "metrics": None, "communication": {}, "faults": {}, "timing": {}}
+        rows.append(summary_row(c.name, s.get("method", c.method), c.point, c.seed, s, c.run_dir, out))
+    return rows
+
+
+def summary_row(name: str, method: str, point: dict, seed: int, s: dict, run_dir: Path, out: Path) -> dict:
+    m = s.get("metrics") or {}
+    f = s.get("faults") or {}
+    status = s.get("status", "failed")
+    if status not in FINAL_STATUSES:
+        status = "failed" if status is None else status
+    try:
+        rel = str(Path(run_dir).relative_to(out))
+    except ValueError:
+        rel = str(run_dir)
+    row = {"scenario": name, "method": method}
+    row.update({k: short_value(v) for k, v in point.items()})
+    row.update(seed=seed, status=status, acc=m.get("acc"), nmi=m.get("nmi"), ari=m.get("ari"),
+               mb=(s.get("communication") or {}).get("mb_total"), rounds=s.get("rounds"),
+               wall=(s.get("timing") or {}).get("wall_s"), dropped_replies=f.get("dropped_replies"),
+               late_replies=f.get("late_replies"), crashed_clients=len(f.get("crashed_clients") or []), run_dir=rel)
+    return row
+
+
+def _num(v) -> float | None:
+    if v is None or v == "":
+        return None
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def _mean_std(xs: list[float]) -> tuple[float | None, float | None]:
+    if not xs:
+        return None, None
+    mean = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return mean, None
+    return mean, math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def aggregate(rows: list[dict], keys: list[str]) -> list[dict]:
+    """Mean and std (over seeds, sample std) per scenario and grid point; failed runs excluded, counted.
+
+    A run counts as ``completed`` or ``degraded`` as its summary says; anything else
+    (``failed``, ``interrupted``, missing) counts as failed.
+    """
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["scenario"], r["method"], *[str(r[k]) for k in keys]), []).append(r)
+    out = []
+    for gkey, rs in groups.items():
+        ok = [r for r in rs if r["status"] in ("completed", "degraded")]
+        agg = {"scenario": gkey[0], "method": gkey[1]}
+        agg.update(zip(keys, gkey[2:]))
+        agg.update(runs=len(rs), completed=sum(r["status"] == "completed" for r in rs),
+                   degraded=sum(r["status"] == "degraded" for r in rs))
+        agg["failed"] = agg["runs"] - agg["completed"] - agg["degraded"]
+        for m in (*METRICS, "mb"):
+            mean, std = _mean_std([x for r in ok if (x := _num(r[m])) is not None])
+            agg[f"{m}_mean"], agg[f"{m}_std"] = mean, std
+        out.append(agg)
+    return out
+
+
+def write_csv(path: Path, rows: list[dict], fields: list[str]) -> None:
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in fields})
+
+
+def aggregate_fields(keys: list[str]) -> list[str]:
+    return ["scenario", "method", *keys, "runs", "completed", "degraded", "failed"] + \
+        [f"{m}_{s}" for m in (*METRICS, "mb") for s in ("mean", "std")]
+
+
+def format_aggregate(agg: list[dict], keys: list[str]) -> str:
+    """The aggregate as a text table (mean ± std; n = runs that entered the mean)."""
+    def pm(r, m, digits):
+        mean, std = _num(r.get(f"{m}_mean")), _num(r.get(f"{m}_std"))
+        if mean is None:
+            return "n/a"
+        return f"{mean:.{digits}f} ± {std:.{digits}f}" if std is not None else f"{mean:.{digits}f}"
+
+    head = ["scenario", "method", *[short_key(k) for k in keys], "done/deg/fail", "ACC", "NMI", "ARI", "MB"]
+    body = [[str(r["scenario"]), str(r["method"]), *[str(r[k]) for k in keys],
+             f"{r['completed']}/{r['degraded']}/{r['failed']}", pm(r, "acc", 4), pm(r, "nmi", 4), pm(r, "ari", 4),
+             pm(r, "mb", 3)] for r in agg]
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)).rstrip() for b in body]
+    if any(int(r["failed"]) for r in agg):
+        lines.append("(failed runs are left out of every mean)")
+    return "\n".join(lines)
+
+
+def read_sweep(sweep_dir: str | Path) -> tuple[dict, list[dict], list[dict]]:
+    """(meta, rows of sweep.csv, aggregate) of a sweep folder; the aggregate is recomputed from sweep.csv."""
+    d = Path(sweep_dir)
+    try:
+        meta = json.loads((d / "sweep.json").read_text())
+    except (OSError, ValueError):
+        meta = {}
+    with open(d / "sweep.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    keys = meta.get("grid_keys")
+    if keys is None:
+        fixed = set(RUN_FIELDS) | {"scenario", "method", "mb_total"}
+        keys = [k for k in (rows[0].keys() if rows else []) if k not in fixed]
+        meta["grid_keys"] = keys
+    return meta, rows, aggregate(rows, keys)
+
+
+# --------------------------------------------------------------------------- command
 def run_sweep(args) -> int:
-    from .runtime import prepare, run_scenario
-
-    grid = parse_grid(args.grid)
+    grid = parse_grid(args.grid or [])
+    keys = [k for k, _ in grid]
     base = list(args.set or [])
-    if args.address:
+    if getattr(args, "address", None):
         base.append(f"runtime.address={args.address}")
     if getattr(args, "backend", None):
         base.append(f"runtime.backend={args.backend}")
-    first = load_scenario(args.scenario, base)
-    seed0 = args.seed if args.seed is not None else first.seed
-    points = []
-    for combo in itertools.product(*[vals for _, vals in grid]):
-        for rep in range(args.repeats):
-            over = base + [f"{k}={_fmt(v)}" for (k, _), v in zip(grid, combo)] + [f"seed={seed0 + rep}"]
-            sc = load_scenario(args.scenario, over)  # validate every point before running any
-            points.append((combo, rep, sc, prepare(sc)))
-    out = Path(args.out) if args.out else default_out_dir(f"{first.name}-sweep")
+    if args.seeds is not None and args.seed is not None:
+        raise ScenarioError("--seeds and --seed: give one of them")
+    if args.seeds is not None:
+        seeds = parse_seeds(args.seeds)
+    elif args.seed is not None or args.repeats > 1:
+        s0 = args.seed if args.seed is not None else load_scenario(args.scenario[0], base).seed
+        seeds = [s0 + i for i in range(args.repeats)]
+    else:
+        seeds = None  # each scenario's own seed
+    if args.jobs < 1:
+        raise ScenarioError(f"--jobs {args.jobs}: must be >= 1")
+    names = [load_scenario(p, base).name for p in args.scenario]
+    out = Path(args.out) if args.out else default_out_dir("sweep-" + "-".join(dict.fromkeys(names))[:60])
+    cells = plan(list(args.scenario), grid, seeds, base, out)
     out.mkdir(parents=True, exist_ok=True)
-    keys = [k for k, _ in grid]
-    fields = keys + ["seed", "status", "acc", "nmi", "ari", "mb_total", "rounds", "dropped_replies",
-                     "late_replies", "crashed_clients", "run_dir"]
-    rows = []
-    quiet = args.quiet
-    for i, (combo, rep, sc, prepared) in enumerate(points):
-        tag = "_".join(f"{k.split('.')[-2] if k.endswith('rate') else k.split('.')[-1]}{_fmt(v)}" for k, v in zip(keys, combo))
-        run_dir = out / f"{i:03d}-{tag}-seed{sc.seed}"
-        if not quiet:
-            print(f"[sweep] {i + 1}/{len(points)}: {dict(zip(keys, combo))} seed {sc.seed}", file=sys.stderr, flush=True)
-        s = run_scenario(sc, run_dir, progress=(lambda line: None), prepared=prepared)
-        m = s.get("metrics") or {}
-        row = dict(zip(keys, combo))
-        row.update(seed=sc.seed, status=s["status"], acc=m.get("acc"), nmi=m.get("nmi"), ari=m.get("ari"),
-                   mb_total=s["communication"]["mb_total"], rounds=s["rounds"],
-                   dropped_replies=s["faults"]["dropped_replies"], late_replies=s["faults"]["late_replies"],
-                   crashed_clients=len(s["faults"]["crashed_clients"]), run_dir=str(run_dir))
-        rows.append(row)
-    with open(out / "sweep.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=fields)
-        w.writeheader()
-        w.writerows(rows)
-    print(" ".join(f"{k:>14}" for k in keys) + f" {'seed':>4} {'status':>9} {'ACC':>6} {'NMI':>6} {'MB':>8} {'drop':>5}")
-    for r in rows:
-        cells = " ".join(f"{_fmt(r[k]):>14}" for k in keys)
-        acc = "  n/a " if r["acc"] is None else f"{r['acc']:6.3f}"
-        nmi = "  n/a " if r["nmi"] is None else f"{r['nmi']:6.3f}"
-        print(f"{cells} {r['seed']:>4} {r['status']:>9} {acc} {nmi} {r['mb_total']:8.3f} {r['dropped_replies']:>5}")
-    print(f"sweep results: {out / 'sweep.csv'}", file=sys.stderr)
+    meta = {"scenarios": list(args.scenario), "grid_keys": keys, "grid": {k: v for k, v in grid},
+            "seeds": seeds, "overrides": base, "runs": len(cells)}
+    (out / "sweep.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+
+    executed, skipped = execute(cells, jobs=args.jobs, quiet=args.quiet)
+
+    rows = collect(cells, out)
+    write_csv(out / "sweep.csv", rows, ["scenario", "method", *keys, *RUN_FIELDS])
+    agg = aggregate(rows, keys)
+    write_csv(out / "aggregate.csv", agg, aggregate_fields(keys))
+    print(format_aggregate(agg, keys))
+    if not args.quiet:
+        print(f"sweep: {executed} runs executed, {skipped} already finished; results in {out} "
+              f"(sweep.csv, aggregate.csv; plot with: raymvc plot {out})", file=sys.stderr)
     return 0

@@ -1,12 +1,14 @@
-"""The command line: broken scenarios exit 2 with one line; validate, list, run, report, sweep."""
+"""The command line: broken scenarios exit 2 with one line; validate, list, params, run, report; own data and methods."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -106,15 +108,132 @@ def test_run_json_then_report(tmp_path, capsys):
     assert s["status"] == "completed" and s["out_dir"] == str(out)
     assert main(["report", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "status    completed" in text and "MB" in text
-    assert main(["report", str(tmp_path)]) == 2
+    assert "status    completed" in text and "MB" in text and "start-up" in text
+    assert main(["report", str(tmp_path / "nothing")]) == 2
+    lines = (out / "labels.csv").read_text().splitlines()
+    assert lines[0] == "sample,cluster" and len(lines) == 1 + s["n_samples"] == 2001
+    assert [int(x.split(",")[0]) for x in lines[1:]] == list(range(2000))
+    assert {int(x.split(",")[1]) for x in lines[1:]} <= set(range(10))
 
 
-def test_sweep_over_dropout(tmp_path, capsys):
-    out = tmp_path / "sweep"
-    rc = main(["sweep", str(QUICK), "--backend", "local", "--grid", "faults.dropout.rate=0,0.4", "--out", str(out),
-               "--quiet"])
-    assert rc == 0
-    rows = (out / "sweep.csv").read_text().splitlines()
-    assert len(rows) == 3 and rows[0].startswith("faults.dropout.rate,seed,status")
-    assert rows[1].split(",")[2] == "completed" and rows[2].split(",")[2] == "degraded"
+def test_progress_lines_when_not_a_terminal(tmp_path, capsys):
+    assert main(["run", str(QUICK), "--backend", "local", "--out", str(tmp_path / "r")]) == 0
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    assert "[hw-cefmc] round 1/30" in err and " MB  6 replies, 0 missing" in err
+
+
+def test_set_errors_name_the_set_and_suggest_keys(capsys):
+    assert main(["validate", str(QUICK), "--set", "params.lamda=2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --set params.lamda=2: params.lamda: unknown key; did you mean 'lambda'?")
+    assert "valid keys: beta, inner_iters, kmeans_init, lambda, max_rounds, tol" in err and "\n" not in err
+    assert main(["run", str(QUICK), "--set", "faults.droput.rate=0.1"]) == 2
+    assert "error: --set faults.droput.rate=0.1: faults.droput: unknown key; did you mean 'dropout'?" \
+        in capsys.readouterr().err
+    # problems found while loading the data name the --set too
+    assert main(["validate", str(QUICK), "--set", "faults.crash=[{client: 9, at_round: 1}]"]) == 2
+    assert capsys.readouterr().err.startswith("error: --set faults.crash=[{client: 9, at_round: 1}]: faults.crash: ")
+    assert main(["validate", str(QUICK), "--set", "method=cefmx"]) == 2
+    assert "did you mean 'cefmc'?" in capsys.readouterr().err
+
+
+def test_params_and_version(capsys):
+    assert main(["params", "cefmc"]) == 0
+    out = capsys.readouterr().out
+    assert "lambda" in out and "float" in out and "(0.0, inf)" in out and "weight of the label term" in out
+    assert main(["params", "cefmc", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["max_rounds"]["default"] == "30" and rows["max_rounds"]["range"] == "[1, inf)"
+    assert main(["params", "nope"]) == 2
+    assert capsys.readouterr().err.startswith("error: method: unknown method 'nope'")
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    from importlib.metadata import version
+
+    assert capsys.readouterr().out.strip() == f"raymvc {version('raymvc')}"
+
+
+def test_report_into_a_closed_pipe_is_quiet(tmp_path):
+    out = tmp_path / "run"
+    assert main(["run", str(QUICK), "--backend", "local", "--out", str(out), "--quiet"]) == 0
+    p = subprocess.Popen([sys.executable, "-m", "raymvc.cli", "report", "--json", str(out), str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # like `| head` that has gone away before the output comes
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 0
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def _npz(path, labelled=True, n=90):
+    rng = np.random.default_rng(0)
+    y = np.repeat(np.arange(3), n // 3)
+    views = {f"X{v}": rng.standard_normal((n, 4 + v)) + 3 * y[:, None] for v in range(2)}
+    if labelled:
+        views["Y"] = y
+    np.savez(path, **views)
+    return path
+
+
+def test_data_path_on_the_command_line_replaces_the_dataset_and_resolves_here(tmp_path, monkeypatch):
+    _npz(tmp_path / "mine.npz")
+    monkeypatch.chdir(tmp_path)
+    sc = load_scenario(QUICK, ["data.path=mine.npz"])
+    assert sc.data.dataset is None and sc.data_path() == tmp_path / "mine.npz"
+    from raymvc.runtime import prepare
+
+    ds, part = prepare(sc)
+    assert ds.n_samples == 90 and part.n_clients == 2
+    # written in a YAML file, a relative path resolves against that file's folder
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    d = base()
+    d["data"] = {"path": "../mine.npz", "normalize": "l2"}
+    (sub / "s.yaml").write_text(yaml.safe_dump(d))
+    monkeypatch.chdir(REPO)
+    sc = load_scenario(sub / "s.yaml")
+    assert sc.data_path().resolve() == (tmp_path / "mine.npz").resolve()
+    # and --set data.dataset puts a built-in data set back
+    assert load_scenario(sub / "s.yaml", ["data.dataset=handwritten"]).data.path is None
+
+
+def test_unlabelled_data_needs_n_clusters_and_gets_label_free_scores(tmp_path, capsys, monkeypatch):
+    _npz(tmp_path / "raw.npz", labelled=False)
+    monkeypatch.chdir(tmp_path)
+    assert main(["validate", str(QUICK), "--set", "data.path=raw.npz"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --set data.path=raw.npz: data.n_clusters: raw has no labels")
+    out = tmp_path / "run"
+    assert main(["run", str(QUICK), "--backend", "local", "--set", "data.path=raw.npz", "--set", "data.n_clusters=3",
+                 "--out", str(out), "--json", "--quiet"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["n_clusters"] == 3 and set(s["metrics"]) == {"silhouette", "calinski_harabasz"}
+    assert s["metrics"]["silhouette"] > 0.3
+    assert len((out / "labels.csv").read_text().splitlines()) == 91
+
+
+def test_method_by_import_path_from_the_current_directory(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(REPO / "examples" / "own_method")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    out = tmp_path / "run"
+    assert main(["run", "fedlloyd.yaml", "--backend", "local", "--set", "params.max_rounds=3", "--out", str(out),
+                 "--json", "--quiet"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["method"] == "fedlloyd" and s["status"] == "completed" and s["metrics"]["acc"] > 0.3
+    assert main(["params", "fedlloyd"]) == 0
+    assert "Lloyd rounds after the start" in capsys.readouterr().out
+
+
+def test_method_from_an_entry_point(monkeypatch):
+    from importlib.metadata import EntryPoint
+
+    import raymvc.protocols as protocols
+
+    ep = EntryPoint(name="kfed-alias", value="raymvc.protocols.kfed", group=protocols.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(protocols, "_entry_points", lambda: {"kfed-alias": ep})
+    assert "kfed-alias" in protocols.available()
+    assert protocols.get("kfed-alias").name == "kfed"
+    sc = load_scenario(REPO / "scenarios" / "digits-kfed.yaml", ["method=kfed-alias"])
+    assert sc.method == "kfed-alias"

@@ -1,8 +1,8 @@
 """Data set loading: built-in data sets, user ``.npz`` / ``.mat`` files, normalisation.
 
 Every loader returns a :class:`MultiViewDataset` with float64 views, labels remapped to
-``0..k-1`` and, where some samples lack some views, a ``present`` mask (absent rows are
-zero-filled).
+``0..k-1`` (all ``-1`` for a file without labels; rows are then samples) and, where some
+samples lack some views, a ``present`` mask (absent rows are zero-filled).
 """
 
 from __future__ import annotations
@@ -290,8 +290,11 @@ def _assemble(path, raw_views, labels, present, index, names) -> MultiViewDatase
             f"{path}: no views found; expected a cell/list named one of {', '.join(VIEW_KEYS)} "
             "or arrays X0, X1, ... / view_0, view_1, ..."
         )
-    if labels is None:
-        raise DataError(f"{path}: no labels found; expected one of {', '.join(LABEL_KEYS)}")
+    unlabelled = labels is None
+    if unlabelled:  # no ground truth: rows are samples; give data.n_clusters
+        first = _dense(raw_views[0])
+        n = first.shape[0] if first.ndim == 2 else len(first)
+        labels = np.full(n, -1, dtype=np.int64)
     labels = np.asarray(labels).ravel()
     n = len(labels)
     views = []
@@ -303,7 +306,8 @@ def _assemble(path, raw_views, labels, present, index, names) -> MultiViewDatase
             raise DataError(f"{path}: view {v} has {X.ndim} dimensions, expected a matrix")
         if X.shape[0] != n:
             if X.shape[1] != n:
-                raise DataError(f"{path}: view {v} has shape {X.shape}, neither dimension matches {n} labels")
+                raise DataError(f"{path}: view {v} has shape {X.shape}, neither dimension matches "
+                                f"{n} {'samples (the rows of view 0)' if unlabelled else 'labels'}")
             X = X.T
         views.append(np.array(X, dtype=np.float64))
     V = len(views)
@@ -328,7 +332,8 @@ def _assemble(path, raw_views, labels, present, index, names) -> MultiViewDatase
             raise DataError(f"{path}: view {v} has NaN values in rows marked present")
     if present.all():
         present = None
-    _, labels = np.unique(labels, return_inverse=True)
+    if not unlabelled:
+        _, labels = np.unique(labels, return_inverse=True)
     if names is not None and len(names) != V:
         names = None
     return MultiViewDataset(

@@ -15,7 +15,9 @@ class MultiViewDataset:
     ``views[v]`` is an ``(n, d_v)`` float64 array. ``present`` is an ``(n, V)`` bool
     mask (``None`` = every view present for every sample); absent rows are filled
     with zeros so arrays stay dense. ``labels`` are ground truth, used only to score
-    and to build label-skewed horizontal splits -- never by a method.
+    and to build label-skewed horizontal splits -- never by a method; ``-1`` everywhere
+    when the data has none. ``k`` fixes the number of clusters (``data.n_clusters``);
+    without it the number of distinct labels counts.
     """
 
     name: str
@@ -25,6 +27,7 @@ class MultiViewDataset:
     view_names: list[str] = field(default_factory=list)
     image_shapes: dict[int, tuple[int, int]] = field(default_factory=dict)
     source: str = ""
+    k: int | None = None
 
     def __post_init__(self) -> None:
         n = len(self.labels)
@@ -46,7 +49,14 @@ class MultiViewDataset:
 
     @property
     def n_clusters(self) -> int:
-        return int(len(np.unique(self.labels)))
+        if self.k is not None:
+            return int(self.k)
+        return int(len(np.unique(self.labels[self.labels >= 0])))
+
+    @property
+    def has_labels(self) -> bool:
+        """Whether ground truth exists (unlabelled data is scored without it)."""
+        return bool(len(self.labels)) and bool(np.all(self.labels >= 0))
 
     @property
     def dims(self) -> list[int]:

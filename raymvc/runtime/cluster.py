@@ -105,6 +105,10 @@ def init_ray(sc: Scenario, n_clients: int) -> float:
                 os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
             os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)  # this process's own; nothing on disk
         need = math.ceil(math.ceil(n_clients / rt.clients_per_actor) * rt.client_cpus + rt.server_cpus)
-        # address="local": always a fresh embedded instance, even if `ray start` runs here
+        # address="local": always a fresh embedded instance, even if `ray start` runs here.
+        # Token mode stays on (Ray's default); only Ray's notice about it is not shown.
+        import logging
+
+        logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
         ray.init(address="local", num_cpus=rt.num_cpus or max(os.cpu_count() or 1, need), **kwargs)
     return time.perf_counter() - t

@@ -21,7 +21,7 @@ import numpy as np
 from ..channel import Ledger
 from ..data import load_dataset, normalize
 from ..data import partition as parts
-from ..metrics import clustering_scores
+from ..metrics import clustering_scores, label_free_scores
 from ..protocols import get
 from ..results import RunWriter, default_out_dir, format_summary
 from ..scenario import Scenario, ScenarioError
@@ -59,6 +59,12 @@ def prepare(sc: Scenario):
         raise _err(sc, "data.path" if d.path else "data.dataset", str(e)) from None
     except (KeyError, ValueError) as e:
         raise _err(sc, "data.dataset", str(e).strip("'\"")) from None
+    if d.n_clusters is not None:
+        ds.k = d.n_clusters
+    elif not ds.has_labels:
+        raise _err(sc, "data.n_clusters", f"{ds.name} has no labels; give the number of clusters (data.n_clusters: K)")
+    if not ds.has_labels and (d.heterogeneity > 0):
+        raise _err(sc, "data.heterogeneity", "a label-skewed split needs labels; this data has none")
     ds = normalize(ds, d.normalize)
     kind = d.partition or proto.partition
     if kind != proto.partition:
@@ -151,7 +157,8 @@ def _round_line(name: str, rec: RoundRecord) -> str:
     return f"[{name}] round {rec.round}: {len(rec.replied)} replies, {rec.wire_bytes / 1e6:.3f} MB{miss}{extra}"
 
 
-def _drive(sc: Scenario, part, ds, writer: RunWriter, progress: Callable[[str], None]) -> tuple[RunEnd, dict, list]:
+def _drive(sc: Scenario, part, ds, writer: RunWriter, progress: Callable[[str], None],
+           on_round: Callable[[dict], None] | None = None) -> tuple[RunEnd, dict, list]:
     """Start the parties, run every round, and return (run end, timings, actor handles)."""
     timing = {"startup_s": 0.0, "protocol_s": 0.0}
     server, handles = _spawn(sc, part, ds)
@@ -167,7 +174,10 @@ def _drive(sc: Scenario, part, ds, writer: RunWriter, progress: Callable[[str], 
     while True:
         rec = call("run_round")
         writer.round(rec.to_dict())
-        progress(_round_line(sc.name, rec))
+        if on_round is not None:
+            on_round(rec.to_dict())
+        else:
+            progress(_round_line(sc.name, rec))
         if rec.done:
             break
     end = call("finish")
@@ -176,8 +186,12 @@ def _drive(sc: Scenario, part, ds, writer: RunWriter, progress: Callable[[str], 
 
 
 def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: Callable[[str], None] | None = None,
-                 prepared=None) -> dict:
-    """Run one scenario end to end and return its summary (also written to disk)."""
+                 prepared=None, on_round: Callable[[dict], None] | None = None) -> dict:
+    """Run one scenario end to end and return its summary (also written to disk).
+
+    ``on_round(record)``, if given, receives every round's record instead of the
+    round's progress line (the command line draws its own progress from it).
+    """
     progress = progress or _progress_default
     wall0 = time.perf_counter()
     ds, part = prepared or prepare(sc)
@@ -189,7 +203,7 @@ def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: C
     handles: list = []
     timing = {"startup_s": 0.0, "protocol_s": 0.0}
     try:
-        end, timing, handles = _drive(sc, part, ds, writer, progress)
+        end, timing, handles = _drive(sc, part, ds, writer, progress, on_round)
     except Exception as e:  # keep whatever we have; the summary says what went wrong
         end = RunEnd.failed(f"{type(e).__name__}: {e}")
     finally:
@@ -251,7 +265,9 @@ def _participation(end: RunEnd) -> dict[int, dict]:
 def _summarise(sc, ds, part, proto, end: RunEnd, labels, ray_init_s, protocol_s, wall_s, out) -> dict:
     metrics = metrics_labelled = None
     kappa = proto.partition == "horizontal"
-    if labels is not None:
+    if labels is not None and not ds.has_labels:  # unlabelled data: label-free scores only
+        metrics = label_free_scores(ds, labels, seed=sc.seed)
+    elif labels is not None:
         metrics = clustering_scores(ds.labels, labels, kappa=kappa)
         has = labels >= 0
         if 0 < has.sum() < len(labels):  # some clients could not label: score the rest apart

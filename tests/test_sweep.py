@@ -1,0 +1,149 @@
+"""Studies: grid parsing, resumable sweeps, the aggregate (failed runs counted, never averaged), plots, report."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+import raymvc.sweep as sweep_mod
+from raymvc.cli import main
+from raymvc.scenario import ScenarioError
+from raymvc.sweep import aggregate, parse_grid, parse_seeds
+
+TINY = """
+name: {name}
+method: kfed
+params: {{kmeans_init: 1, max_iter: 50}}
+data:
+  dataset: synthetic
+  partition: horizontal
+  n_clients: 3
+  synthetic: {{n_samples: 150, n_views: 1, dims: 4, n_clusters: 3}}
+runtime: {{backend: local}}
+seed: 0
+"""
+
+
+def tiny(tmp_path, name="tiny"):
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(TINY.format(name=name))
+    return p
+
+
+def read_csv(path):
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_grid_values_are_one_yaml_list():
+    grid = parse_grid(["faults.crash=[[], [{client: 2, at_round: 2}]]", "faults.dropout.rate=0,0.1",
+                       "data.views=[[0], [0, 1]]", "channel.encryption=[none, aes-gcm]"])
+    assert grid[0] == ("faults.crash", [[], [{"client": 2, "at_round": 2}]])
+    assert grid[1] == ("faults.dropout.rate", [0, 0.1])
+    assert grid[2] == ("data.views", [[0], [0, 1]])
+    assert grid[3] == ("channel.encryption", ["none", "aes-gcm"])
+    for bad, words in [("faults.crash=[[}", "not a valid YAML list"), ("faults.crash=[]", "non-empty"),
+                       ("nokey", "expected key.path="), ("a..b=[1]", "bad key path")]:
+        with pytest.raises(ScenarioError, match=words):
+            parse_grid([bad])
+    with pytest.raises(ScenarioError, match="given twice"):
+        parse_grid(["seed=[1]", "seed=[2]"])
+
+
+def test_seeds():
+    assert parse_seeds("0,1,2") == [0, 1, 2]
+    assert parse_seeds("0-2,5") == [0, 1, 2, 5]
+    with pytest.raises(ScenarioError, match="--seeds"):
+        parse_seeds("a")
+
+
+def test_aggregate_excludes_failed_runs_and_counts_statuses():
+    rows = [
+        {"scenario": "s", "method": "m", "k": "0", "status": "completed", "acc": 0.8, "nmi": 0.5, "ari": 0.4, "mb": 1.0},
+        {"scenario": "s", "method": "m", "k": "0", "status": "degraded", "acc": 0.6, "nmi": 0.3, "ari": 0.2, "mb": 3.0},
+        {"scenario": "s", "method": "m", "k": "0", "status": "failed", "acc": 0.1, "nmi": 0.0, "ari": 0.0, "mb": 9.0},
+        {"scenario": "s", "method": "m", "k": "0", "status": "interrupted", "acc": "", "nmi": "", "ari": "", "mb": ""},
+    ]
+    (a,) = aggregate(rows, ["k"])
+    assert (a["runs"], a["completed"], a["degraded"], a["failed"]) == (4, 1, 1, 2)
+    assert a["acc_mean"] == pytest.approx(0.7) and a["mb_mean"] == pytest.approx(2.0)
+    assert a["acc_std"] == pytest.approx(0.1414213, rel=1e-5)
+    (b,) = aggregate(rows[2:3], ["k"])
+    assert b["acc_mean"] is None and b["failed"] == 1
+
+
+def test_sweep_resumes_aggregates_plots_and_reports(tmp_path, capsys, monkeypatch):
+    sc = tiny(tmp_path)
+    out = tmp_path / "sw"
+    calls = []
+    real = sweep_mod._run_cell
+    monkeypatch.setattr(sweep_mod, "_run_cell", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    argv = ["sweep", str(sc), "--grid", "faults.dropout.rate=[0, 1.0]", "--seeds", "0,1", "--out", str(out), "--quiet"]
+    assert main(argv) == 0
+    assert len(calls) == 4
+    table = capsys.readouterr().out
+    assert "done/deg/fail" in table and "0/0/2" in table and "failed runs are left out" in table
+    rows = read_csv(out / "sweep.csv")
+    assert list(rows[0])[:7] == ["scenario", "method", "faults.dropout.rate", "seed", "status", "acc", "nmi"]
+    assert {(r["faults.dropout.rate"], r["seed"], r["status"]) for r in rows} == {
+        ("0", "0", "completed"), ("0", "1", "completed"), ("1.0", "0", "failed"), ("1.0", "1", "failed")}
+    assert all((out / r["run_dir"] / "summary.json").is_file() for r in rows)
+    assert {r["run_dir"] for r in rows} == {"tiny_dropout0_seed0", "tiny_dropout0_seed1",
+                                             "tiny_dropout1.0_seed0", "tiny_dropout1.0_seed1"}
+    agg = {r["faults.dropout.rate"]: r for r in read_csv(out / "aggregate.csv")}
+    assert agg["0"]["completed"] == "2" and agg["0"]["acc_mean"] != ""
+    assert agg["1.0"]["failed"] == "2" and agg["1.0"]["acc_mean"] == ""
+
+    # resume: nothing to do; then one unfinished cell is run again
+    calls.clear()
+    assert main(argv) == 0
+    assert calls == []
+    (out / "tiny_dropout0_seed1" / "summary.json").unlink()
+    assert main(argv) == 0
+    assert [p.rsplit("/", 1)[-1] for p in calls] == ["tiny_dropout0_seed1"]
+    capsys.readouterr()
+
+    assert main(["plot", str(out)]) == 0
+    for ext in ("png", "svg"):
+        assert (out / f"sweep.{ext}").stat().st_size > 1000
+
+    assert main(["report", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert f"sweep {out}: 4 runs over faults.dropout.rate" in text and "0/0/2" in text
+    assert main(["report", str(out / "tiny_dropout0_seed0"), str(out / "tiny_dropout1.0_seed1")]) == 0
+    text = capsys.readouterr().out
+    assert "differing scenario keys: faults.dropout.rate, seed" in text
+    assert main(["report", "--json", str(out)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["sweeps"][0]["grid_keys"] == ["faults.dropout.rate"]
+
+
+def test_sweep_two_scenarios_over_a_crash_list(tmp_path, capsys):
+    a, b = tiny(tmp_path, "one"), tiny(tmp_path, "two")
+    out = tmp_path / "sw"
+    rc = main(["sweep", str(a), str(b), "--grid", "faults.crash=[[], [{client: 2, at_round: 0}]]", "--out", str(out),
+               "--quiet"])
+    assert rc == 0
+    rows = read_csv(out / "sweep.csv")
+    assert len(rows) == 4
+    assert {(r["scenario"], r["faults.crash"], r["status"]) for r in rows} == {
+        ("one", "[]", "completed"), ("one", "[{at_round: 0, client: 2}]", "degraded"),
+        ("two", "[]", "completed"), ("two", "[{at_round: 0, client: 2}]", "degraded")}
+
+
+def test_sweep_errors_name_the_grid(tmp_path, capsys):
+    sc = tiny(tmp_path)
+    assert main(["sweep", str(sc), "--grid", "faults.dropout.rate=[0, 1.5]", "--out", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --grid faults.dropout.rate=1.5: faults.dropout.rate: ") and "\n" not in err
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.slow
+def test_sweep_jobs_run_in_processes(tmp_path, capsys):
+    sc = tiny(tmp_path)
+    out = tmp_path / "sw"
+    assert main(["sweep", str(sc), "--seeds", "0-1", "--jobs", "2", "--out", str(out), "--quiet"]) == 0
+    assert [r["status"] for r in read_csv(out / "sweep.csv")] == ["completed", "completed"]

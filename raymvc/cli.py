@@ -64,14 +64,17 @@ def cmd_run(args) -> int:
         what = "starting Ray, " if sc.runtime.backend == "ray" else ""
         rp.text(f"[{sc.name}] {what}{prepared[1].n_clients} clients, {sc.method} on {prepared[0].name} ...")
     out = args.out or _default_run_dir(sc.name, list(args.set or []) + ([f"seed={args.seed}"] if args.seed else []))
+    result = sys.stdout
+    sys.stdout = sys.stderr  # stdout carries the summary alone: Ray's and the methods' own prints go to stderr
     try:
         summary = run_scenario(sc, out, prepared=prepared, **kw)
     except ClusterError as e:
         return _fail(f"{args.scenario}: {e}")
     finally:
+        sys.stdout = result
         if rp is not None:
             rp.close()
-    print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
+    print(json.dumps(summary, indent=2) if args.json else format_summary(summary), flush=True)
     return 0 if summary["status"] != "failed" else 1
 
 

@@ -68,7 +68,11 @@ def head_node(isolated_env):
         yield f"127.0.0.1:{port}", env
     finally:
         os.killpg(head.pid, signal.SIGTERM)
-        head.wait(timeout=60)
+        try:
+            head.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)  # the whole process group: head, raylet, workers
+            head.wait(timeout=30)
 
 
 def test_run_joins_a_running_cluster(head_node, tmp_path):

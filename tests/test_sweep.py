@@ -141,7 +141,6 @@ def test_sweep_errors_name_the_grid(tmp_path, capsys):
     assert not (tmp_path / "s").exists()
 
 
-@pytest.mark.slow
 def test_sweep_jobs_run_in_processes(tmp_path, capsys):
     sc = tiny(tmp_path)
     out = tmp_path / "sw"

@@ -17,7 +17,6 @@ from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
 import scipy.linalg
-from sklearn.cluster import KMeans
 
 from raymvc.data.datasets import normalise_rows
 from raymvc.protocol import seed_from
@@ -42,6 +41,8 @@ def kmeans_capped(X: np.ndarray, k: int, rng: np.random.Generator, n_init: int =
     index the unpadded centres. The seed is one draw from ``rng``.
     """
     kk = max(1, min(k, len(np.unique(X, axis=0))))
+    from sklearn.cluster import KMeans  # here, not at import: a client that never clusters skips it
+
     km = KMeans(n_clusters=kk, n_init=n_init, max_iter=max_iter, random_state=seed_from(rng))
     km.fit(X, sample_weight=sample_weight)
     C = km.cluster_centers_

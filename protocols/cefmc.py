@@ -50,7 +50,6 @@ from collections.abc import Mapping
 
 import numpy as np
 from pydantic import Field
-from sklearn.cluster import KMeans
 
 from raymvc.messages import Done, Message, labels_array
 from raymvc.protocol import (
@@ -192,6 +191,8 @@ class CeFMCServer(Server):
     def _consensus(self, round: int) -> None:
         """Round-0 consensus over the embeddings of all members: labels ``y``, ``C``, fixed blocks."""
         Hc = np.hstack([self.H0[c] for c in self.members])
+        from sklearn.cluster import KMeans  # the server's only; client actors start without it
+
         km = KMeans(n_clusters=self.k, n_init=self.config.kmeans_init,
                     random_state=seed_from(self.ctx.rng_for("kmeans", round)))
         self.y = km.fit_predict(Hc)

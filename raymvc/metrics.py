@@ -8,9 +8,6 @@ one extra cluster for NMI and ARI. They stay in the denominator everywhere.
 from __future__ import annotations
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
-from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
-from sklearn.metrics.cluster import contingency_matrix, pair_confusion_matrix
 
 UNLABELLED = -1
 
@@ -26,6 +23,8 @@ def _table(y_true, y_pred) -> tuple[np.ndarray, np.ndarray, int]:
         raise ValueError(f"y_true has {y_true.size} labels but y_pred has {y_pred.size}")
     if y_true.size == 0:
         raise ValueError("cannot score an empty labelling")
+    from sklearn.metrics.cluster import contingency_matrix
+
     full = contingency_matrix(y_true, y_pred).astype(np.int64)  # columns in sorted label order: -1 first
     table = full[:, 1:] if np.any(y_pred == UNLABELLED) else full
     return table, full.sum(axis=1), int(y_true.size)
@@ -33,6 +32,8 @@ def _table(y_true, y_pred) -> tuple[np.ndarray, np.ndarray, int]:
 
 def _matching(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Hungarian matching of classes (rows) to clusters (columns), maximising agreement."""
+    from scipy.optimize import linear_sum_assignment
+
     return linear_sum_assignment(table, maximize=True)
 
 
@@ -62,6 +63,8 @@ def pairwise_fscore(y_true, y_pred) -> float:
         y_pred = y_pred.copy()
         y_pred[unlabelled] = y_pred.max() + 1 + np.arange(int(unlabelled.sum()))
     # ordered pairs: [[apart in both, together in pred only], [together in true only, together in both]]
+    from sklearn.metrics.cluster import pair_confusion_matrix
+
     (_, pred_only), (true_only, both) = pair_confusion_matrix(y_true, y_pred)
     same_both, same_pred, same_true = int(both), int(both + pred_only), int(both + true_only)
     if same_pred == 0 and same_true == 0:
@@ -93,6 +96,8 @@ def matched_kappa(y_true, y_pred) -> float:
 
 def clustering_scores(y_true, y_pred, kappa: bool = False) -> dict[str, float]:
     """ACC, NMI (arithmetic), ARI, purity and pairwise F-score; plus Kappa if asked."""
+    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
     y_true = np.asarray(y_true).ravel()
     y_pred = np.asarray(y_pred).ravel()
     scores = {

@@ -67,15 +67,17 @@ def cmd_run(args) -> int:
     result = sys.stdout
     sys.stdout = sys.stderr  # stdout carries the summary alone: Ray's and the methods' own prints go to stderr
     try:
-        summary = run_scenario(sc, out, prepared=prepared, **kw)
+        summary = run_scenario(sc, out, prepared=prepared, overwrite=args.overwrite, **kw)
     except ClusterError as e:
         return _fail(f"{args.scenario}: {e}")
+    except ScenarioError as e:
+        return _fail(str(e))
     finally:
         sys.stdout = result
         if rp is not None:
             rp.close()
     print(json.dumps(summary, indent=2) if args.json else format_summary(summary), flush=True)
-    return 0 if summary["status"] != "failed" else 1
+    return {"failed": 1, "interrupted": 130}.get(summary["status"], 0)
 
 
 def _default_run_dir(name: str, overrides: list[str]) -> Path:
@@ -299,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--address", help="join this Ray cluster (same as --set runtime.address=...)")
     r.add_argument("--json", action="store_true", help="print summary.json to stdout")
     r.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    r.add_argument("--overwrite", action="store_true", help="empty a non-empty --out folder first")
     r.set_defaults(fn=cmd_run)
 
     v = sub.add_parser("validate", help="check a scenario (and load its data) without running it")

@@ -96,7 +96,7 @@ def _check_field(kind: str, name: str, value: Any) -> FieldValue:
     if not isinstance(name, str) or not name:
         raise TypeError(f"message {kind!r}: field names must be non-empty strings")
     if isinstance(value, np.ndarray):
-        if value.dtype == object or value.dtype.kind not in "biufc":
+        if value.dtype == object or value.dtype.kind not in "biuf":  # what the codec carries; no complex
             raise TypeError(f"message {kind!r}: field {name!r}: unsupported dtype {value.dtype}")
         return value
     if isinstance(value, np.generic):

@@ -203,7 +203,7 @@ def _run_cell(scenario: str, overrides: list[str], run_dir: str, progress=None) 
         kw = {"progress": progress.text, "on_round": progress.round}
     else:
         kw = {"progress": lambda line: None}
-    return run_scenario(sc, rd, **kw)
+    return run_scenario(sc, rd, overwrite=True, **kw)  # only unfinished cells get here: start them afresh
 
 
 def _failed_summary(cell: Cell, err: BaseException) -> dict:

@@ -10,7 +10,11 @@ written, with ``status`` saying what happened.
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -26,7 +30,7 @@ from ..protocols import get
 from ..results import RunWriter, default_out_dir, format_summary
 from ..scenario import Scenario, ScenarioError
 from .cluster import ClusterError, init_ray
-from .nodes import ClientNode, ClientPool, ServerNode
+from .nodes import ClientNode, ClientPool, ServerNode, one_line
 from .records import RoundRecord, RunEnd
 from .threads import release_threads
 from .transport import RayPools
@@ -113,7 +117,7 @@ def _spawn(sc: Scenario, part, ds) -> tuple[object, list]:
     srv_kw = dict(client_ids=ids, n_clusters=ds.n_clusters,
                   n_samples=part.n_samples if part.kind == "vertical" else None,
                   channel=sc.channel.model_dump(), faults=sc.faults.model_dump(), network=sc.network.model_dump(),
-                  seed=sc.seed, reply_timeout_s=rt.reply_timeout_s, threads=rt.threads,
+                  seed=sc.seed, reply_timeout_s=rt.reply_timeout_s, threads=rt.threads, evict_after=rt.evict_after,
                   client_sizes={c: int(part.shards[c].n_local) for c in ids})
     if rt.backend == "local":
         clients = {c: ClientNode(c, sc.method, sc.params, part.shards[c], **common) for c in ids}
@@ -143,12 +147,51 @@ class _Call:
     def __init__(self, node, backend: str):
         self.node, self.remote = node, backend == "ray"
 
-    def __call__(self, name: str, *args):
+    def __call__(self, name: str, *args, timeout: float | None = None):
         if self.remote:
             import ray
 
-            return ray.get(getattr(self.node, name).remote(*args))
+            return ray.get(getattr(self.node, name).remote(*args), timeout=timeout)
         return getattr(self.node, name)(*args)
+
+
+class RunInterrupted(BaseException):
+    """SIGTERM (or SIGINT) reached the driver: stop, and keep what the run has so far."""
+
+
+class _StopRequest:
+    """SIGINT/SIGTERM while a run is on: the first asks to stop after the current round (the
+    driver is often inside Ray, where raising from a signal handler is not safe); a second
+    one stops at once."""
+
+    def __init__(self, progress: Callable[[str], None]):
+        self.signal: str | None = None
+        self.progress = progress
+
+    def __call__(self, signum, frame):
+        name = signal.Signals(signum).name
+        if self.signal is not None:
+            raise RunInterrupted(f"{self.signal}, then {name}")
+        self.signal = name
+        self.progress(f"{name}: stopping after this round (send it again to stop now)")
+
+    def check(self) -> None:
+        if self.signal is not None:
+            raise RunInterrupted(self.signal)
+
+
+@contextlib.contextmanager
+def _stop_on_signals(progress: Callable[[str], None]):
+    request = _StopRequest(progress)
+    if threading.current_thread() is not threading.main_thread():
+        yield request
+        return
+    old = {s: signal.signal(s, request) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield request
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
 
 
 def _round_line(name: str, rec: RoundRecord) -> str:
@@ -157,62 +200,110 @@ def _round_line(name: str, rec: RoundRecord) -> str:
     return f"[{name}] round {rec.round}: {len(rec.replied)} replies, {rec.wire_bytes / 1e6:.3f} MB{miss}{extra}"
 
 
-def _drive(sc: Scenario, part, ds, writer: RunWriter, progress: Callable[[str], None],
-           on_round: Callable[[dict], None] | None = None) -> tuple[RunEnd, dict, list]:
-    """Start the parties, run every round, and return (run end, timings, actor handles)."""
-    timing = {"startup_s": 0.0, "protocol_s": 0.0}
-    server, handles = _spawn(sc, part, ds)
-    call = _Call(server, sc.runtime.backend)
-    t_start = time.perf_counter()
-    connected = call("connect")  # waits for every actor to be up, then agrees keys
-    timing["startup_s"] = time.perf_counter() - t_start
-    timing["placement"] = call("placement")
-    t0 = time.perf_counter()
-    progress(f"[{sc.name}] {sc.method}: {len(connected)}/{part.n_clients} clients connected "
-             f"({sc.runtime.backend} backend)")
-    call("begin")
-    while True:
-        rec = call("run_round")
-        writer.round(rec.to_dict())
-        if on_round is not None:
-            on_round(rec.to_dict())
-        else:
-            progress(_round_line(sc.name, rec))
-        if rec.done:
-            break
-    end = call("finish")
-    timing["protocol_s"] = time.perf_counter() - t0
-    return end, timing, handles
+class _Run:
+    """The parties of one run and what is known about it, kept so that a run stopped
+    half-way can still hand over its ledger and rounds."""
+
+    def __init__(self, sc: Scenario, part, ds):
+        self.sc, self.part, self.ds = sc, part, ds
+        self.timing: dict = {"startup_s": 0.0, "protocol_s": 0.0}
+        self.handles: list = []
+        self.call: _Call | None = None
+
+    def drive(self, writer: RunWriter, progress: Callable[[str], None],
+              on_round: Callable[[dict], None] | None, stop: _StopRequest) -> RunEnd:
+        sc, part = self.sc, self.part
+        server, self.handles = _spawn(sc, part, self.ds)
+        call = self.call = _Call(server, sc.runtime.backend)
+        t_start = time.perf_counter()
+        connected = call("connect")  # waits for every actor to be up, then agrees keys
+        self.timing["startup_s"] = time.perf_counter() - t_start
+        self.timing["placement"] = call("placement")
+        t0 = time.perf_counter()
+        progress(f"[{sc.name}] {sc.method}: {len(connected)}/{part.n_clients} clients connected "
+                 f"({sc.runtime.backend} backend)")
+        call("begin")
+        while True:
+            stop.check()
+            rec = call("run_round")
+            writer.round(rec.to_dict())
+            if on_round is not None:
+                on_round(rec.to_dict())
+            else:
+                progress(_round_line(sc.name, rec))
+            if rec.done:
+                break
+        end = call("finish")
+        self.timing["protocol_s"] = time.perf_counter() - t0
+        return end
+
+    def salvage(self, status: str, error: str) -> RunEnd:
+        """The run so far from the server (ledger, rounds, counts), or an empty record."""
+        end = None
+        if self.call is not None:
+            try:
+                end = self.call("finish", status, timeout=30.0)
+            except BaseException:  # the server is gone or stuck: nothing more to save
+                end = None
+        end = end or RunEnd(status=status)
+        end.status, end.error = status, end.error or error
+        return end
+
+
+def _out_dir(sc: Scenario, out_dir, overwrite: bool) -> Path:
+    out = Path(out_dir) if out_dir else default_out_dir(sc.name)
+    if out.exists() and out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise ScenarioError(f"--out {out}: the folder is not empty; choose another or pass --overwrite")
+        shutil.rmtree(out)  # a run folder never mixes files of two runs
+    return out
 
 
 def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: Callable[[str], None] | None = None,
-                 prepared=None, on_round: Callable[[dict], None] | None = None) -> dict:
+                 prepared=None, on_round: Callable[[dict], None] | None = None, overwrite: bool = False) -> dict:
     """Run one scenario end to end and return its summary (also written to disk).
 
     ``on_round(record)``, if given, receives every round's record instead of the
-    round's progress line (the command line draws its own progress from it).
+    round's progress line (the command line draws its own progress from it). A
+    non-empty ``out_dir`` is refused unless ``overwrite`` (then it is emptied first).
+    Whatever stops the run -- a failure, SIGINT or SIGTERM -- ``summary.json``,
+    ``messages.csv`` and ``labels.csv`` are written with what the run has so far
+    (``status`` ``failed`` or ``interrupted``).
     """
     progress = progress or _progress_default
     wall0 = time.perf_counter()
     ds, part = prepared or prepare(sc)
+    out = _out_dir(sc, out_dir, overwrite)
     ray_init_s = init_ray(sc, part.n_clients) if sc.runtime.backend == "ray" else 0.0
-    out = Path(out_dir) if out_dir else default_out_dir(sc.name)
     writer = RunWriter(out)
     writer.scenario(sc.to_yaml())
-    proto = get(sc.method)
-    handles: list = []
-    timing = {"startup_s": 0.0, "protocol_s": 0.0}
-    try:
-        end, timing, handles = _drive(sc, part, ds, writer, progress, on_round)
-    except Exception as e:  # keep whatever we have; the summary says what went wrong
-        end = RunEnd.failed(f"{type(e).__name__}: {e}")
-    finally:
-        _stop(handles)
-        if sc.runtime.backend == "local":
-            release_threads()  # the driver gets its own thread limits back
+    run = _Run(sc, part, ds)
+    interrupted = False
+    with _stop_on_signals(progress) as stop:
+        try:
+            end = run.drive(writer, progress, on_round, stop)
+        except (KeyboardInterrupt, RunInterrupted) as e:
+            interrupted = True
+            end = run.salvage("interrupted", f"interrupted ({e or type(e).__name__})")
+        except Exception as e:  # keep whatever we have; the summary says what went wrong
+            end = run.salvage("failed", one_line(e))
+        finally:
+            _stop(run.handles)
+            if sc.runtime.backend == "local":
+                release_threads()  # the driver gets its own thread limits back
+        summary = _write_results(sc, ds, part, end, run.timing, ray_init_s, wall0, out, writer)
+    if interrupted:
+        progress(f"[{sc.name}] interrupted: partial results in {out}")
+    return summary
+
+
+def _write_results(sc, ds, part, end: RunEnd, timing: dict, ray_init_s: float, wall0: float, out: Path,
+                   writer: RunWriter) -> dict:
     labels = _assemble_labels(part, end)
     writer.labels(labels, part.n_samples)
-    summary = _summarise(sc, ds, part, proto, end, labels, ray_init_s, timing["protocol_s"],
+    if end.ledger is not None:
+        writer.messages(end.ledger)
+    summary = _summarise(sc, ds, part, get(sc.method), end, labels, ray_init_s, timing["protocol_s"],
                          time.perf_counter() - wall0, out)
     summary["timing"]["startup_s"] = timing["startup_s"]
     where = timing.get("placement") or {}
@@ -220,8 +311,6 @@ def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: C
     summary["placement"] = {"clients_per_actor": sc.runtime.clients_per_actor, "strategy": sc.runtime.placement,
                             "nodes": sorted(set(clients.values())), "server_node": where.get("server"),
                             "client_node": clients}
-    if end.ledger is not None:
-        writer.messages(end.ledger)
     writer.summary(summary)
     writer.close()
     return summary
@@ -252,6 +341,8 @@ def _assemble_labels(part, end: RunEnd) -> np.ndarray | None:
 
 
 def _final_status(end: RunEnd, labels: np.ndarray | None) -> str:
+    if end.status == "interrupted":
+        return "interrupted"
     if end.status == "failed" or labels is None:
         return "failed"
     troubled = end.crashed or end.disconnected or end.counts.any()
@@ -300,6 +391,7 @@ def _summarise(sc, ds, part, proto, end: RunEnd, labels, ray_init_s, protocol_s,
             "crashed_clients": list(end.crashed),
             "rejected_messages": end.counts.rejected_messages,
             "disconnected_clients": list(end.disconnected),
+            "evicted_clients": list(end.evicted),
             "client_errors": list(end.client_errors),
         },
         "timing": {

@@ -16,6 +16,7 @@ handed to the next ``Server.step`` as a reply or as missing.
 
 from __future__ import annotations
 
+import re
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -38,6 +39,17 @@ EVAL_LABELS = "eval.labels"
 
 def client_party(cid: int) -> str:
     return f"client:{cid}"
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def one_line(e: BaseException, limit: int = 300) -> str:
+    """An exception as one plain line: type, first line of the message, no colour codes."""
+    text = _ANSI.sub("", str(e)).strip().splitlines()
+    first = text[0] if text else ""
+    line = f"{type(e).__name__}: {first}" if first else type(e).__name__
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 # ---------------------------------------------------------------------------
@@ -88,7 +100,10 @@ class ClientNode:
         compute = time.perf_counter() - t
         if reply is None:
             return "ok", None, None, compute
-        sealed = self.endpoint.seal(SERVER, opened.round, reply)
+        try:
+            sealed = self.endpoint.seal(SERVER, opened.round, reply)
+        except Exception as e:  # e.g. a string that is not valid UTF-8: the client's fault, not the run's
+            return "error", None, f"unencodable reply {reply!r}: {type(e).__name__}: {e}", compute
         return "ok", sealed.frame, None, compute
 
 
@@ -138,7 +153,8 @@ class ServerNode:
 
     def __init__(self, method: str, params: dict, clients: dict, *, client_ids: list[int], n_clusters: int,
                  n_samples: int | None, channel: dict, faults: dict, network: dict, seed: int,
-                 reply_timeout_s: float = 600.0, threads: int = 1, client_sizes: dict[int, int] | None = None):
+                 reply_timeout_s: float = 600.0, threads: int = 1, client_sizes: dict[int, int] | None = None,
+                 evict_after: int = 3):
         from ..protocols import get
 
         self.threads = threads
@@ -165,6 +181,10 @@ class ServerNode:
         self.status = "running"
         self.error: str | None = None
         self.crashed: set[int] = set()
+        self.offline: set[int] = set(self.plan.disconnected)  # never connected: disconnected or unreachable
+        self.evict_after = evict_after
+        self.timeouts: dict[int, int] = {}  # consecutive wall-clock timeouts per client
+        self.evicted: list[int] = []
         self.connected: list[int] = []
         self.counts = FaultCounts()
         self.client_errors: list[dict] = []  # every failure, in order: {round, client, path, error}
@@ -173,17 +193,29 @@ class ServerNode:
 
     # -- setup -------------------------------------------------------------
     def connect(self) -> list[int]:
-        """Key agreement with every client that is online; meter it as setup traffic."""
+        """Key agreement with every client that is online; meter it as setup traffic.
+
+        A client that cannot be reached (its actor failed to start, or did not answer
+        within ``runtime.reply_timeout_s``) is recorded in ``client_errors`` and stays
+        offline for the run, like a disconnected one.
+        """
         key = self.endpoint.public_key()
         nbytes = handshake_bytes(self.channel.encryption)
         for cid in self.client_ids:
-            if cid in self.plan.disconnected:
+            if cid in self.offline:
                 continue
             peer = client_party(cid)
+            try:
+                ckey = self.transport.call(cid, "hello", key)
+            except Exception as e:
+                self.offline.add(cid)
+                self.client_errors.append({"round": -1, "client": cid, "path": "setup",
+                                           "error": f"could not connect: {one_line(e)}"})
+                continue
             for src, dst in ((SERVER, peer), (peer, SERVER)):
                 self.ledger.record(round=-1, src=src, dst=dst, kind="handshake", path="setup", payload_bytes=0,
                                    wire_bytes=nbytes, send_t=0.0, arrive_t=0.0, status="delivered")
-            self.endpoint.add_peer(peer, self.transport.call(cid, "hello", key))
+            self.endpoint.add_peer(peer, ckey)
             self.connected.append(cid)
         return self.connected
 
@@ -206,7 +238,7 @@ class ServerNode:
         """Seal and meter every outgoing message; decide dropouts. Returns the frames to deliver."""
         frames, rows = {}, {}
         for cid, msg in outgoing.items():
-            if cid in self.plan.disconnected:
+            if cid in self.offline:
                 st.missing.add(cid)
                 continue
             sealed = self.endpoint.seal(client_party(cid), r, msg)
@@ -225,11 +257,18 @@ class ServerNode:
     def _failed_delivery(self, r: int, cid: int, out: Outcome, row: LedgerRow, path: str, st: RoundState) -> None:
         """Record a frame the client did not answer: its actor died or hung, it rejected the frame, or it raised."""
         st.missing.add(cid)
-        if out.status in ("crashed", "timeout"):
+        if out.status == "timeout":  # no reply within runtime.reply_timeout_s of wall time: late
+            row.status, row.arrive_t = "late", None
+            st.late.append(cid)
+            self.timeouts[cid] = self.timeouts.get(cid, 0) + 1
+            if self.timeouts[cid] >= self.evict_after and cid not in self.crashed:
+                self.transport.kill(cid)  # hung for too long: evicted, treated as crashed from now on
+                self.evicted.append(cid)
+                self.crashed.add(cid)
+                st.crashed.append(cid)
+        elif out.status == "crashed":
             row.status, row.arrive_t = "lost", None
-            if out.status == "timeout":
-                st.late.append(cid)
-            elif cid not in self.crashed:
+            if cid not in self.crashed:
                 self.crashed.add(cid)
                 st.crashed.append(cid)
         elif out.status == "rejected":
@@ -246,6 +285,7 @@ class ServerNode:
             self._failed_delivery(r, cid, out, row, path, st)
             return None
         self.compute_s += out.compute_s
+        self.timeouts.pop(cid, None)
         if out.frame is None:
             st.acked.add(cid)  # answered, with nothing to say
             return None
@@ -272,7 +312,7 @@ class ServerNode:
         st = RoundState()
         t0 = self.clock
         for cid in faults.crashes(r):
-            if cid not in self.crashed and cid not in self.plan.disconnected:
+            if cid not in self.crashed and cid not in self.offline:
                 self.transport.kill(cid)  # a real crash: the actor process is gone
         frames, rows = self._send(r, outgoing, path, faults, st, t0)
         outcomes = self.transport.exchange(frames)
@@ -347,11 +387,17 @@ class ServerNode:
         self.crashed.update(st.crashed)
         return {c: np.asarray(m["y"]) for c, m in st.replies.items()}
 
-    def finish(self) -> RunEnd:
-        """Final labels (server-side, or collected from clients on the evaluation path)."""
-        end = RunEnd(status=self.status, error=self.error, virtual_s=self.clock, counts=self.counts,
-                     disconnected=sorted(self.plan.disconnected), client_errors=list(self.client_errors),
-                     participation=self.participation, ledger=self.ledger,
+    def finish(self, stopped: str | None = None) -> RunEnd:
+        """Final labels (server-side, or collected from clients on the evaluation path).
+
+        ``stopped`` (``"interrupted"`` or ``"failed"``) ends a run the driver had to stop:
+        the record says so, the protocol's best labels so far are kept where its server
+        has them, and no client is asked for anything more.
+        """
+        status = stopped or self.status
+        end = RunEnd(status=status, error=self.error, virtual_s=self.clock, counts=self.counts,
+                     disconnected=sorted(self.offline), client_errors=list(self.client_errors),
+                     participation=self.participation, ledger=self.ledger, evicted=list(self.evicted),
                      rounds=self.round + (1 if self.status in ("finished", "failed") else 0))
         done = self.done
         if done is None:
@@ -364,7 +410,7 @@ class ServerNode:
             end.info.update(done.info)
             if done.labels is not None:
                 end.labels = np.asarray(done.labels)
-            else:
+            elif stopped is None:
                 end.predictions = self._collect_predictions()
         end.compute_s = self.compute_s
         end.crashed = sorted(self.crashed)

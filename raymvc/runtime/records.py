@@ -64,7 +64,7 @@ class Participation:
 class RunEnd:
     """What the server node hands back when a run ends, however it ends."""
 
-    status: str  # finished | failed | running (stopped early)
+    status: str  # finished | failed | interrupted | running (stopped early)
     labels: np.ndarray | None = None
     predictions: dict[int, np.ndarray] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
@@ -77,6 +77,7 @@ class RunEnd:
     disconnected: list[int] = field(default_factory=list)
     client_errors: list[dict[str, Any]] = field(default_factory=list)
     participation: dict[int, Participation] = field(default_factory=dict)
+    evicted: list[int] = field(default_factory=list)
     ledger: Ledger | None = None
 
     @classmethod

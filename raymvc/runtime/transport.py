@@ -7,6 +7,9 @@ actor, all at once, and waits for them together (``ray.wait``) with a wall-clock
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 from dataclasses import dataclass, field
 
 
@@ -20,17 +23,45 @@ class Outcome:
     compute_s: float = 0.0
 
 
-class LocalTransport:
-    """Calls client nodes directly, in this process."""
+class _Hung(BaseException):
+    """Raised inside a client call that outlived ``runtime.reply_timeout_s`` (in-process backend)."""
 
-    def __init__(self, clients: dict):
+
+@contextlib.contextmanager
+def _wall_limit(seconds: float | None):
+    """Interrupt the body after ``seconds`` of wall time (SIGALRM; main thread only, else no limit)."""
+    if not seconds or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def ring(signum, frame):
+        raise _Hung()
+
+    old = signal.signal(signal.SIGALRM, ring)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+class LocalTransport:
+    """Calls client nodes directly, in this process, each call limited to ``timeout_s`` of wall time."""
+
+    def __init__(self, clients: dict, timeout_s: float | None = None):
         self.clients = clients
+        self.timeout_s = timeout_s
         self.dead: set[int] = set()
 
     def call(self, cid: int, method: str, *args):
         if cid in self.dead:
             raise ConnectionError(f"client {cid} is dead")
-        return getattr(self.clients[cid], method)(*args)
+        try:
+            with _wall_limit(self.timeout_s):
+                return getattr(self.clients[cid], method)(*args)
+        except _Hung:
+            raise TimeoutError(f"client {cid} did not answer within {self.timeout_s} s") from None
 
     def exchange(self, frames: dict[int, bytes]) -> dict[int, Outcome]:
         out = {}
@@ -38,7 +69,11 @@ class LocalTransport:
             if cid in self.dead:
                 out[cid] = Outcome("crashed", detail="actor is dead")
                 continue
-            out[cid] = Outcome(*self.clients[cid].deliver(frame))
+            try:
+                with _wall_limit(self.timeout_s):
+                    out[cid] = Outcome(*self.clients[cid].deliver(frame))
+            except _Hung:
+                out[cid] = Outcome("timeout", detail=f"no reply within {self.timeout_s} s wall time")
         return out
 
     def kill(self, cid: int) -> None:
@@ -111,4 +146,4 @@ def make_transport(clients, timeout_s: float):
     """In-process client nodes get a :class:`LocalTransport`, Ray client pools a :class:`RayTransport`."""
     if isinstance(clients, RayPools):
         return RayTransport(clients, timeout_s)
-    return LocalTransport(clients)
+    return LocalTransport(clients, timeout_s)

@@ -1,0 +1,139 @@
+"""A run keeps its results whatever stops it, and one client's failure is that client's alone."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from raymvc.cli import main
+from raymvc.messages import Message
+from raymvc.protocols import cefmc
+from raymvc.runtime import run_scenario
+from raymvc.scenario import load_scenario
+
+REPO = Path(__file__).resolve().parents[1]
+QUICK = REPO / "scenarios" / "hw-cefmc.yaml"
+SLOW = REPO / "scenarios" / "hw-efimvc-missing.yaml"
+
+
+def run(tmp_path, name, *overrides, backend="local", **kw):
+    sc = load_scenario(QUICK, [f"runtime.backend={backend}", *overrides])
+    return run_scenario(sc, tmp_path / name, progress=lambda line: None, **kw)
+
+
+def rows(path: Path) -> list[dict]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_a_used_out_folder_is_refused_or_emptied(tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["run", str(QUICK), "--backend", "local", "--out", str(out), "--quiet"]) == 0
+    (out / "stray.txt").write_text("from another run")
+    assert main(["run", str(QUICK), "--backend", "local", "--out", str(out), "--quiet", "--set", "seed=7"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: --out") and "--overwrite" in err
+    assert json.loads((out / "summary.json").read_text())["seed"] == 0  # untouched
+    assert main(["run", str(QUICK), "--backend", "local", "--out", str(out), "--quiet", "--set", "seed=7",
+                 "--overwrite"]) == 0
+    assert not (out / "stray.txt").exists()
+    assert json.loads((out / "summary.json").read_text())["seed"] == 7
+    assert "seed: 7" in (out / "scenario.yaml").read_text()
+
+
+def _stop_after_rounds(args, out: Path, sig: int, rounds: int = 2):
+    proc = subprocess.Popen([sys.executable, "-m", "raymvc.cli", "run", *args, "--out", str(out), "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    log = out / "rounds.jsonl"
+    while time.time() < deadline and proc.poll() is None:
+        if log.exists() and len(log.read_text().splitlines()) >= rounds:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be stopped"
+    os.kill(proc.pid, sig)
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err
+
+
+@pytest.mark.parametrize("sig,backend", [(signal.SIGINT, "local"), (signal.SIGTERM, "ray")])
+def test_a_stopped_run_writes_its_summary_and_ledger(tmp_path, sig, backend):
+    out = tmp_path / "stopped"
+    code, err = _stop_after_rounds([str(SLOW), "--backend", backend, "--set", "params.tol=0",
+                                    "--set", "params.max_rounds=200"], out, sig)
+    assert code == 130, err[-2000:]
+    assert "Traceback" not in err
+    s = json.loads((out / "summary.json").read_text())
+    assert s["status"] == "interrupted"
+    done = len((out / "rounds.jsonl").read_text().splitlines())
+    assert s["rounds"] >= done >= 2
+    ledger = rows(out / "messages.csv")
+    assert ledger and s["communication"]["messages"] == sum(r["path"] == "protocol" for r in ledger)
+    assert len(rows(out / "labels.csv")) == s["n_samples"]
+
+
+def test_an_unencodable_reply_is_that_clients_error(tmp_path, monkeypatch):
+    real = cefmc.CeFMCClient.handle
+
+    def bad(self, msg):
+        reply = real(self, msg)
+        if self.ctx.client_id == 1 and self.ctx.round == 2:
+            return Message(reply.kind, reply.fields, note="\ud800")  # a lone surrogate: no UTF-8 for it
+        return reply
+
+    monkeypatch.setattr(cefmc.CeFMCClient, "handle", bad)
+    s = run(tmp_path, "bad-reply")
+    assert s["status"] == "degraded"
+    errs = s["faults"]["client_errors"]
+    assert [(e["round"], e["client"]) for e in errs] == [(2, 1)] and "unencodable reply" in errs[0]["error"]
+    assert s["participation"][1]["missed"] == 1
+    rounds = [json.loads(x) for x in (Path(s["out_dir"]) / "rounds.jsonl").read_text().splitlines()]
+    assert rounds[2]["client_errors"] == [1] and s["rounds"] == len(rounds)
+    assert s["metrics"]["acc"] > 0.9
+
+
+def test_complex_arrays_cannot_be_put_in_a_message():
+    with pytest.raises(TypeError, match="unsupported dtype"):
+        Message("x", a=np.ones(3, dtype=complex))
+
+
+@pytest.mark.parametrize("evict_after,evicted", [(3, []), (1, [2])])
+def test_a_hung_client_times_out_in_process_and_can_be_evicted(tmp_path, monkeypatch, evict_after, evicted):
+    real = cefmc.CeFMCClient.handle
+
+    def slow(self, msg):
+        if self.ctx.client_id == 2 and self.ctx.round == 1:
+            time.sleep(30)
+        return real(self, msg)
+
+    monkeypatch.setattr(cefmc.CeFMCClient, "handle", slow)
+    t = time.perf_counter()
+    s = run(tmp_path, f"hung{evict_after}", "runtime.reply_timeout_s=0.5", f"runtime.evict_after={evict_after}")
+    assert time.perf_counter() - t < 20
+    assert s["status"] == "degraded"
+    assert s["faults"]["late_replies"] >= 1 and s["faults"]["evicted_clients"] == evicted
+    ledger = rows(Path(s["out_dir"]) / "messages.csv")
+    hung = [r for r in ledger if r["round"] == "1" and r["dst"] == "client:2"]
+    assert [r["status"] for r in hung] == ["late"]  # counted the same way in summary and ledger
+    if evicted:
+        assert s["faults"]["crashed_clients"] == [2]
+    else:
+        assert s["participation"][2]["last_replied"] == s["rounds"] - 1  # back after the hang
+
+
+def test_a_handshake_timeout_is_a_clean_failure(ray_session, tmp_path):
+    s = run(tmp_path, "tiny-timeout", "runtime.reply_timeout_s=0.001", backend="ray")
+    assert s["status"] == "failed"
+    assert "\x1b[" not in json.dumps(s)
+    errs = s["faults"]["client_errors"]
+    assert errs and all(e["path"] == "setup" and e["error"].startswith("could not connect") for e in errs)
+    assert "\n" not in s["error"]

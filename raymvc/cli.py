@@ -52,6 +52,17 @@ def cmd_run(args) -> int:
     from .runtime import run_scenario
     from .runtime.engine import ClusterError
 
+    resume = getattr(args, "resume", None)
+    if resume:
+        if args.scenario or args.set or args.out:
+            return _fail(f"--resume {resume}: the run's own scenario.yaml is used; give no scenario, --set or --out")
+        args.scenario, args.out = str(Path(resume) / "scenario.yaml"), resume
+        if not Path(args.scenario).is_file():
+            return _fail(f"--resume {resume}: not a run folder (no scenario.yaml)")
+    elif not args.scenario:
+        return _fail("run: give a scenario YAML file (or --resume DIR)")
+    if getattr(args, "checkpoint", False):
+        args.set = [*(args.set or []), "runtime.checkpoint=true"]
     try:
         sc, prepared = _load_and_prepare(args)
     except ScenarioError as e:
@@ -67,7 +78,7 @@ def cmd_run(args) -> int:
     result = sys.stdout
     sys.stdout = sys.stderr  # stdout carries the summary alone: Ray's and the methods' own prints go to stderr
     try:
-        summary = run_scenario(sc, out, prepared=prepared, overwrite=args.overwrite, **kw)
+        summary = run_scenario(sc, out, prepared=prepared, overwrite=args.overwrite, resume=bool(resume), **kw)
     except ClusterError as e:
         return _fail(f"{args.scenario}: {e}")
     except ScenarioError as e:
@@ -285,9 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"raymvc {_version()}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    def scenario_args(q, many=False):
+    def scenario_args(q, many=False, optional=False):
         if many:
             q.add_argument("scenario", nargs="+", help="scenario YAML files (methods side by side)")
+        elif optional:
+            q.add_argument("scenario", nargs="?", help="scenario YAML file (not with --resume)")
         else:
             q.add_argument("scenario", help="scenario YAML file")
         q.add_argument("--set", action="append", metavar="KEY=VALUE",
@@ -296,8 +309,11 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--seed", type=int, help="same as --set seed=...")
 
     r = sub.add_parser("run", help="run a scenario and write its results")
-    scenario_args(r)
+    scenario_args(r, optional=True)
     r.add_argument("--out", help="run directory (default: runs/<name>-<time>)")
+    r.add_argument("--checkpoint", action="store_true",
+                   help="save every party's state after each round (same as --set runtime.checkpoint=true)")
+    r.add_argument("--resume", metavar="DIR", help="carry on a stopped run from its last checkpoint")
     r.add_argument("--address", help="join this Ray cluster (same as --set runtime.address=...)")
     r.add_argument("--json", action="store_true", help="print summary.json to stdout")
     r.add_argument("--quiet", action="store_true", help="no progress lines on stderr")

@@ -47,10 +47,17 @@ def default_out_dir(name: str, root: str | Path = "runs") -> Path:
 class RunWriter:
     """Writes one run's files as the run goes."""
 
-    def __init__(self, out_dir: str | Path):
+    def __init__(self, out_dir: str | Path, keep_rounds: int | None = None):
+        """``keep_rounds``: resuming -- keep that many lines of ``rounds.jsonl`` and append."""
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._rounds = open(self.dir / "rounds.jsonl", "w")
+        path = self.dir / "rounds.jsonl"
+        if keep_rounds is not None:
+            kept = path.read_text().splitlines(keepends=True)[:keep_rounds] if path.exists() else []
+            path.write_text("".join(kept))
+            self._rounds = open(path, "a")
+        else:
+            self._rounds = open(path, "w")
 
     def scenario(self, text: str) -> None:
         (self.dir / "scenario.yaml").write_text(text)

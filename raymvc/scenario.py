@@ -132,6 +132,7 @@ class RuntimeCfg(_Strict):
     num_cpus: int | None = Field(default=None, ge=1)
     reply_timeout_s: float = Field(default=600.0, gt=0.0)
     threads: int = Field(default=1, ge=1)
+    checkpoint: bool = False  # save every party's state after each round (raymvc run --resume)
     evict_after: int = Field(default=3, ge=1)  # consecutive reply timeouts before a client is evicted
     clients_per_actor: int = Field(default=1, ge=1)  # logical clients hosted by one Ray actor
     placement: Literal["default", "spread"] = "default"  # spread: client actors over the cluster's nodes

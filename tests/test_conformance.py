@@ -9,7 +9,10 @@ must:
 (c) never receive labels: no shard holds them, and a run whose label array is
     replaced by random labels gives identical cluster assignments;
 (d) be deterministic for a seed (labels and the whole ledger);
-(e) where it declares ``analytic_bytes``, match the ledger's protocol data bytes.
+(e) where it declares ``analytic_bytes``, match the ledger's protocol data bytes;
+(f) checkpoint its state (``runtime.checkpoint``) and, stopped after its first round
+    (its second, where it has more than two) and resumed, end exactly as the
+    uninterrupted run.
 
 A new method gets all of this by being registered in ``raymvc.protocols``.
 """
@@ -145,3 +148,23 @@ def test_analytic_bytes_match_the_ledger(method, baseline):
                      client_dims={c: int(part.shards[c].views[0].shape[1]) for c in ids}, rounds=s["rounds"])
     want = get(method).analytic_bytes(sc.protocol_config(), facts)
     assert s["communication"]["data_bytes"] == want
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_checkpoint_and_resume_end_as_the_uninterrupted_run(method, baseline, tmp_path):
+    s = baseline(method)
+    stop_at = 1 if s["rounds"] > 2 else 0
+    sc = _scenario(method, **{"runtime.checkpoint": True})
+
+    def stop(record):
+        if record["round"] == stop_at:
+            raise KeyboardInterrupt
+
+    out = tmp_path / "stopped"
+    first = run_scenario(sc, out, progress=lambda line: None, on_round=stop)
+    assert first["status"] == "interrupted"
+    again = run_scenario(sc, out, progress=lambda line: None, resume=True)
+    assert again["status"] == "completed"
+    np.testing.assert_array_equal(_labels(again), _labels(s))
+    assert again["communication"] == s["communication"]
+    assert [r for r in _ledger(again) if r["path"] == "protocol"] == [r for r in _ledger(s) if r["path"] == "protocol"]

@@ -137,3 +137,35 @@ def test_a_handshake_timeout_is_a_clean_failure(ray_session, tmp_path):
     errs = s["faults"]["client_errors"]
     assert errs and all(e["path"] == "setup" and e["error"].startswith("could not connect") for e in errs)
     assert "\n" not in s["error"]
+
+
+def test_sigkill_then_resume_gives_the_uninterrupted_result(tmp_path):
+    full = tmp_path / "full"
+    assert main(["run", str(SLOW), "--backend", "local", "--out", str(full), "--quiet"]) == 0
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "raymvc.cli", "run", str(SLOW), "--backend", "local",
+                             "--checkpoint", "--out", str(out), "--quiet"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pointer = out / "checkpoint.json"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if pointer.exists() and json.loads(pointer.read_text())["rounds_logged"] >= 3:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before round 3"
+    proc.kill()  # SIGKILL: nothing of the driver runs any more
+    proc.wait(timeout=30)
+    assert not (out / "summary.json").exists()
+    assert main(["run", "--resume", str(out), "--quiet"]) == 0
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (out, full))
+    assert a["metrics"] == b["metrics"] and a["communication"] == b["communication"] and a["rounds"] == b["rounds"]
+    assert (out / "labels.csv").read_text() == (full / "labels.csv").read_text()
+    assert len((out / "rounds.jsonl").read_text().splitlines()) == a["rounds"]
+    assert not pointer.exists()  # a finished run drops its checkpoints
+
+
+def test_resume_needs_a_checkpoint(tmp_path, capsys):
+    out = tmp_path / "plain"
+    assert main(["run", str(QUICK), "--backend", "local", "--out", str(out), "--quiet"]) == 0
+    assert main(["run", "--resume", str(out), "--quiet"]) == 2
+    assert "no checkpoint there" in capsys.readouterr().err

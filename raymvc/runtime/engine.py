@@ -29,6 +29,7 @@ from ..metrics import clustering_scores, label_free_scores
 from ..protocols import get
 from ..results import RunWriter, default_out_dir, format_summary
 from ..scenario import Scenario, ScenarioError
+from . import checkpoint
 from .cluster import ClusterError, init_ray
 from .nodes import ClientNode, ClientPool, ServerNode, one_line
 from .records import RoundRecord, RunEnd
@@ -211,7 +212,7 @@ class _Run:
         self.call: _Call | None = None
 
     def drive(self, writer: RunWriter, progress: Callable[[str], None],
-              on_round: Callable[[dict], None] | None, stop: _StopRequest) -> RunEnd:
+              on_round: Callable[[dict], None] | None, stop: _StopRequest, resume: tuple | None = None) -> RunEnd:
         sc, part = self.sc, self.part
         server, self.handles = _spawn(sc, part, self.ds)
         call = self.call = _Call(server, sc.runtime.backend)
@@ -219,14 +220,25 @@ class _Run:
         connected = call("connect")  # waits for every actor to be up, then agrees keys
         self.timing["startup_s"] = time.perf_counter() - t_start
         self.timing["placement"] = call("placement")
-        t0 = time.perf_counter()
         progress(f"[{sc.name}] {sc.method}: {len(connected)}/{part.n_clients} clients connected "
                  f"({sc.runtime.backend} backend)")
-        call("begin")
+        logged = 0
+        if resume is not None:
+            ck, logged = resume
+            call("restore", ck)
+            progress(f"[{sc.name}] resumed after round {logged - 1}")
+        else:
+            call("begin")
+        t0 = time.perf_counter()
         while True:
             stop.check()
             rec = call("run_round")
             writer.round(rec.to_dict())
+            logged += 1
+            if sc.runtime.checkpoint and not rec.done:
+                t = time.perf_counter()
+                checkpoint.save(writer.dir, call("checkpoint"), logged)
+                self.timing["checkpoint_s"] = self.timing.get("checkpoint_s", 0.0) + time.perf_counter() - t
             if on_round is not None:
                 on_round(rec.to_dict())
             else:
@@ -234,7 +246,7 @@ class _Run:
             if rec.done:
                 break
         end = call("finish")
-        self.timing["protocol_s"] = time.perf_counter() - t0
+        self.timing["protocol_s"] = time.perf_counter() - t0 - self.timing.get("checkpoint_s", 0.0)
         return end
 
     def salvage(self, status: str, error: str) -> RunEnd:
@@ -260,7 +272,8 @@ def _out_dir(sc: Scenario, out_dir, overwrite: bool) -> Path:
 
 
 def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: Callable[[str], None] | None = None,
-                 prepared=None, on_round: Callable[[dict], None] | None = None, overwrite: bool = False) -> dict:
+                 prepared=None, on_round: Callable[[dict], None] | None = None, overwrite: bool = False,
+                 resume: bool = False) -> dict:
     """Run one scenario end to end and return its summary (also written to disk).
 
     ``on_round(record)``, if given, receives every round's record instead of the
@@ -268,20 +281,28 @@ def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: C
     non-empty ``out_dir`` is refused unless ``overwrite`` (then it is emptied first).
     Whatever stops the run -- a failure, SIGINT or SIGTERM -- ``summary.json``,
     ``messages.csv`` and ``labels.csv`` are written with what the run has so far
-    (``status`` ``failed`` or ``interrupted``).
+    (``status`` ``failed`` or ``interrupted``). With ``resume``, ``out_dir`` is a run
+    folder whose run stopped with ``runtime.checkpoint`` on: the run carries on from its
+    last checkpoint and ends as the uninterrupted run would have.
     """
     progress = progress or _progress_default
     wall0 = time.perf_counter()
     ds, part = prepared or prepare(sc)
-    out = _out_dir(sc, out_dir, overwrite)
+    if resume:
+        out = Path(out_dir)
+        if not checkpoint.exists(out):
+            raise ScenarioError(f"--resume {out}: no checkpoint there (runs save them with runtime.checkpoint: true)")
+        ck = checkpoint.load(out)
+    else:
+        out, ck = _out_dir(sc, out_dir, overwrite), None
     ray_init_s = init_ray(sc, part.n_clients) if sc.runtime.backend == "ray" else 0.0
-    writer = RunWriter(out)
+    writer = RunWriter(out, keep_rounds=ck[1] if ck else None)
     writer.scenario(sc.to_yaml())
     run = _Run(sc, part, ds)
     interrupted = False
     with _stop_on_signals(progress) as stop:
         try:
-            end = run.drive(writer, progress, on_round, stop)
+            end = run.drive(writer, progress, on_round, stop, resume=ck)
         except (KeyboardInterrupt, RunInterrupted) as e:
             interrupted = True
             end = run.salvage("interrupted", f"interrupted ({e or type(e).__name__})")
@@ -292,6 +313,8 @@ def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: C
             if sc.runtime.backend == "local":
                 release_threads()  # the driver gets its own thread limits back
         summary = _write_results(sc, ds, part, end, run.timing, ray_init_s, wall0, out, writer)
+        if summary["status"] in ("completed", "degraded"):
+            checkpoint.clear(out)
     if interrupted:
         progress(f"[{sc.name}] interrupted: partial results in {out}")
     return summary
@@ -306,6 +329,7 @@ def _write_results(sc, ds, part, end: RunEnd, timing: dict, ray_init_s: float, w
     summary = _summarise(sc, ds, part, get(sc.method), end, labels, ray_init_s, timing["protocol_s"],
                          time.perf_counter() - wall0, out)
     summary["timing"]["startup_s"] = timing["startup_s"]
+    summary["timing"]["checkpoint_s"] = timing.get("checkpoint_s", 0.0)
     where = timing.get("placement") or {}
     clients = where.get("clients") or {}
     summary["placement"] = {"clients_per_actor": sc.runtime.clients_per_actor, "strategy": sc.runtime.placement,

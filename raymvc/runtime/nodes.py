@@ -17,6 +17,7 @@ handed to the next ``Server.step`` as a reply or as missing.
 from __future__ import annotations
 
 import re
+import struct
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -29,10 +30,16 @@ from ..protocol import ClientContext, ServerContext
 from ..scenario import ChannelCfg, FaultsCfg, NetworkCfg
 from .faults import FaultPlan, Injector, Network
 from .records import FaultCounts, Participation, RoundRecord, RunEnd
+from .state import dump_state, load_state
 from .threads import pin_threads
 from .transport import LocalTransport, Outcome, make_transport
 
 SERVER = "server"
+PROTOCOL_INPUTS = ("config", "shard", "ctx")  # rebuilt from the scenario, never checkpointed
+_ROUND = struct.Struct("<q")
+# what a server checkpoint holds besides the protocol's server object
+_SERVER_STATE = ("round", "clock", "outgoing", "done", "status", "error", "crashed", "offline", "counts",
+                 "client_errors", "participation", "compute_s", "timeouts", "evicted", "ledger")
 EVAL_PREDICT = "eval.predict"  # engine-reserved kinds: the evaluation path
 EVAL_LABELS = "eval.labels"
 
@@ -75,6 +82,14 @@ class ClientNode:
         """Key agreement: learn the server's public key, return ours."""
         self.endpoint.add_peer(SERVER, server_key)
         return self.endpoint.public_key()
+
+    def state(self) -> bytes:
+        """The protocol client's state (checkpoint); the shard, config and keys are rebuilt, not saved."""
+        return dump_state(self.client, skip=PROTOCOL_INPUTS) + _ROUND.pack(self.client.ctx.round)
+
+    def restore(self, data: bytes) -> None:
+        load_state(self.client, data[:-_ROUND.size])
+        (self.client.ctx.round,) = _ROUND.unpack(data[-_ROUND.size:])
 
     def deliver(self, frame: bytes) -> tuple[str, bytes | None, str | None, float]:
         """Open a frame, run the protocol, seal the reply.
@@ -128,6 +143,12 @@ class ClientPool:
 
     def kill(self, cid: int) -> None:
         self.dead.add(cid)
+
+    def state(self, cid: int) -> bytes:
+        return self.nodes[cid].state()
+
+    def restore(self, cid: int, data: bytes) -> None:
+        self.nodes[cid].restore(data)
 
     def node_id(self) -> str:
         import ray
@@ -218,6 +239,27 @@ class ServerNode:
             self.endpoint.add_peer(peer, ckey)
             self.connected.append(cid)
         return self.connected
+
+    # -- checkpoints ---------------------------------------------------------
+    def checkpoint(self) -> dict[str, object]:
+        """Everything needed to carry on after the last finished round, as codec frames."""
+        clients = {}
+        for cid in self.connected:
+            if cid not in self.crashed:
+                clients[cid] = self.transport.call(cid, "state")
+        return {"node": dump_state(self, only=_SERVER_STATE),
+                "server": dump_state(self.server, skip=PROTOCOL_INPUTS), "clients": clients}
+
+    def restore(self, ck: dict[str, object]) -> None:
+        """Carry on from :meth:`checkpoint` (after :meth:`connect` agreed fresh keys)."""
+        load_state(self, ck["node"])
+        load_state(self.server, ck["server"])
+        for cid in sorted(self.crashed):
+            if cid in self.connected:
+                self.transport.kill(cid)  # still crashed after the resume
+        for cid, data in ck["clients"].items():
+            if cid in self.connected and cid not in self.crashed:
+                self.transport.call(cid, "restore", data)
 
     def placement(self) -> dict[str, object]:
         """Where the server and each client run (Ray node ids, or ``local``)."""

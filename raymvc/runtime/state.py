@@ -1,0 +1,198 @@
+"""Checkpoints of a party's state, through the channel's codec -- never pickle.
+
+:func:`dump_state` walks an object's attributes (numpy arrays and scalars, Python
+scalars, lists, tuples, sets, dicts, dataclasses and plain objects of raymvc or the
+protocol's own module, torch tensors, modules, optimisers and generators, numpy
+generators, :class:`~raymvc.messages.Message` and :class:`~raymvc.messages.Done`) and
+encodes the tree as one message: a JSON description in a string field plus one array
+field per array. :func:`load_state` puts such a tree back into a freshly built object
+of the same kind: torch modules and optimisers are loaded in place, objects are filled
+attribute by attribute, and only classes from raymvc (or the module that defines the
+object being restored) are ever instantiated. Anything else is a :class:`StateError`
+naming the attribute, so a method that keeps, say, a fitted scikit-learn estimator
+between rounds simply cannot be checkpointed (and says so) rather than being pickled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import math
+import sys
+from typing import Any
+
+import numpy as np
+
+from ..channel import codec
+from ..messages import Done, Message
+
+_BIT_GENERATORS = ("PCG64", "PCG64DXSM", "Philox", "SFC64", "MT19937")
+
+
+class StateError(ValueError):
+    """A state that cannot be checkpointed or restored."""
+
+
+def _is_torch(v: Any, name: str) -> bool:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    kinds = {"tensor": torch.Tensor, "module": torch.nn.Module, "optim": torch.optim.Optimizer,
+             "gen": torch.Generator}
+    return isinstance(v, kinds[name])
+
+
+class _Encoder:
+    def __init__(self, allowed: tuple[str, ...]):
+        self.arrays: dict[str, np.ndarray] = {}
+        self.allowed = allowed
+
+    def array(self, a: np.ndarray) -> dict:
+        key = f"a{len(self.arrays)}"
+        self.arrays[key] = np.array(a, order="C", copy=True)  # keeps 0-d arrays 0-d
+        return {"nd": key}
+
+    def __call__(self, v: Any, path: str) -> Any:
+        if v is None or isinstance(v, (bool, str)):
+            return v
+        if isinstance(v, int) and not isinstance(v, bool):
+            return {"int": str(v)}  # exact, whatever its size
+        if isinstance(v, float):
+            return {"float": v if math.isfinite(v) else repr(v)}
+        if isinstance(v, np.ndarray):
+            if v.dtype == object:
+                raise StateError(f"{path}: object arrays cannot be checkpointed")
+            return self.array(v)
+        if isinstance(v, np.generic):
+            return {"np": self.array(np.asarray(v))}
+        return self._container(v, path)
+
+    def _container(self, v: Any, path: str) -> Any:
+        if isinstance(v, (list, tuple, set, frozenset)):
+            items = sorted(v, key=repr) if isinstance(v, (set, frozenset)) else v
+            kind = {list: "list", tuple: "tuple"}.get(type(v), "set")
+            return {kind: [self(x, f"{path}[{i}]") for i, x in enumerate(items)]}
+        if isinstance(v, dict):
+            return {"dict": [[self(k, f"{path}.key"), self(x, f"{path}[{k!r}]")] for k, x in v.items()]}
+        if isinstance(v, Message):
+            return {"msg": v.kind, "fields": self(dict(v.fields), f"{path}.fields")}
+        if isinstance(v, Done):
+            return {"done": self({"labels": v.labels, "info": v.info}, path)}
+        if isinstance(v, np.random.Generator):
+            return {"npgen": self(v.bit_generator.state, path)}
+        return self._torch_or_object(v, path)
+
+    def _torch_or_object(self, v: Any, path: str) -> Any:
+        if _is_torch(v, "tensor"):
+            return {"tensor": self.array(v.detach().cpu().numpy())}
+        if _is_torch(v, "module"):
+            return {"module": self(dict(v.state_dict()), path)}
+        if _is_torch(v, "optim"):
+            return {"optim": self(v.state_dict(), path)}
+        if _is_torch(v, "gen"):
+            return {"tgen": self.array(v.get_state().numpy())}
+        cls = type(v)
+        if not cls.__module__.startswith(self.allowed) or not hasattr(v, "__dict__"):
+            raise StateError(f"{path}: a {cls.__module__}.{cls.__qualname__} cannot be checkpointed")
+        attrs = {f.name: getattr(v, f.name) for f in dataclasses.fields(v)} if dataclasses.is_dataclass(v) \
+            else dict(vars(v))
+        return {"obj": f"{cls.__module__}:{cls.__qualname__}", "attrs": self(attrs, path)}
+
+
+class _Decoder:
+    def __init__(self, arrays: dict[str, np.ndarray], allowed: tuple[str, ...]):
+        self.arrays = arrays
+        self.allowed = allowed
+
+    def __call__(self, node: Any, current: Any = None) -> Any:
+        if node is None or isinstance(node, (bool, str)):
+            return node
+        if not isinstance(node, dict) or len(node) not in (1, 2):
+            raise StateError(f"malformed state node {str(node)[:80]!r}")
+        tag = next(iter(node))
+        if tag == "int":
+            return int(node["int"])
+        if tag == "float":
+            v = node["float"]
+            return float(v) if isinstance(v, str) else v
+        if tag == "nd":
+            return self.arrays[node["nd"]].copy()
+        if tag == "np":
+            return self(node["np"])[()]
+        if tag in ("list", "tuple", "set"):
+            items = [self(x) for x in node[tag]]
+            return {"list": list, "tuple": tuple, "set": set}[tag](items)
+        if tag == "dict":
+            return {self(k): self(x, current.get(self(k)) if isinstance(current, dict) else None)
+                    for k, x in node["dict"]}
+        return self._special(tag, node, current)
+
+    def _special(self, tag: str, node: dict, current: Any) -> Any:
+        if tag == "msg":
+            return Message(node["msg"], self(node["fields"]))
+        if tag == "done":
+            d = self(node["done"])
+            return Done(labels=d["labels"], info=d["info"])
+        if tag == "npgen":
+            state = self(node["npgen"])
+            if state.get("bit_generator") not in _BIT_GENERATORS:
+                raise StateError(f"unknown bit generator {str(state.get('bit_generator'))[:40]!r}")
+            g = np.random.Generator(getattr(np.random, state["bit_generator"])())
+            g.bit_generator.state = state
+            return g
+        if tag in ("tensor", "module", "optim", "tgen"):
+            return self._torch(tag, node, current)
+        if tag == "obj":
+            return self._object(node, current)
+        raise StateError(f"unknown state node {tag!r}")
+
+    def _torch(self, tag: str, node: dict, current: Any) -> Any:
+        import torch
+
+        if tag == "tensor":
+            return torch.from_numpy(self.arrays[node["tensor"]["nd"]].copy())
+        if tag == "tgen":
+            g = current if isinstance(current, torch.Generator) else torch.Generator()
+            g.set_state(torch.from_numpy(self.arrays[node["tgen"]["nd"]].copy()))
+            return g
+        if current is None:
+            raise StateError(f"a torch {tag} can only be restored into the object that owns it")
+        current.load_state_dict(self(node[tag]))
+        return current
+
+    def _object(self, node: dict, current: Any) -> Any:
+        module, _, qualname = node["obj"].partition(":")
+        if not module.startswith(self.allowed):
+            raise StateError(f"refusing to build a {module}.{qualname} from a checkpoint")
+        cls: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            cls = getattr(cls, part)
+        obj = current if type(current) is cls else cls.__new__(cls)
+        restore_attrs(obj, node["attrs"], self)
+        return obj
+
+
+def restore_attrs(obj: Any, attrs_node: dict, dec: _Decoder) -> None:
+    for key_node, value_node in attrs_node["dict"]:
+        name = dec(key_node)
+        object.__setattr__(obj, name, dec(value_node, getattr(obj, name, None)))
+
+
+def dump_state(obj: Any, skip: tuple[str, ...] = (), only: tuple[str, ...] | None = None) -> bytes:
+    """Encode ``obj``'s attributes (``only`` these, or all but ``skip``) as one codec frame."""
+    cls = type(obj)
+    enc = _Encoder(("raymvc.", cls.__module__))
+    attrs = {k: v for k, v in vars(obj).items() if k not in skip and (only is None or k in only)}
+    tree = enc(attrs, cls.__qualname__)
+    return codec.encode(Message("state", {"tree": json.dumps(tree, allow_nan=False), **enc.arrays}))
+
+
+def load_state(obj: Any, data: bytes) -> None:
+    """Restore attributes written by :func:`dump_state` into ``obj``, built afresh the same way."""
+    msg = codec.decode(data)
+    if msg.kind != "state" or not isinstance(msg.get("tree"), str):
+        raise StateError("not a state checkpoint")
+    arrays = {k: v for k, v in msg.fields.items() if isinstance(v, np.ndarray)}
+    dec = _Decoder(arrays, ("raymvc.", type(obj).__module__))
+    restore_attrs(obj, json.loads(msg["tree"]), dec)

@@ -115,8 +115,8 @@ def test_object_arrays_refused_and_complex_not_encodable():
         Message("m", a=np.array([{"x": 1}], dtype=object))
     with pytest.raises(TypeError):
         Message("m", a=[1, 2])
-    with pytest.raises(CodecError):
-        encode(Message("m", c=np.ones(2, dtype=np.complex128)))
+    with pytest.raises(TypeError, match="unsupported dtype"):  # the codec carries no complex numbers
+        Message("m", c=np.ones(2, dtype=np.complex128))
 
 
 _GOOD = {"kind": "k", "scalars": {}, "arrays": [["a", "int32", [2], 8]]}

@@ -9,15 +9,23 @@ torch or scikit-learn late loads new thread pools), so a call costs a dict looku
 
 from __future__ import annotations
 
+import os
 import sys
 
 from threadpoolctl import threadpool_limits
 
-_state: dict = {"n": None, "modules": -1, "first": None}
+_state: dict = {"n": None, "modules": -1, "first": None, "env": None}
+# read by OpenMP, OpenBLAS and MKL when they load: covers libraries a protocol imports later
+# (scikit-learn's OpenMP runtime arrives with its first KMeans, after the limits were set)
+_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def pin_threads(n: int) -> None:
     """Limit this process's native thread pools (and torch, if loaded) to ``n`` threads."""
+    if _state["env"] is None:
+        _state["env"] = {k: os.environ.get(k) for k in _ENV}
+    for k in _ENV:
+        os.environ[k] = str(n)
     torch = sys.modules.get("torch")
     if torch is not None and torch.get_num_threads() != n:
         torch.set_num_threads(n)
@@ -35,4 +43,9 @@ def release_threads() -> None:
     first = _state["first"]
     if first is not None:
         first.restore_original_limits()
-    _state.update(n=None, modules=-1, first=None)
+    for k, v in (_state["env"] or {}).items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    _state.update(n=None, modules=-1, first=None, env=None)

@@ -63,6 +63,16 @@ class LocalTransport:
         except _Hung:
             raise TimeoutError(f"client {cid} did not answer within {self.timeout_s} s") from None
 
+    def hello_all(self, cids: list[int], key: bytes | None) -> dict[int, object]:
+        """Every client's public key, or the exception that kept it from answering."""
+        out: dict[int, object] = {}
+        for cid in cids:
+            try:
+                out[cid] = self.call(cid, "hello", key)
+            except Exception as e:
+                out[cid] = e
+        return out
+
     def exchange(self, frames: dict[int, bytes]) -> dict[int, Outcome]:
         out = {}
         for cid, frame in frames.items():
@@ -107,6 +117,27 @@ class RayTransport:
 
     def call(self, cid: int, method: str, *args):
         return self.ray.get(getattr(self._pool(cid), method).remote(cid, *args), timeout=self.timeout_s)
+
+    def hello_all(self, cids: list[int], key: bytes | None) -> dict[int, object]:
+        """Every client's public key (one call per actor, all at once), or the exception that
+        kept it from answering within the timeout."""
+        ray = self.ray
+        wanted = set(cids)
+        pools = sorted({self.pools.owner[c] for c in cids})
+        refs = {pid: self.pools.handles[pid].hello_all.remote(key) for pid in pools}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.timeout_s)
+        ready = set(ready)
+        out: dict[int, object] = {}
+        for pid, ref in refs.items():
+            members = [c for c, p in self.pools.owner.items() if p == pid and c in wanted]
+            try:
+                if ref not in ready:
+                    raise TimeoutError(f"no answer within {self.timeout_s} s")
+                keys = ray.get(ref)
+                out.update({c: keys[c] for c in members})
+            except Exception as e:
+                out.update({c: e for c in members})
+        return out
 
     def exchange(self, frames: dict[int, bytes]) -> dict[int, Outcome]:
         ray = self.ray

@@ -372,7 +372,8 @@ def _assemble(path, raw_views, labels, present, index, names) -> MultiViewDatase
         classes, labels = np.unique(labels, return_inverse=True)
         if len(classes) < 2:
             warnings.warn(DataWarning(f"{path}: the labels hold a single class ({short_label(classes)}); "
-                                      "clustering scores against them are trivial"), stacklevel=2)
+                                      "scores against them are trivial; data.n_clusters sets the number of clusters"),
+                          stacklevel=2)
     if names is not None and len(names) != V:
         names = None
     return MultiViewDataset(

@@ -432,3 +432,45 @@ def test_horizontal_covers_every_row_once_and_the_seed_fixes_it(n, k, m, p, alph
         assert np.array_equal(shard.X, ds.views[0][r])
     again = horizontal(ds, m, np.random.default_rng(seed), heterogeneity=p, dirichlet_alpha=alpha)
     assert all(np.array_equal(a, b) for a, b in zip(part.rows, again.rows))
+
+
+# --------------------------------------------------------------------- through a whole run (local backend)
+
+
+def _local_run(scenario_path, tmp_path, *overrides):
+    from raymvc.runtime import run_scenario
+
+    sc = load_scenario(scenario_path("digits-kfed.yaml"), ["runtime.backend=local", *overrides])
+    summary = run_scenario(sc, tmp_path / "run", progress=lambda line: None)
+    kinds = [line.split(",")[3] for line in (tmp_path / "run" / "messages.csv").read_text().splitlines()[1:]]
+    return summary, kinds
+
+
+def test_oversized_replies_are_counted_as_rejected(scenario_path, tmp_path):
+    summary, kinds = _local_run(scenario_path, tmp_path, "channel.max_message_mb=0.002")
+    assert summary["faults"]["rejected_messages"] == 10
+    assert kinds.count("rejected:oversized") == 10
+
+
+def test_server_rejects_replies_from_another_client_or_round(scenario_path, tmp_path, monkeypatch):
+    from raymvc.runtime import nodes
+
+    original = nodes.ClientNode.deliver
+
+    def deliver(self, frame):
+        status, reply, detail, compute = original(self, frame)
+        if reply is None or self.cid not in (0, 1):
+            return status, reply, detail, compute
+        _, src, dst, rnd, seq, pos = link_mod._parse_frame(reply)
+        if self.cid == 0:  # client 0's answer arrives under client 1's name
+            impostor = Endpoint("client:1")
+            impostor.add_peer("server", None)
+            return status, impostor.seal("server", rnd, Message("summary", x=1)).frame, detail, compute
+        head = reply[:pos - link_mod._ROUND_SEQ.size]  # client 1 answers with an old round number
+        return status, head + link_mod._ROUND_SEQ.pack(rnd - 1, seq) + reply[pos:], detail, compute
+
+    monkeypatch.setattr(nodes.ClientNode, "deliver", deliver)
+    summary, kinds = _local_run(scenario_path, tmp_path)
+    assert "rejected:misrouted" in kinds and "rejected:stale-round" in kinds
+    assert summary["faults"]["rejected_messages"] == kinds.count("rejected:misrouted") + kinds.count(
+        "rejected:stale-round")

@@ -24,7 +24,7 @@ import numpy as np
 import yaml
 
 FINAL_STATUSES = ("completed", "degraded", "failed")
-_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]*")  # one path component, never "." or ".."
 
 
 class ResultsError(ValueError):
@@ -48,7 +48,7 @@ def _jsonable(x: Any) -> Any:
 
 def default_out_dir(name: str, root: str | Path = "runs") -> Path:
     """``root/<name>-<time>`` (``-2``, ``-3``, ... if taken); ``name`` must be a plain folder name."""
-    if not _SAFE_NAME.fullmatch(name) or ".." in name:
+    if not _SAFE_NAME.fullmatch(name):
         raise ResultsError(f"run name {name[:80]!r} is not a plain folder name")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = Path(root) / f"{name}-{stamp}"

@@ -351,7 +351,7 @@ def _format(source: str | None, err: ValidationError, prefix: tuple = (), model=
     raw_loc = [x for x in e["loc"] if not str(x).startswith("function-")]
     loc = [str(x) for x in (*prefix, *raw_loc)]
     # pydantic adds the union/literal branch name to the location; drop it
-    loc = [short(x, 40)[1:-1] if len(x) > 40 else x for x in loc if x not in {"int", "list[int]", "constrained-float"}]
+    loc = [x if len(x) <= 40 else x[:37] + "..." for x in loc if x not in {"int", "list[int]", "constrained-float"}]
     key = ".".join(loc) or "(top level)"
     typ = e["type"]
     if typ == "extra_forbidden":

@@ -3,7 +3,10 @@
 Bad input -- a scenario problem, a bad ``--set`` or ``--grid`` -- exits with code 2
 and one line ``error: WHERE: key.path: message``, where WHERE is the file or the
 ``--set`` that caused it; it is found before Ray starts. Output meant for pipes goes to
-stdout (``--json``, tables); progress goes to stderr.
+stdout (``--json``, tables); progress goes to stderr. A run folder (``--out``) that
+cannot be created or written is the same kind of one-line error, as is a missing or
+corrupt ``summary.json`` given to ``report``; data that loads but looks unintended
+(labels of one class) prints one ``warning:`` line and goes on.
 """
 
 from __future__ import annotations
@@ -12,16 +15,30 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 
-from .scenario import ScenarioError, load_scenario
+from .scenario import ScenarioError, load_scenario, one_line
 
 EXIT_USAGE = 2
 
 
 def _fail(msg: str) -> int:
-    print(f"error: {msg}", file=sys.stderr)
+    print(f"error: {one_line(msg)}", file=sys.stderr)
     return EXIT_USAGE
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    """Our own data warnings as one ``warning:`` line; anything else as Python prints it."""
+    from .data.datasets import DataWarning
+
+    if issubclass(category, DataWarning):
+        print(f"warning: {one_line(str(message))}", file=file or sys.stderr)
+    else:
+        _default_showwarning(message, category, filename, lineno, file, line)
+
+
+_default_showwarning = warnings.showwarning
 
 
 def _load(args) -> object:
@@ -74,7 +91,15 @@ def cmd_run(args) -> int:
         kw = {"progress": rp.text, "on_round": rp.round}
         what = "starting Ray, " if sc.runtime.backend == "ray" else ""
         rp.text(f"[{sc.name}] {what}{prepared[1].n_clients} clients, {sc.method} on {prepared[0].name} ...")
-    out = args.out or _default_run_dir(sc.name, list(args.set or []) + ([f"seed={args.seed}"] if args.seed else []))
+    from .results import ResultsError, check_out_dir
+
+    try:
+        out = args.out or _default_run_dir(sc.name, list(args.set or []) + ([f"seed={args.seed}"] if args.seed else []))
+        check_out_dir(out)
+    except ResultsError as e:
+        if rp is not None:
+            rp.close()
+        return _fail(f"--out {e}" if args.out else str(e))
     result = sys.stdout
     sys.stdout = sys.stderr  # stdout carries the summary alone: Ray's and the methods' own prints go to stderr
     try:
@@ -207,10 +232,15 @@ def cmd_params(args) -> int:
 
 
 def cmd_sweep(args) -> int:
+    from .results import ResultsError, check_out_dir
     from .sweep import run_sweep
 
     try:
+        if args.out:
+            check_out_dir(args.out, create=False)
         return run_sweep(args)
+    except ResultsError as e:
+        return _fail(f"--out {e}")
     except ScenarioError as e:
         return _fail(str(e))
 
@@ -231,8 +261,10 @@ def cmd_plot(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from .results import differing_keys, flatten, format_summary, read_scenario, read_summary, short_value
-    from .sweep import format_aggregate, read_sweep
+    import csv
+
+    from .results import ResultsError, read_summary
+    from .sweep import read_sweep
 
     runs, sweeps = [], []
     for d in args.runs:
@@ -245,8 +277,27 @@ def cmd_report(args) -> int:
             runs.extend(sorted(c for c in p.iterdir() if (c / "summary.json").is_file()))
         else:
             return _fail(f"{d}: neither a run folder (summary.json) nor a sweep folder (sweep.csv)")
-    summaries = [read_summary(p) for p in runs]
-    sweep_data = [(p, *read_sweep(p)) for p in sweeps]
+    try:
+        summaries = [read_summary(p) for p in runs]
+    except ResultsError as e:
+        return _fail(str(e))
+    sweep_data = []
+    for p in sweeps:
+        try:
+            sweep_data.append((p, *read_sweep(p)))
+        except (OSError, ValueError, KeyError, TypeError, csv.Error) as e:
+            return _fail(f"{p / 'sweep.csv'}: corrupt ({one_line(str(e), 120)})")
+    try:
+        return _print_report(args, runs, summaries, sweeps, sweep_data)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        return _fail(f"{runs[0] if len(runs) == 1 else 'report'}: a summary.json is corrupt "
+                     f"(unexpected content: {type(e).__name__}: {one_line(str(e), 80)})")
+
+
+def _print_report(args, runs, summaries, sweeps, sweep_data) -> int:
+    from .results import differing_keys, flatten, format_summary, read_scenario, short_value
+    from .sweep import format_aggregate
+
     scen = [read_scenario(p) for p in runs]
     diff = differing_keys(scen) if len(runs) > 1 else []
     if args.json:
@@ -357,6 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    warnings.showwarning = _show_warning
     try:
         return args.fn(args)
     except KeyboardInterrupt:

@@ -3,12 +3,19 @@
 
 ``rounds.jsonl`` gets one line per round as the round ends (flushed), so a long run
 can be watched with ``tail -f`` and a crash mid-run still leaves every finished round.
+
+Paths are checked, not trusted: a run folder's default name comes from the scenario's
+``name`` (letters, digits, ``.``, ``_``, ``-`` only, so it never leaves ``runs/``), a
+chosen folder must be creatable and writable (:func:`check_out_dir`), and reading a
+missing or corrupt ``summary.json`` raises :class:`ResultsError` with one line.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +24,11 @@ import numpy as np
 import yaml
 
 FINAL_STATUSES = ("completed", "degraded", "failed")
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]*")  # one path component, never "." or ".."
+
+
+class ResultsError(ValueError):
+    """A run folder or one of its files cannot be used; the message is one line."""
 
 
 def _jsonable(x: Any) -> Any:
@@ -35,6 +47,9 @@ def _jsonable(x: Any) -> Any:
 
 
 def default_out_dir(name: str, root: str | Path = "runs") -> Path:
+    """``root/<name>-<time>`` (``-2``, ``-3``, ... if taken); ``name`` must be a plain folder name."""
+    if not _SAFE_NAME.fullmatch(name):
+        raise ResultsError(f"run name {name[:80]!r} is not a plain folder name")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = Path(root) / f"{name}-{stamp}"
     out, i = base, 1
@@ -42,6 +57,37 @@ def default_out_dir(name: str, root: str | Path = "runs") -> Path:
         i += 1
         out = Path(f"{base}-{i}")
     return out
+
+
+def check_out_dir(path: str | Path, create: bool = True) -> Path:
+    """Make sure ``path`` can be a results folder: create it (``create``) and check it is writable.
+
+    Raises :class:`ResultsError` with one line saying why not (a file is in the way, a
+    parent cannot be created, no permission).
+    """
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ResultsError(f"{p}: exists and is not a folder")
+    if create:
+        try:
+            p.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ResultsError(f"{p}: cannot create the folder ({e.strerror or e})") from None
+        probe = p / f".raymvc-write-test-{os.getpid()}"
+        try:
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as e:
+            raise ResultsError(f"{p}: cannot write in the folder ({e.strerror or e})") from None
+        return p
+    parent = p
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ResultsError(f"{p}: {parent} is not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ResultsError(f"{p}: cannot write in {parent}")
+    return p
 
 
 class RunWriter:
@@ -89,7 +135,24 @@ class RunWriter:
 
 
 def read_summary(out_dir: str | Path) -> dict:
-    return json.loads((Path(out_dir) / "summary.json").read_text())
+    """The ``summary.json`` of a run folder; :class:`ResultsError` if it is missing or corrupt."""
+    path = Path(out_dir) / "summary.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ResultsError(f"{path}: not found (the run never started or was removed)") from None
+    except OSError as e:
+        raise ResultsError(f"{path}: cannot read ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise ResultsError(f"{path}: corrupt (not UTF-8 text)") from None
+    except json.JSONDecodeError as e:
+        raise ResultsError(f"{path}: corrupt (not valid JSON: {e.msg} at line {e.lineno}, "
+                           f"column {e.colno})") from None
+    except (ValueError, RecursionError):
+        raise ResultsError(f"{path}: corrupt (not valid JSON)") from None
+    if not isinstance(data, dict):
+        raise ResultsError(f"{path}: corrupt (expected a JSON object, got {type(data).__name__})")
+    return data
 
 
 def format_summary(s: dict) -> str:
@@ -99,10 +162,10 @@ def format_summary(s: dict) -> str:
     f = s.get("faults") or {}
     t = s.get("timing") or {}
     lines = [
-        f"{s.get('name', '')}: {s['method']} on {s['dataset']} "
-        f"({s['n_samples']} samples, {s['n_clients']} clients, seed {s['seed']})",
-        f"  status    {s['status']}" + (f" ({s['error']})" if s.get("error") else ""),
-        f"  rounds    {s['rounds']}",
+        f"{s.get('name', '')}: {s.get('method', '?')} on {s.get('dataset', '?')} "
+        f"({s.get('n_samples', '?')} samples, {s.get('n_clients', '?')} clients, seed {s.get('seed', '?')})",
+        f"  status    {s.get('status', '?')}" + (f" ({s['error']})" if s.get("error") else ""),
+        f"  rounds    {s.get('rounds', '?')}",
     ]
     if m:
         lines.append("  metrics   " + "  ".join(f"{k.upper()} {v:.4f}" for k, v in m.items() if v is not None))
@@ -157,11 +220,16 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def read_scenario(out_dir: str | Path) -> dict:
+    from .scenario import MAX_FILE_BYTES, safe_yaml_load
+
     p = Path(out_dir) / "scenario.yaml"
     try:
-        return yaml.safe_load(p.read_text()) or {}
-    except (OSError, yaml.YAMLError):
+        if p.stat().st_size > MAX_FILE_BYTES:
+            return {}
+        data = safe_yaml_load(p.read_text())
+    except (OSError, ValueError, yaml.YAMLError):
         return {}
+    return data if isinstance(data, dict) else {}
 
 
 def differing_keys(scenarios: list[dict], ignore: tuple[str, ...] = ("description",)) -> list[str]:

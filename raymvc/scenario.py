@@ -10,6 +10,12 @@ did you mean 'lambda'? ...``). An unknown key always suggests the closest valid 
 Data paths: a ``data.path`` written in the YAML resolves against the YAML file's folder;
 one given with ``--set`` resolves against the current directory and replaces a built-in
 ``data.dataset`` (and ``--set data.dataset=...`` replaces a ``data.path``).
+
+Untrusted input stays bounded: scenario files over 1 MB, YAML documents with more than
+:data:`MAX_ALIASES` aliases (``*name``) or nested deeper than :data:`MAX_DEPTH` are
+refused while they are parsed, values quoted in an error are cut to 80 characters and
+every error is one line. ``name`` becomes a folder name, so it may hold only letters,
+digits, ``.``, ``_`` and ``-``.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from __future__ import annotations
 import copy
 import difflib
 import os
+import re
+import reprlib
 import types
 import typing
 from pathlib import Path
@@ -32,13 +40,77 @@ from pydantic import (
     model_validator,
 )
 
+MAX_ERROR_CHARS = 400  # a whole error line
+MAX_VALUE_CHARS = 80  # a value quoted in an error
+MAX_FILE_BYTES = 1_000_000  # a scenario file
+MAX_ALIASES = 8  # YAML aliases (*name) in one document
+MAX_DEPTH = 40  # nesting of YAML collections
+MAX_SYNTHETIC_VALUES = 100_000_000  # synthetic data: n_samples x total dims (800 MB of float64)
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
+
+_repr = reprlib.Repr()
+_repr.maxstring = _repr.maxother = MAX_VALUE_CHARS
+_repr.maxlist = _repr.maxtuple = _repr.maxdict = _repr.maxset = 6
+_repr.maxlevel = 3
+
+
+def short(value: Any, limit: int = MAX_VALUE_CHARS) -> str:
+    """``repr(value)`` on one line, at most ``limit`` characters (cut with ``...``)."""
+    text = _repr.repr(value) if not isinstance(value, str) else repr(value[: limit + 1])
+    text = text.replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def one_line(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """``text`` with line breaks folded and at most ``limit`` characters."""
+    text = " ".join(str(text).split("\n"))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
 
 class ScenarioError(ValueError):
-    """A scenario problem, already phrased as one line for the user."""
+    """A scenario problem, already phrased as one line for the user (at most 400 characters)."""
+
+    def __init__(self, message: str = ""):
+        super().__init__(one_line(message))
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses alias bombs and deep nesting while composing."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._aliases = 0
+        self._depth = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                mark = self.peek_event().start_mark
+                raise yaml.composer.ComposerError(
+                    None, None, f"more than {MAX_ALIASES} aliases (*name); expand the repeated values",
+                    mark)
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels",
+                                                  self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def safe_yaml_load(text: str) -> Any:
+    """Parse one YAML document like ``yaml.safe_load``, refusing alias bombs and deep nesting."""
+    loader = _BoundedLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 Rate = Field(default=0.0, ge=0.0, le=1.0)
@@ -55,6 +127,17 @@ class SyntheticCfg(_Strict):
     dims: int | list[int] = 20
     n_clusters: int = Field(default=5, ge=2)
     noise: float = Field(default=1.0, ge=0.0)
+
+    @model_validator(mode="after")
+    def _bounded(self) -> SyntheticCfg:
+        dims = [self.dims] * self.n_views if isinstance(self.dims, int) else list(self.dims)
+        if any(d < 1 for d in dims):
+            raise ValueError(f"dims must be >= 1, got {short(self.dims)}")
+        values = self.n_samples * sum(dims)
+        if values > MAX_SYNTHETIC_VALUES:
+            raise ValueError(f"n_samples x total dims = {self.n_samples} x {sum(dims)} = {values:.3g} values, "
+                             f"more than the limit of {MAX_SYNTHETIC_VALUES:.0e}")
+        return self
 
 
 class DataCfg(_Strict):
@@ -82,6 +165,11 @@ class ChannelCfg(_Strict):
     encryption: Literal["none", "aes-gcm"] = "none"
     compression: Literal["none", "zlib"] = "none"
     float_dtype: Literal["float64", "float32"] = "float64"
+    max_message_mb: float = Field(default=256.0, gt=0.0, le=1_000_000.0,
+                                  description="largest frame (and inflated payload) a party accepts, in MB")
+
+    def max_message_bytes(self) -> int:
+        return max(1, int(self.max_message_mb * 1_000_000))
 
 
 class RateCfg(_Strict):
@@ -152,6 +240,14 @@ class Scenario(_Strict):
 
     # where the file lives; relative data paths resolve against it
     source: str | None = Field(default=None, exclude=True)
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, v: str) -> str:
+        if not NAME_RE.fullmatch(v) or ".." in v:
+            raise ValueError("must be 1-80 letters, digits, '.', '_' or '-' (starting with a letter or digit, "
+                             f"no '..'): it names the run folder; got {short(v)}")
+        return v
 
     @field_validator("method")
     @classmethod
@@ -257,12 +353,12 @@ def _format(source: str | None, err: ValidationError, prefix: tuple = (), model=
     raw_loc = [x for x in e["loc"] if not str(x).startswith("function-")]
     loc = [str(x) for x in (*prefix, *raw_loc)]
     # pydantic adds the union/literal branch name to the location; drop it
-    loc = [x for x in loc if x not in {"int", "list[int]", "constrained-float"}]
+    loc = [x if len(x) <= 40 else x[:37] + "..." for x in loc if x not in {"int", "list[int]", "constrained-float"}]
     key = ".".join(loc) or "(top level)"
     typ = e["type"]
     if typ == "extra_forbidden":
         within = [x for x in raw_loc[:-1] if str(x) not in {"int", "list[int]", "constrained-float"}]
-        msg = unknown_key_message(str(raw_loc[-1]), valid_keys(model or Scenario, within))
+        msg = unknown_key_message(str(raw_loc[-1])[:200], valid_keys(model or Scenario, within))
     elif typ == "missing":
         msg = "required key is missing"
     else:
@@ -271,7 +367,7 @@ def _format(source: str | None, err: ValidationError, prefix: tuple = (), model=
             msg = msg[len("Value error, "):]
         msg = msg[0].lower() + msg[1:]
         if "input" in e and typ not in {"value_error", "model_type", "dict_type"}:
-            msg += f", got {e['input']!r}"
+            msg += f", got {short(e['input'])}"
     where = f"{source}: " if source else ""
     return blame_override(f"{where}{key}: {msg}", source, overrides)
 
@@ -313,7 +409,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not key or any(not part for part in key.split(".")):
         raise ScenarioError(f"--set {text}: bad key path {key!r}")
     try:
-        value = yaml.safe_load(val) if val.strip() else None
+        value = safe_yaml_load(val) if val.strip() else None
     except yaml.YAMLError as e:
         raise ScenarioError(f"--set {key}: value is not valid YAML ({_yaml_problem(e)})") from None
     return key, value
@@ -331,19 +427,43 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ())
     """Read, override and validate a scenario file; every error is a ScenarioError."""
     path = Path(path)
     src = str(path)
-    if not path.is_file():
-        raise ScenarioError(f"{src}: file not found")
     try:
-        raw = yaml.safe_load(path.read_text())
+        if not path.is_file():
+            raise ScenarioError(f"{src}: file not found")
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise ScenarioError(f"{src}: {size} bytes; a scenario file may have at most {MAX_FILE_BYTES}")
+        raw = safe_yaml_load(path.read_text())
     except yaml.YAMLError as e:
         raise ScenarioError(f"{src}: invalid YAML: {_yaml_problem(e)}") from None
     except UnicodeDecodeError:
         raise ScenarioError(f"{src}: not a text file") from None
+    except OSError as e:
+        raise ScenarioError(f"{src}: cannot read ({e.strerror or e})") from None
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise ScenarioError(f"{src}: the top level must be a mapping of keys, got {type(raw).__name__}")
     return scenario_from_dict(raw, source=src, overrides=overrides)
+
+
+def _check_split_options(sc: Scenario) -> None:
+    """Options that only one kind of split uses are errors on the other kind, not silently ignored."""
+    from .protocols import get
+
+    kind = sc.data.partition or get(sc.method).partition
+    where = f"{sc.source}: " if sc.source else ""
+    if kind == "horizontal":
+        if sc.data.missing.rate > 0:
+            raise sc.blame(ScenarioError(f"{where}data.missing.rate: missing views apply to vertical splits; "
+                                         f"this is a horizontal split ({sc.method}), so set it to 0"))
+        if sc.data.unaligned > 0:
+            raise sc.blame(ScenarioError(f"{where}data.unaligned: unaligned rows apply to vertical splits; "
+                                         f"this is a horizontal split ({sc.method}), so set it to 0"))
+    elif sc.data.heterogeneity > 0 or sc.data.dirichlet_alpha is not None:
+        key = "data.heterogeneity" if sc.data.heterogeneity > 0 else "data.dirichlet_alpha"
+        raise sc.blame(ScenarioError(f"{where}{key}: label and quantity skew apply to horizontal splits; "
+                                     f"this is a vertical split ({sc.method})"))
 
 
 def scenario_from_dict(raw: dict, source: str | None = None, overrides=()) -> Scenario:
@@ -365,6 +485,7 @@ def scenario_from_dict(raw: dict, source: str | None = None, overrides=()) -> Sc
         raise ScenarioError(f"{where}(top level): {e}") from None
     sc._overrides = overrides
     sc.protocol_config()
+    _check_split_options(sc)
     p = sc.data_path()
     if p is not None and not p.is_file():
         where = f"{source}: " if source else ""

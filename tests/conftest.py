@@ -38,3 +38,20 @@ def ray_session():
 @pytest.fixture
 def scenario_path():
     return lambda name: SCENARIOS / name
+
+
+# The files an embedded Ray leaves behind for other programs to find: a token in the home
+# folder and a pointer to the running cluster under /tmp/ray. The suite must create neither.
+_RAY_LEFTOVERS = (Path.home() / ".ray" / "auth_token", Path("/tmp/ray/ray_current_cluster"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _leaves_no_ray_state_behind():
+    """Fail the session if it created ``~/.ray/auth_token`` or ``/tmp/ray/ray_current_cluster``."""
+    before = {p: p.exists() for p in _RAY_LEFTOVERS}
+    yield
+    created = [str(p) for p, existed in before.items() if not existed and p.exists()]
+    if created:
+        pytest.fail("the test session created files outside its temporary folders: " + ", ".join(created) +
+                    " (tests must keep Ray's token in RAY_AUTH_TOKEN and its state in a temporary folder)",
+                    pytrace=False)

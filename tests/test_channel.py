@@ -355,7 +355,7 @@ def test_unknown_peer_malformed_and_mode_mismatch():
     plain_server.add_peer("client:2", None)
     _expect(cli, plain_server.seal("client:2", 1, _msg()).frame, "tampered")
     assert cli.rejected == {"malformed": 6, "tampered": 1, "replayed": 0,
-                            "misrouted": 0, "unknown-peer": 1}
+                            "misrouted": 0, "unknown-peer": 1, "oversized": 0, "stale-round": 0}
 
 
 def test_plaintext_bad_body_and_zlib_bomb_are_malformed():
@@ -364,14 +364,14 @@ def test_plaintext_bad_body_and_zlib_bomb_are_malformed():
     _, _, _, _, _, pos = link_mod._parse_frame(frame)
     _expect(cli, frame[:pos] + b"not zlib", "malformed")
     _expect(cli, frame[:-3], "malformed")  # truncated stream
-    cli.max_payload_bytes = 500
-    _expect(cli, frame, "malformed")  # payload bigger than the cap
+    cli.max_payload_bytes = len(frame) + 1
+    _expect(cli, frame, "oversized")  # inflated payload bigger than the cap
     cli.max_payload_bytes = 1 << 30
     assert cli.open(frame).seq == 1  # rejected frames did not consume the seq
     fresh = server.seal("client:2", 2, _msg()).frame  # seq 2, not yet seen
     bomb = fresh[:pos] + zlib.compress(b"RMVC" + bytes(50_000))
     cli.max_payload_bytes = 100
-    _expect(cli, bomb, "malformed")
+    _expect(cli, bomb, "oversized")
     raw_server, raw_cli = _pair("none")
     frame = raw_server.seal("client:2", 1, _msg()).frame
     _expect(raw_cli, frame[:-1], "malformed")  # codec failure

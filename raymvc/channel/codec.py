@@ -89,8 +89,11 @@ def encode(msg: Message, float_dtype: str = "float64") -> bytes:
         else:
             scalars[name] = _encode_scalar(name, value)
     header = {"kind": msg.kind, "scalars": scalars, "arrays": arrays}
-    hbytes = json.dumps(header, allow_nan=False, ensure_ascii=False,
-                        separators=(",", ":")).encode("utf-8")
+    try:
+        hbytes = json.dumps(header, allow_nan=False, ensure_ascii=False,
+                            separators=(",", ":")).encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate in a name or a string
+        raise CodecError(f"a name or string is not valid Unicode text: {exc.reason}") from None
     return b"".join([_PREFIX.pack(MAGIC, VERSION, len(hbytes)), hbytes, *buffers])
 
 

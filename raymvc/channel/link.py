@@ -12,6 +12,11 @@ sequence number cannot be altered without the tag failing.
 
 :meth:`Endpoint.open` never processes a frame it does not trust: it raises
 :class:`RejectedMessage` with a ``reason`` and counts it in ``Endpoint.rejected``.
+Every frame is bounded: one longer than ``max_message_bytes`` on the wire, or whose
+compressed body would inflate past it, is rejected as ``oversized`` without being
+inflated (the decompressor stops at the cap). A receiver that knows whom it asked and
+in which round (the server) passes ``expect_src`` and ``expect_round``; an answer
+from another party is ``misrouted`` and one from another round ``stale-round``.
 """
 
 from __future__ import annotations
@@ -36,8 +41,10 @@ FRAME_MAGIC = b"RMF1"
 FLAG_COMPRESSED = 0x01
 FLAG_ENCRYPTED = 0x02
 COMPRESSIONS = ("none", "zlib")
-REASONS = ("malformed", "tampered", "replayed", "misrouted", "unknown-peer")
-MAX_PAYLOAD_BYTES = 1 << 30  # cap on decompressed size (1 GiB)
+REASONS = ("malformed", "tampered", "replayed", "misrouted", "unknown-peer", "oversized",
+           "stale-round")
+DEFAULT_MAX_MESSAGE_MB = 256.0  # scenario key channel.max_message_mb (MB = 10**6 bytes)
+MAX_PAYLOAD_BYTES = int(DEFAULT_MAX_MESSAGE_MB * 1_000_000)
 
 _U16 = struct.Struct("<H")
 _ROUND_SEQ = struct.Struct("<iQ")
@@ -46,6 +53,10 @@ __all__ = [
     "COMPRESSIONS", "ENCRYPTIONS", "REASONS", "Endpoint", "Opened", "RejectedMessage",
     "Sealed", "handshake_bytes",
 ]
+
+
+class _Oversized(ValueError):
+    """A body that would inflate past the cap (reported as ``oversized``)."""
 
 
 class RejectedMessage(Exception):
@@ -115,10 +126,11 @@ def _parse_frame(frame: bytes) -> tuple[int, str, str, int, int, int]:
 
 
 def _inflate(body: bytes, limit: int) -> bytes:
+    """Inflate ``body``, producing at most ``limit + 1`` bytes whatever it claims."""
     d = zlib.decompressobj()
     out = d.decompress(body, limit + 1)
     if len(out) > limit or d.unconsumed_tail:
-        raise ValueError(f"decompressed payload exceeds {limit} bytes")
+        raise _Oversized(f"decompressed payload exceeds the cap of {limit} bytes")
     if not d.eof or d.unused_data:
         raise ValueError("compressed body is truncated or has trailing bytes")
     return out
@@ -129,11 +141,13 @@ class Endpoint:
 
     ``encryption`` is ``"none"`` or ``"aes-gcm"``, ``compression`` is ``"none"`` or
     ``"zlib"`` and ``float_dtype`` (``"float64"`` or ``"float32"``) is passed to the
-    codec. Peers must be registered with :meth:`add_peer` before frames are exchanged.
+    codec. ``max_message_bytes`` caps every incoming frame and its inflated payload
+    (default 256 MB). Peers must be registered with :meth:`add_peer` before frames are
+    exchanged.
     """
 
     def __init__(self, party: str, *, encryption: str = "none", compression: str = "none",
-                 float_dtype: str = "float64"):
+                 float_dtype: str = "float64", max_message_bytes: int = MAX_PAYLOAD_BYTES):
         if not isinstance(party, str) or not party:
             raise ValueError("party must be a non-empty string")
         if encryption not in ENCRYPTIONS:
@@ -143,12 +157,15 @@ class Endpoint:
         if float_dtype not in codec.FLOAT_DTYPES:
             raise ValueError(f"float_dtype must be one of {codec.FLOAT_DTYPES}, "
                              f"got {float_dtype!r}")
+        if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int) \
+                or max_message_bytes < 1:
+            raise ValueError(f"max_message_bytes must be a positive int, got {max_message_bytes!r}")
         _party_bytes(party)
         self.party = party
         self.encryption = encryption
         self.compression = compression
         self.float_dtype = float_dtype
-        self.max_payload_bytes = MAX_PAYLOAD_BYTES
+        self.max_payload_bytes = max_message_bytes  # cap on the frame and on the inflated payload
         self.rejected: dict[str, int] = {r: 0 for r in REASONS}
         self._private = generate_private_key() if encryption == "aes-gcm" else None
         self._keys: dict[str, object] = {}  # peer -> LinkKeys (or None without encryption)
@@ -209,10 +226,19 @@ class Endpoint:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
         return RejectedMessage(reason, detail)
 
-    def open(self, frame: bytes) -> Opened:
-        """Check and decode a frame; raise :class:`RejectedMessage` if it is not trusted."""
+    def open(self, frame: bytes, *, expect_src: str | None = None,
+             expect_round: int | None = None) -> Opened:
+        """Check and decode a frame; raise :class:`RejectedMessage` if it is not trusted.
+
+        With ``expect_src`` a frame from any other party is ``misrouted``; with
+        ``expect_round`` an authentic frame of another round is ``stale-round``.
+        """
         if not isinstance(frame, (bytes, bytearray, memoryview)):
             raise self._reject("malformed", f"expected bytes, got {type(frame).__name__}")
+        size = frame.nbytes if isinstance(frame, memoryview) else len(frame)
+        if size > self.max_payload_bytes:
+            raise self._reject("oversized", f"frame of {size} bytes exceeds the cap of "
+                                            f"{self.max_payload_bytes} bytes")
         frame = bytes(frame)
         try:
             flags, src, dst, rnd, seq, pos = _parse_frame(frame)
@@ -220,6 +246,8 @@ class Endpoint:
             raise self._reject("malformed", str(exc)) from None
         if dst != self.party:
             raise self._reject("misrouted", f"frame for {dst!r} reached {self.party!r}")
+        if expect_src is not None and src != expect_src:
+            raise self._reject("misrouted", f"expected a reply from {expect_src!r}, got one from {src!r}")
         if src not in self._keys:
             raise self._reject("unknown-peer", f"no link with {src!r}")
         if bool(flags & FLAG_ENCRYPTED) != self.encrypted:
@@ -233,10 +261,15 @@ class Endpoint:
                     from None
         if seq <= self._last_seq[src]:
             raise self._reject("replayed", f"seq {seq} from {src!r} already seen")
+        if expect_round is not None and rnd != expect_round:
+            raise self._reject("stale-round", f"frame of round {rnd} from {src!r} arrived in round "
+                                              f"{expect_round}")
         try:
             if flags & FLAG_COMPRESSED:
                 body = _inflate(body, self.max_payload_bytes)
             msg = codec.decode(body)
+        except _Oversized as exc:
+            raise self._reject("oversized", str(exc)) from None
         except (ValueError, zlib.error) as exc:  # CodecError is a ValueError
             raise self._reject("malformed", str(exc)) from None
         self._last_seq[src] = seq

@@ -3,12 +3,19 @@
 Every loader returns a :class:`MultiViewDataset` with float64 views, labels remapped to
 ``0..k-1`` (all ``-1`` for a file without labels; rows are then samples) and, where some
 samples lack some views, a ``present`` mask (absent rows are zero-filled).
+
+User files are checked before anything runs: views must be real, finite numbers (a row
+that is NaN throughout marks the view absent for that sample; any other NaN or an
+infinity is an error), there must be at least one sample and one feature per view, and
+labels must be finite real numbers or strings. Labels of a single class only warn
+(:class:`DataWarning`): the scores are then trivial, which may be what the user wants.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,10 +39,15 @@ VIEW_KEYS = ("X", "views", "data", "fea")
 LABEL_KEYS = ("Y", "y", "gt", "labels", "label", "truelabel", "truth", "gnd")
 _NUMBERED_VIEW = re.compile(r"^(?:X|x|view_?|View_?)(\d+)$")
 _SYNTH_ARGS = ("n_samples", "n_views", "dims", "n_clusters", "noise")
+MAX_SYNTHETIC_VALUES = 100_000_000  # n_samples x total dims of a synthetic data set (800 MB of float64)
 
 
 class DataError(ValueError):
     """A data set could not be loaded or is malformed."""
+
+
+class DataWarning(UserWarning):
+    """Data that loads but is probably not what the user meant (e.g. labels of one class)."""
 
 
 def list_builtin() -> dict[str, str]:
@@ -135,6 +147,11 @@ def synthetic(
         n_views = len(dims) if n_views is None else n_views
         if len(dims) != n_views:
             raise DataError(f"synthetic: dims has {len(dims)} entries but n_views is {n_views}")
+    if n_samples * sum(max(d, 0) for d in dims) > MAX_SYNTHETIC_VALUES:
+        raise DataError(f"synthetic: n_samples x total dims = {n_samples} x {sum(dims)} is more than the limit "
+                        f"of {MAX_SYNTHETIC_VALUES:.0e} values")
+    if not np.isfinite(noise):
+        raise DataError(f"synthetic: noise must be finite, got {noise}")
     if n_samples < n_clusters or n_clusters < 1 or n_views < 1 or min(dims) < 1 or noise < 0:
         raise DataError(
             f"synthetic: need n_samples >= n_clusters >= 1, n_views >= 1, dims >= 1, noise >= 0 "
@@ -268,10 +285,15 @@ def _read_mat(path: Path):
     return views, labels, None, index, None
 
 
-def _dense(a) -> np.ndarray:
-    """A MATLAB matrix (possibly sparse) as a dense float64 array."""
+def _dense(a, what: str = "view") -> np.ndarray:
+    """A matrix (possibly sparse) as a dense float64 array; complex or non-numeric data is a DataError."""
     if hasattr(a, "toarray"):
         a = a.toarray()
+    a = np.asarray(a)
+    if np.iscomplexobj(a):
+        raise DataError(f"{what} holds complex numbers; store real values")
+    if a.dtype.kind not in "biuf":
+        raise DataError(f"{what} is not numeric (dtype {a.dtype})")
     return np.asarray(a, dtype=np.float64)
 
 
@@ -291,15 +313,21 @@ def _assemble(path, raw_views, labels, present, index, names) -> MultiViewDatase
             "or arrays X0, X1, ... / view_0, view_1, ..."
         )
     unlabelled = labels is None
-    if unlabelled:  # no ground truth: rows are samples; give data.n_clusters
-        first = _dense(raw_views[0])
-        n = first.shape[0] if first.ndim == 2 else len(first)
-        labels = np.full(n, -1, dtype=np.int64)
-    labels = np.asarray(labels).ravel()
-    n = len(labels)
-    views = []
-    for v, X in enumerate(raw_views):
-        X = _dense(X)
+    try:
+        if unlabelled:  # no ground truth: rows are samples; give data.n_clusters
+            first = _dense(raw_views[0], "view 0")
+            if first.ndim == 0:
+                raise DataError("view 0 is a single number, expected a matrix")
+            n = first.shape[0] if first.ndim == 2 else len(first)
+            labels = np.full(n, -1, dtype=np.int64)
+        labels = _check_labels(np.asarray(labels).ravel())
+        n = len(labels)
+        if n == 0:
+            raise DataError("no samples (0 labels)" if not unlabelled else "no samples (view 0 has 0 rows)")
+        views = [_dense(X, f"view {v}") for v, X in enumerate(raw_views)]
+    except DataError as exc:
+        raise DataError(f"{path}: {exc}") from None
+    for v, X in enumerate(list(views)):
         if X.ndim == 1:
             X = X[:, None]
         if X.ndim != 2:
@@ -309,7 +337,9 @@ def _assemble(path, raw_views, labels, present, index, names) -> MultiViewDatase
                 raise DataError(f"{path}: view {v} has shape {X.shape}, neither dimension matches "
                                 f"{n} {'samples (the rows of view 0)' if unlabelled else 'labels'}")
             X = X.T
-        views.append(np.array(X, dtype=np.float64))
+        if X.shape[1] == 0:
+            raise DataError(f"{path}: view {v} has no features (shape {X.shape})")
+        views[v] = np.array(X, dtype=np.float64)
     V = len(views)
     if present is not None:
         present = np.asarray(present, dtype=bool)
@@ -328,12 +358,22 @@ def _assemble(path, raw_views, labels, present, index, names) -> MultiViewDatase
         present = np.stack([~np.isnan(X).all(axis=1) for X in views], axis=1)
     for v, X in enumerate(views):
         X[~present[:, v]] = 0.0
-        if np.isnan(X).any():
-            raise DataError(f"{path}: view {v} has NaN values in rows marked present")
+        bad = int(np.count_nonzero(~np.isfinite(X)))
+        if bad:
+            raise DataError(f"{path}: view {v} has {bad} non-finite value{'s' if bad > 1 else ''} "
+                            "(NaN or infinity) in rows marked present")
+    if not present.any(axis=1).all():
+        empty = int(np.count_nonzero(~present.any(axis=1)))
+        warnings.warn(DataWarning(f"{path}: {empty} sample{'s have' if empty > 1 else ' has'} no view at all; "
+                                  "no client can cluster them (-1 in labels.csv)"), stacklevel=2)
     if present.all():
         present = None
     if not unlabelled:
-        _, labels = np.unique(labels, return_inverse=True)
+        classes, labels = np.unique(labels, return_inverse=True)
+        if len(classes) < 2:
+            warnings.warn(DataWarning(f"{path}: the labels hold a single class ({short_label(classes)}); "
+                                      "scores against them are trivial; data.n_clusters sets the number of clusters"),
+                          stacklevel=2)
     if names is not None and len(names) != V:
         names = None
     return MultiViewDataset(
@@ -344,6 +384,23 @@ def _assemble(path, raw_views, labels, present, index, names) -> MultiViewDatase
         view_names=names or [],
         source=str(path),
     )
+
+
+def _check_labels(labels: np.ndarray) -> np.ndarray:
+    """Labels as given, if they are finite real numbers or strings; else a DataError."""
+    if np.iscomplexobj(labels):
+        raise DataError("labels hold complex numbers")
+    if labels.dtype.kind == "f":
+        bad = int(np.count_nonzero(~np.isfinite(labels)))
+        if bad:
+            raise DataError(f"labels have {bad} non-finite value{'s' if bad > 1 else ''} (NaN or infinity)")
+    elif labels.dtype.kind not in "biuUS":
+        raise DataError(f"labels must be numbers or strings, got dtype {labels.dtype}")
+    return labels
+
+
+def short_label(classes: np.ndarray) -> str:
+    return repr(classes[0].item())[:40] if len(classes) else "none"
 
 
 # --------------------------------------------------------------------------- normalisation

@@ -76,7 +76,8 @@ class ClientNode:
                             float_dtype=ch.float_dtype)
         self.client = proto.client(proto.config(**params), shard, ctx)
         self.endpoint = Endpoint(client_party(cid), encryption=ch.encryption,
-                                 compression=ch.compression, float_dtype=ch.float_dtype)
+                                 compression=ch.compression, float_dtype=ch.float_dtype,
+                                 max_message_bytes=ch.max_message_bytes())
 
     def hello(self, server_key: bytes | None) -> bytes | None:
         """Key agreement: learn the server's public key, return ours."""
@@ -193,7 +194,7 @@ class ServerNode:
                             client_sizes=dict(client_sizes or {}), float_dtype=ch.float_dtype)
         self.server = proto.server(proto.config(**params), ctx)
         self.endpoint = Endpoint(SERVER, encryption=ch.encryption, compression=ch.compression,
-                                 float_dtype=ch.float_dtype)
+                                 float_dtype=ch.float_dtype, max_message_bytes=ch.max_message_bytes())
         self.ledger = Ledger()
         self.clock = 0.0
         self.round = 0
@@ -334,7 +335,7 @@ class ServerNode:
         send_t = row.arrive_t + faults.delay(r, cid)
         arrive = send_t + self.net.transfer_s(len(out.frame))
         try:
-            opened = self.endpoint.open(out.frame)
+            opened = self.endpoint.open(out.frame, expect_src=client_party(cid), expect_round=r)
             status, kind = "delivered", opened.msg.kind
             payload, data = opened.payload_bytes, opened.data_bytes
         except RejectedMessage as e:

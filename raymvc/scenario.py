@@ -82,6 +82,7 @@ class ChannelCfg(_Strict):
     encryption: Literal["none", "aes-gcm"] = "none"
     compression: Literal["none", "zlib"] = "none"
     float_dtype: Literal["float64", "float32"] = "float64"
+    secure_aggregation: bool = False  # methods that support it mask their FedAvg sums (protocols/_secagg.py)
 
 
 class RateCfg(_Strict):

@@ -577,6 +577,9 @@ class SecAggClient:
             mask = prg(pairwise_seed(self.s_sk, self.s_pk[c], self.id, c, k), L, p.ring_bits)
             y = y + mask if _sign_mask(self.id, c) > 0 else y - mask
         sh = shamir_split(b, self.t, [c + 1 for c in active])
+        for key in [key for key in self.held if key[1] == _B]:  # self-mask shares of past aggregations
+            del self.held[key]
+        self.masked_with.clear()
         self.held[(self.id, _B, k)] = sh[self.id + 1]
         cts = [seal_share(self.c_sk, self.c_pk[c], self.id, c, _B, k, sh[c + 1]) for c in peers]
         self.last_k = k

@@ -76,6 +76,7 @@ class ClientContext:
     seed: int
     float_dtype: str = "float64"
     round: int = 0
+    secure_aggregation: bool = False  # channel.secure_aggregation: mask FedAvg sums where the method can
 
     def rng_for(self, tag: str, round: int | None = None) -> np.random.Generator:
         """A fresh generator for ``tag`` in ``round`` (default: the current round)."""
@@ -97,6 +98,7 @@ class ServerContext:
     n_samples: int | None = None
     client_sizes: dict[int, int] = field(default_factory=dict)
     float_dtype: str = "float64"
+    secure_aggregation: bool = False  # channel.secure_aggregation: mask FedAvg sums where the method can
 
     def rng_for(self, tag: str, round: int) -> np.random.Generator:
         """A fresh generator for ``tag`` in ``round``, independent of all other draws."""

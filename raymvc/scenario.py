@@ -167,6 +167,7 @@ class ChannelCfg(_Strict):
     float_dtype: Literal["float64", "float32"] = "float64"
     max_message_mb: float = Field(default=256.0, gt=0.0, le=1_000_000.0,
                                   description="largest frame (and inflated payload) a party accepts, in MB")
+    secure_aggregation: bool = False  # methods that support it mask their FedAvg sums (protocols/_secagg.py)
 
     def max_message_bytes(self) -> int:
         return max(1, int(self.max_message_mb * 1_000_000))

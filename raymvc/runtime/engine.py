@@ -377,6 +377,13 @@ def _participation(end: RunEnd) -> dict[int, dict]:
     return {c: asdict(p) for c, p in sorted(end.participation.items())}
 
 
+def _secagg_totals(ledger: Ledger) -> dict:
+    """Totals of the secure-aggregation messages (kinds ``secagg.*``), part of ``communication``."""
+    sub = Ledger()
+    sub.extend(r for r in ledger.rows if r.kind.startswith("secagg."))
+    return sub.totals("protocol")
+
+
 def _summarise(sc, ds, part, proto, end: RunEnd, labels, ray_init_s, protocol_s, wall_s, out) -> dict:
     metrics = metrics_labelled = None
     kappa = proto.partition == "horizontal"
@@ -407,6 +414,7 @@ def _summarise(sc, ds, part, proto, end: RunEnd, labels, ray_init_s, protocol_s,
         "communication": ledger.totals("protocol"),
         "communication_eval": ledger.totals("eval"),
         "communication_setup": ledger.totals("setup"),
+        "communication_secagg": _secagg_totals(ledger),
         "per_client_bytes": ledger.per_client("protocol"),
         "participation": _participation(end),
         "faults": {

@@ -73,7 +73,7 @@ class ClientNode:
         ch = ChannelCfg(**channel)
         proto = get(method)
         ctx = ClientContext(client_id=cid, n_clients=n_clients, n_clusters=n_clusters, seed=seed,
-                            float_dtype=ch.float_dtype)
+                            float_dtype=ch.float_dtype, secure_aggregation=ch.secure_aggregation)
         self.client = proto.client(proto.config(**params), shard, ctx)
         self.endpoint = Endpoint(client_party(cid), encryption=ch.encryption,
                                  compression=ch.compression, float_dtype=ch.float_dtype,
@@ -191,7 +191,8 @@ class ServerNode:
         self.transport = make_transport(clients, reply_timeout_s)
         self.client_ids = list(client_ids)
         ctx = ServerContext(client_ids=list(client_ids), n_clusters=n_clusters, seed=seed, n_samples=n_samples,
-                            client_sizes=dict(client_sizes or {}), float_dtype=ch.float_dtype)
+                            client_sizes=dict(client_sizes or {}), float_dtype=ch.float_dtype,
+                            secure_aggregation=ch.secure_aggregation)
         self.server = proto.server(proto.config(**params), ctx)
         self.endpoint = Endpoint(SERVER, encryption=ch.encryption, compression=ch.compression,
                                  float_dtype=ch.float_dtype, max_message_bytes=ch.max_message_bytes())

@@ -1,0 +1,624 @@
+"""Secure aggregation for FedAvg-style weighted sums (masking with dropout recovery).
+
+The server learns ``Σ w_i x_i`` and ``Σ w_i`` over the clients whose masked input
+arrived, and nothing else about any single ``x_i``: each client adds to its
+fixed-point input a self-mask and one pairwise mask per peer; pairwise masks cancel in
+the sum, self-masks are removed with Shamir shares held by the peers, and the masks a
+dropped client leaves behind are rebuilt from shares of its mask key.
+
+A protocol drives two small state machines, :class:`SecAggServer` and
+:class:`SecAggClient`. Every message they create is an ordinary
+:class:`~raymvc.messages.Message` whose kind starts with ``secagg.``, so the engine
+carries and meters it like any other and the summary reports it apart
+(``communication_secagg``).
+
+Exchanges (S = server, C = client)
+----------------------------------
+Once, at the start:
+
+1. ``secagg.advertise`` S->C, reply ``secagg.keys``: the client's two X25519 public
+   keys, ``c`` (share encryption) and ``s`` (pairwise masks).
+2. ``secagg.roster`` S->C (every advertised key, the threshold ``t``), reply
+   ``secagg.shares``: Shamir ``t``-of-``n`` shares of the client's mask secret key
+   ``s_SK``, one per roster member, each AES-256-GCM encrypted under a key derived from
+   ``X25519(c_i, c_j)`` -- a key the server cannot compute; it only relays ciphertexts.
+
+Per aggregation ``k``:
+
+3. The protocol's own request (its kind, e.g. ``model``) with the fields of
+   :meth:`SecAggServer.input_fields` (``secagg_k``, the active clients, updated mask
+   keys); reply ``secagg.masked``: ``y_i = enc(w_i x_i, w_i) + PRG(b_i) + Σ_{j>i} PRG(s_ij)
+   - Σ_{j<i} PRG(s_ij)`` in Z_{2^64} (or Z_{2^32}), plus encrypted shares of the fresh
+   self-mask seed ``b_i`` of this aggregation, one per active peer.
+4. ``secagg.unmask`` S->C to the survivors ``U`` (the clients whose ``y`` arrived),
+   naming ``U`` and the dropped active clients ``D`` and relaying the share
+   ciphertexts addressed to the receiver; reply ``secagg.reveal``: its shares of
+   ``b_j`` for ``j ∈ U`` and of ``s_j^SK`` for ``j ∈ D`` -- never both for one client.
+
+With ``|U| < t`` after step 3, or fewer than ``t`` shares of any needed secret after
+step 4, the aggregation fails (no partial unmasking) and the protocol's missing-reply
+policy applies.
+
+Keys across aggregations
+------------------------
+The key pairs are made once, the pairwise seeds are derived afresh per aggregation
+(HKDF over the X25519 secret with ``k`` in the info string) and ``b_i`` is drawn anew
+for every aggregation, so nothing is reused. A dropped client's ``s_SK`` becomes known
+to the server when it is unmasked; from then on that key is *exposed*: the server stops
+listing the client as active and asks it to re-key (a fresh ``s`` pair and fresh
+shares, reply ``secagg.rekey``, sent instead of its masked input), after which it takes
+part again from the next aggregation. Peers refuse to reveal ``b_j`` for a client whose
+current mask key they have helped expose. A client that missed key advertisement stays
+out of secure aggregation for the run; one that missed step 2 joins through a re-key.
+
+Threat model: honest-but-curious server and clients (the server follows the protocol
+but tries to learn inputs); up to ``t - 1`` clients colluding with the server learn
+nothing beyond the sum. The clients' checks (consistent ``U``/``D``, ``|U| >= t``, one
+reveal per aggregation, never both shares for one client) bound what a lying server
+gets, but without the signatures and consistency round of the malicious-server variant.
+All secrets come from the operating system's generator, never from the run seed.
+"""
+
+from __future__ import annotations
+
+import secrets
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    PublicFormat,
+)
+
+from raymvc.messages import Message
+
+PREFIX = "secagg."
+ADVERTISE, KEYS = "secagg.advertise", "secagg.keys"
+ROSTER, SHARES = "secagg.roster", "secagg.shares"
+MASKED, REKEY = "secagg.masked", "secagg.rekey"
+UNMASK, REVEAL = "secagg.unmask", "secagg.reveal"
+
+# Shamir shares live in GF(P), P the smallest prime above 2^256: every 32-byte secret fits.
+PRIME = 2**256 + 297
+SHARE_BYTES = 33
+KEY_BYTES = 32
+CT_BYTES = SHARE_BYTES + 16  # AES-GCM adds a 16-byte tag
+_S, _B = 0, 1  # what a share is of: the mask secret key, or a self-mask seed
+
+
+# ---------------------------------------------------------------------------
+# Shamir secret sharing over GF(PRIME)
+def shamir_split(secret: int, t: int, xs: Iterable[int]) -> dict[int, int]:
+    """Shares ``{x: f(x)}`` of ``secret`` for a random polynomial ``f`` of degree ``t - 1``.
+
+    Any ``t`` shares rebuild ``secret``; ``t - 1`` say nothing about it.
+    """
+    xs = [int(x) for x in xs]
+    if not 0 <= secret < PRIME:
+        raise ValueError("secret must lie in [0, PRIME)")
+    if t < 1 or t > len(xs):
+        raise ValueError(f"threshold must be in [1, {len(xs)}], got {t}")
+    if len(set(xs)) != len(xs) or any(x % PRIME == 0 for x in xs):
+        raise ValueError("share points must be distinct and non-zero")
+    coeffs = [secret] + [secrets.randbelow(PRIME) for _ in range(t - 1)]
+    out = {}
+    for x in xs:
+        acc = 0
+        for c in reversed(coeffs):  # Horner
+            acc = (acc * x + c) % PRIME
+        out[x] = acc
+    return out
+
+
+def shamir_interpolate(shares: Mapping[int, int]) -> int:
+    """The value at 0 of the lowest-degree polynomial through ``shares`` (Lagrange)."""
+    if not shares:
+        raise ValueError("no shares")
+    total = 0
+    pts = list(shares.items())
+    for i, (xi, yi) in enumerate(pts):
+        num, den = 1, 1
+        for j, (xj, _) in enumerate(pts):
+            if i != j:
+                num = num * (-xj) % PRIME
+                den = den * (xi - xj) % PRIME
+        total = (total + yi * num * pow(den, -1, PRIME)) % PRIME
+    return total
+
+
+def shamir_reconstruct(shares: Mapping[int, int], t: int) -> int:
+    """Rebuild a secret from at least ``t`` shares; fewer is an error, never a guess."""
+    if len(shares) < t:
+        raise ValueError(f"{len(shares)} shares, need {t}")
+    return shamir_interpolate(dict(list(shares.items())[:t]))
+
+
+# ---------------------------------------------------------------------------
+# Fixed-point encoding in Z_{2^bits}
+def ring_dtype(bits: int) -> np.dtype:
+    if bits not in (32, 64):
+        raise ValueError(f"ring_bits must be 32 or 64, got {bits}")
+    return np.dtype(np.uint64 if bits == 64 else np.uint32)
+
+
+def encode_fixed(v: np.ndarray, frac_bits: int, bits: int = 64) -> np.ndarray:
+    """``round(v * 2^frac_bits)`` as two's complement in Z_{2^bits}."""
+    signed = np.int64 if bits == 64 else np.int32
+    q = np.rint(np.asarray(v, dtype=np.float64) * float(2**frac_bits))
+    lim = float(2 ** (bits - 1))
+    if q.size and (q.min() < -lim or q.max() >= lim):
+        raise ValueError("value out of the fixed-point range")
+    return q.astype(signed).view(ring_dtype(bits))
+
+
+def decode_fixed(u: np.ndarray, frac_bits: int, bits: int = 64) -> np.ndarray:
+    signed = np.int64 if bits == 64 else np.int32
+    return np.asarray(u, dtype=ring_dtype(bits)).view(signed).astype(np.float64) / float(2**frac_bits)
+
+
+# ---------------------------------------------------------------------------
+# Key derivation, PRG, share encryption
+def _kdf(secret: bytes, info: bytes) -> bytes:
+    return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=b"raymvc secagg v1|" + info).derive(secret)
+
+
+def prg(seed: bytes, n: int, bits: int = 64) -> np.ndarray:
+    """``n`` pseudorandom ring elements: AES-256-CTR keyed by ``seed`` over zeros."""
+    dt = ring_dtype(bits)
+    enc = Cipher(algorithms.AES(seed), modes.CTR(b"\x00" * 16)).encryptor()
+    return np.frombuffer(enc.update(b"\x00" * (n * dt.itemsize)) + enc.finalize(), dtype=dt.newbyteorder("<")) \
+        .astype(dt)
+
+
+def pairwise_seed(sk: X25519PrivateKey, peer_pk: bytes, a: int, b: int, k: int) -> bytes:
+    """Seed of the mask between clients ``a`` and ``b`` in aggregation ``k`` (same for both)."""
+    lo, hi = sorted((a, b))
+    secret = sk.exchange(X25519PublicKey.from_public_bytes(peer_pk))
+    return _kdf(secret, b"mask|%d|%d|%d" % (lo, hi, k))
+
+
+def self_seed(b: int, k: int) -> bytes:
+    return _kdf(b.to_bytes(SHARE_BYTES, "big"), b"self|%d" % k)
+
+
+def _share_cipher(c_sk: X25519PrivateKey, peer_c_pk: bytes, src: int, dst: int) -> AESGCM:
+    secret = c_sk.exchange(X25519PublicKey.from_public_bytes(peer_c_pk))
+    return AESGCM(_kdf(secret, b"share|%d->%d" % (src, dst)))
+
+
+def _share_ad(what: int, src: int, dst: int, ctr: int) -> tuple[bytes, bytes]:
+    return struct.pack(">BxxxQ", what, ctr), b"secagg share|%d|%d->%d|%d" % (what, src, dst, ctr)
+
+
+def seal_share(c_sk, peer_c_pk: bytes, src: int, dst: int, what: int, ctr: int, value: int) -> bytes:
+    """Encrypt one share for ``dst``; ``ctr`` (epoch or aggregation) makes the nonce unique."""
+    nonce, ad = _share_ad(what, src, dst, ctr)
+    return _share_cipher(c_sk, peer_c_pk, src, dst).encrypt(nonce, value.to_bytes(SHARE_BYTES, "big"), ad)
+
+
+def open_share(c_sk, peer_c_pk: bytes, src: int, dst: int, what: int, ctr: int, ct: bytes) -> int:
+    nonce, ad = _share_ad(what, src, dst, ctr)
+    return int.from_bytes(_share_cipher(c_sk, peer_c_pk, src, dst).decrypt(nonce, bytes(ct), ad), "big")
+
+
+def _pk(sk: X25519PrivateKey) -> bytes:
+    return sk.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def _sk_int(sk: X25519PrivateKey) -> int:
+    return int.from_bytes(sk.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption()), "big")
+
+
+def _sk_from_int(v: int) -> X25519PrivateKey:
+    if v >= 2**256:
+        raise ValueError("reconstructed key out of range")
+    return X25519PrivateKey.from_private_bytes(v.to_bytes(KEY_BYTES, "big"))
+
+
+def _u8(b: bytes | int, n: int | None = None) -> np.ndarray:
+    if isinstance(b, int):
+        b = b.to_bytes(n or SHARE_BYTES, "big")
+    return np.frombuffer(bytes(b), dtype=np.uint8).copy()
+
+
+def _rows(items: list[bytes] | list[int], width: int) -> np.ndarray:
+    return np.stack([_u8(x) for x in items]) if items else np.zeros((0, width), dtype=np.uint8)
+
+
+def _ids(xs: Iterable[int]) -> np.ndarray:
+    return np.asarray(sorted(int(x) for x in xs), dtype=np.int64)
+
+
+def _sign_mask(me: int, peer: int) -> int:
+    return 1 if peer > me else -1
+
+
+@dataclass(frozen=True)
+class SecAggParams:
+    """Encoding parameters, the same on every party.
+
+    Inputs are clipped to ``[-clip, clip]``, multiplied by the client's weight and
+    scaled by ``2^frac_bits``; the sum over all active clients must stay inside the
+    signed range of Z_{2^ring_bits} (checked on every client before it masks).
+    ``threshold`` is ``t``; ``None`` takes a majority of the clients that advertised keys.
+    """
+
+    ring_bits: int = 64
+    frac_bits: int = 24
+    clip: float = 1.0e4
+    threshold: int | None = None
+
+
+# ---------------------------------------------------------------------------
+@dataclass
+class Outcome:
+    """What one :meth:`SecAggServer.step` produced.
+
+    ``send``: messages for another exchange (then call ``step`` again with the replies).
+    Otherwise the phase ended: ``ended`` is true when an aggregation ended, with
+    ``total`` (``Σ w_i x_i``) and ``weight`` (``Σ w_i``) over ``contributors`` if it
+    succeeded, or ``failed`` saying why not.
+    """
+
+    send: dict[int, Message] | None = None
+    ended: bool = False
+    total: np.ndarray | None = None
+    weight: float | None = None
+    contributors: list[int] = field(default_factory=list)
+    dropped: list[int] = field(default_factory=list)
+    failed: str | None = None
+
+
+class SecAggServer:
+    """The server's side: relays ciphertexts, unmasks the sum, never sees one input."""
+
+    def __init__(self, client_ids: Iterable[int], params: SecAggParams | None = None):
+        self.params = params or SecAggParams()
+        ring_dtype(self.params.ring_bits)
+        self.client_ids = sorted(int(c) for c in client_ids)
+        self.phase = "new"  # new -> advertise -> share -> idle -> masked -> unmask -> idle ...
+        self.c_pk: dict[int, bytes] = {}
+        self.s_pk: dict[int, bytes] = {}
+        self.epoch: dict[int, int] = {}
+        self.roster: list[int] = []
+        self.members: set[int] = set()  # roster members whose current s_SK is shared and unexposed
+        self.exposed: set[int] = set()  # roster members that must re-key before taking part again
+        self.t = 0
+        self.k = 0
+        self.pending: dict[int, dict[tuple[int, int, int], bytes]] = {}  # dst -> (src, what, ctr) -> ct
+        self.active: list[int] = []
+        self.active_pk: dict[int, bytes] = {}
+        self.survivors: list[int] = []
+        self.dropped: list[int] = []
+        self.y: dict[int, np.ndarray] = {}
+
+    @property
+    def ready(self) -> bool:
+        """Setup is over and no aggregation is under way: the protocol may ask for inputs."""
+        return self.phase == "idle"
+
+    def start(self) -> dict[int, Message]:
+        """Key advertisement: the first exchange of a run."""
+        self.phase = "advertise"
+        return {c: Message(ADVERTISE) for c in self.client_ids}
+
+    # -- the protocol's masked-input request ---------------------------------
+    def input_fields(self, cid: int) -> dict:
+        """Fields to add to the protocol's request of aggregation ``k`` for client ``cid``."""
+        if self.phase != "masked":
+            self._begin()
+        changed = [c for c in self.members if self.epoch[c] > 0]
+        return {"secagg_k": self.k, "secagg_active": _ids(self.active),
+                "secagg_rekey": cid in self.exposed,
+                "secagg_pk_ids": _ids(changed), "secagg_pk": _rows([self.s_pk[c] for c in sorted(changed)], 32),
+                "secagg_epochs": np.asarray([self.epoch[c] for c in sorted(changed)], dtype=np.int64)}
+
+    def input_requests(self, kind: str, fields: dict, to: Iterable[int]) -> dict[int, Message]:
+        """The protocol's request ``kind`` with ``fields`` for every client in ``to``, plus the SecAgg fields.
+
+        A roster member whose shares never arrived gets the roster again instead (it
+        answers with shares and takes part from the next aggregation).
+        """
+        out = {}
+        for c in to:
+            fresh = c in self.roster and c not in self.members and c not in self.exposed
+            out[c] = self._roster_msg() if fresh else Message(kind, {**fields, **self.input_fields(c)})
+        return out
+
+    def _roster_msg(self) -> Message:
+        return Message(ROSTER, ids=_ids(self.roster), c_pk=_rows([self.c_pk[c] for c in self.roster], 32),
+                       s_pk=_rows([self.s_pk[c] for c in self.roster], 32),
+                       epoch=np.asarray([self.epoch[c] for c in self.roster], dtype=np.int64), t=self.t)
+
+    def _begin(self) -> None:
+        if self.phase != "idle":
+            raise RuntimeError(f"secagg: cannot start an aggregation in phase {self.phase!r}")
+        self.k += 1
+        self.phase = "masked"
+        self.active = sorted(self.members - self.exposed)
+        self.active_pk = {c: self.s_pk[c] for c in self.active}
+        self.y = {}
+
+    # -- replies -------------------------------------------------------------
+    def step(self, replies: Mapping[int, Message], missing: set[int]) -> Outcome:
+        if self.phase == "advertise":
+            return self._on_keys(replies)
+        if self.phase == "share":
+            self._on_shares(replies)
+            self.phase = "idle"
+            return Outcome()
+        if self.phase == "masked":
+            return self._on_masked(replies)
+        if self.phase == "unmask":
+            return self._on_reveal(replies)
+        raise RuntimeError(f"secagg: no replies expected in phase {self.phase!r}")
+
+    def _on_keys(self, replies: Mapping[int, Message]) -> Outcome:
+        for c, m in sorted(replies.items()):
+            if m.kind == KEYS and c in self.client_ids:
+                self.c_pk[c], self.s_pk[c], self.epoch[c] = bytes(m["c_pk"]), bytes(m["s_pk"]), 0
+        self.roster = sorted(self.c_pk)
+        n = len(self.roster)
+        self.t = self.params.threshold or n // 2 + 1
+        self.t = max(1, min(self.t, n)) if n else 1
+        self.phase = "share"
+        msg = self._roster_msg()
+        return Outcome(send={c: msg for c in self.roster})
+
+    def _on_shares(self, replies: Mapping[int, Message]) -> None:
+        for c, m in replies.items():
+            if c not in self.roster or m.kind not in (SHARES, REKEY):
+                continue
+            if m.kind == REKEY:
+                if int(m["epoch"]) <= self.epoch[c]:
+                    continue
+                self.s_pk[c] = bytes(m["s_pk"])
+                self.epoch[c] = int(m["epoch"])
+                for box in self.pending.values():  # shares of the old key are of no use any more
+                    for key in [key for key in box if key[0] == c and key[1] == _S]:
+                        del box[key]
+            for dst, ct in zip(np.asarray(m["to"]).tolist(), np.asarray(m["ct"])):
+                if dst in self.roster:
+                    self.pending.setdefault(dst, {})[(c, _S, self.epoch[c])] = bytes(ct)
+            self.members.add(c)
+            self.exposed.discard(c)
+
+    def _on_masked(self, replies: Mapping[int, Message]) -> Outcome:
+        self._on_shares({c: m for c, m in replies.items() if m.kind in (SHARES, REKEY)})  # joined: active next time
+        L = None
+        for c, m in sorted(replies.items()):
+            if m.kind != MASKED or c not in self.active or int(m["k"]) != self.k:
+                continue
+            y = np.asarray(m["y"])
+            if y.dtype != ring_dtype(self.params.ring_bits) or (L is not None and len(y) != L):
+                continue
+            L = len(y)
+            self.y[c] = y
+            for dst, ct in zip(np.asarray(m["to"]).tolist(), np.asarray(m["ct"])):
+                if dst in self.active:
+                    self.pending.setdefault(dst, {})[(c, _B, self.k)] = bytes(ct)
+        self.survivors = sorted(self.y)
+        self.dropped = sorted(set(self.active) - set(self.y))
+        if len(self.survivors) < self.t:
+            return self._fail(f"{len(self.survivors)} masked inputs, threshold {self.t}")
+        self.phase = "unmask"
+        self.exposed |= set(self.dropped)  # their mask keys are about to be rebuilt
+        out = {}
+        for c in self.survivors:
+            rel = sorted(self.pending.get(c, {}).items())
+            out[c] = Message(UNMASK, k=self.k, U=_ids(self.survivors), D=_ids(self.dropped),
+                             src=np.asarray([r[0][0] for r in rel], dtype=np.int64),
+                             what=np.asarray([r[0][1] for r in rel], dtype=np.uint8),
+                             ctr=np.asarray([r[0][2] for r in rel], dtype=np.int64),
+                             ct=_rows([r[1] for r in rel], CT_BYTES))
+        return Outcome(send=out)
+
+    def _fail(self, why: str) -> Outcome:
+        self.phase = "idle"
+        self._prune()
+        return Outcome(ended=True, failed=why, contributors=[], dropped=list(self.dropped))
+
+    def _prune(self) -> None:
+        for box in self.pending.values():  # self-mask shares of ended aggregations are useless
+            for key in [key for key in box if key[1] == _B and key[2] <= self.k]:
+                del box[key]
+
+    def _on_reveal(self, replies: Mapping[int, Message]) -> Outcome:
+        b_sh: dict[int, dict[int, int]] = {j: {} for j in self.survivors}
+        s_sh: dict[int, dict[int, int]] = {j: {} for j in self.dropped}
+        for c, m in sorted(replies.items()):
+            if m.kind != REVEAL or c not in self.survivors or int(m["k"]) != self.k:
+                continue
+            box = self.pending.get(c, {})
+            for key in [key for key in box if key[1] == _S]:  # delivered: the client keeps them
+                del box[key]
+            for ids, sh, into in (("b_ids", "b_sh", b_sh), ("s_ids", "s_sh", s_sh)):
+                for j, row in zip(np.asarray(m[ids]).tolist(), np.asarray(m[sh])):
+                    if j in into:
+                        into[j][c + 1] = int.from_bytes(bytes(row), "big")
+        short = [j for j, sh in {**b_sh, **s_sh}.items() if len(sh) < self.t]
+        if short:
+            return self._fail(f"fewer than {self.t} shares for clients {sorted(short)}")
+        p = self.params
+        L = len(next(iter(self.y.values())))
+        acc = np.zeros(L, dtype=ring_dtype(p.ring_bits))
+        for c in self.survivors:
+            acc += self.y[c]
+            acc -= prg(self_seed(shamir_reconstruct(b_sh[c], self.t), self.k), L, p.ring_bits)
+        for j in self.dropped:
+            sk = _sk_from_int(shamir_reconstruct(s_sh[j], self.t))
+            for i in self.survivors:  # y_i holds sign(i, j) PRG(s_ij): take it out
+                mask = prg(pairwise_seed(sk, self.active_pk[i], i, j, self.k), L, p.ring_bits)
+                if _sign_mask(i, j) > 0:
+                    acc -= mask
+                else:
+                    acc += mask
+        self.phase = "idle"
+        self._prune()
+        vals = decode_fixed(acc, p.frac_bits, p.ring_bits)
+        return Outcome(ended=True, total=vals[:-1], weight=float(vals[-1]), contributors=list(self.survivors),
+                       dropped=list(self.dropped))
+
+
+# ---------------------------------------------------------------------------
+class SecAggClient:
+    """One client's side: its key pairs, the shares it holds, and its refusals."""
+
+    def __init__(self, client_id: int, params: SecAggParams | None = None):
+        self.id = int(client_id)
+        self.params = params or SecAggParams()
+        self.c_sk = X25519PrivateKey.generate()
+        self.s_sk = X25519PrivateKey.generate()
+        self.epoch = 0
+        self.c_pk: dict[int, bytes] = {}
+        self.s_pk: dict[int, bytes] = {}
+        self.peer_epoch: dict[int, int] = {}
+        self.roster: list[int] = []
+        self.t = 0
+        self.held: dict[tuple[int, int, int], int] = {}  # (src, what, ctr) -> my share
+        self.last_k = 0
+        self.masked_with: dict[int, dict[int, tuple[bytes, int]]] = {}  # k -> peer -> (s_pk, epoch)
+        self.revealed: set[int] = set()
+        self.exposed_pks: set[bytes] = set()  # peers' mask keys whose shares this client revealed
+        self.joined = False  # this client's current s_SK has been shared
+
+    @staticmethod
+    def owns(msg: Message) -> bool:
+        """Whether ``msg`` is a SecAgg message that :meth:`handle` answers."""
+        return msg.kind.startswith(PREFIX)
+
+    def handle(self, msg: Message) -> Message | None:
+        if msg.kind == ADVERTISE:
+            return Message(KEYS, c_pk=_u8(_pk(self.c_sk)), s_pk=_u8(_pk(self.s_sk)))
+        if msg.kind == ROSTER:
+            return self._on_roster(msg)
+        if msg.kind == UNMASK:
+            return self._on_unmask(msg)
+        raise ValueError(f"secagg client: unexpected message {msg.kind!r}")
+
+    def _share_out(self, kind: str, **extra) -> Message:
+        """Shares of my current s_SK for every roster member, each encrypted to its owner."""
+        sh = shamir_split(_sk_int(self.s_sk), self.t, [c + 1 for c in self.roster])
+        self.held[(self.id, _S, self.epoch)] = sh[self.id + 1]
+        to = [c for c in self.roster if c != self.id]
+        cts = [seal_share(self.c_sk, self.c_pk[c], self.id, c, _S, self.epoch, sh[c + 1]) for c in to]
+        self.joined = True
+        return Message(kind, to=_ids(to), ct=_rows(cts, CT_BYTES), **extra)
+
+    def _on_roster(self, msg: Message) -> Message:
+        ids = np.asarray(msg["ids"]).tolist()
+        if self.id not in ids or len(set(ids)) != len(ids):
+            raise ValueError("secagg client: roster without me or with repeated ids")
+        if self.roster:  # sent again: my shares got lost on the way; share a fresh key
+            return self._rekey()
+        self.roster = sorted(ids)
+        for c, cpk, spk, ep in zip(ids, np.asarray(msg["c_pk"]), np.asarray(msg["s_pk"]),
+                                   np.asarray(msg["epoch"]).tolist()):
+            self.c_pk[c], self.s_pk[c], self.peer_epoch[c] = bytes(cpk), bytes(spk), int(ep)
+        if self.c_pk[self.id] != _pk(self.c_sk) or self.s_pk[self.id] != _pk(self.s_sk):
+            raise ValueError("secagg client: the roster carries someone else's keys for me")
+        self.t = int(msg["t"])
+        if not 1 <= self.t <= len(ids):
+            raise ValueError(f"secagg client: threshold {self.t} out of range")
+        return self._share_out(SHARES)
+
+    def _rekey(self) -> Message:
+        """A fresh mask key pair, shared anew: the old one is exposed or its shares were lost."""
+        self.s_sk = X25519PrivateKey.generate()
+        self.epoch += 1
+        return self._share_out(REKEY, s_pk=_u8(_pk(self.s_sk)), epoch=self.epoch)
+
+    # -- masked input -----------------------------------------------------------
+    @staticmethod
+    def is_request(msg: Message) -> bool:
+        return "secagg_k" in msg
+
+    def masked(self, msg: Message, x: np.ndarray, weight: float = 1.0) -> Message | None:
+        """The reply to a masked-input request: ``secagg.masked`` (or ``secagg.rekey``, or nothing)."""
+        if not self.roster:
+            return None  # missed key advertisement: not part of secure aggregation
+        for c, pk, ep in zip(np.asarray(msg["secagg_pk_ids"]).tolist(), np.asarray(msg["secagg_pk"]),
+                             np.asarray(msg["secagg_epochs"]).tolist()):
+            if c != self.id and c in self.roster and ep > self.peer_epoch.get(c, 0):
+                self.s_pk[c], self.peer_epoch[c] = bytes(pk), ep
+        if bool(msg["secagg_rekey"]) or not self.joined:
+            return self._rekey()
+        k = int(msg["secagg_k"])
+        active = np.asarray(msg["secagg_active"]).tolist()
+        if self.id not in active:
+            return None
+        if k <= self.last_k:
+            raise ValueError(f"secagg client: aggregation {k} is not new (last {self.last_k}); refusing to mask twice")
+        peers = [c for c in active if c != self.id]
+        if any(c not in self.roster for c in peers) or any(self.s_pk[c] in self.exposed_pks for c in peers):
+            raise ValueError("secagg client: active set names unknown peers or exposed mask keys")
+        if len(active) < self.t:
+            return None  # the aggregation cannot reach its threshold: send nothing
+        p = self.params
+        x = np.clip(np.asarray(x, dtype=np.float64).ravel(), -p.clip, p.clip)
+        w = float(weight)
+        if not abs(w) * max(p.clip, 1.0) * 2.0 ** p.frac_bits * len(active) < 2.0 ** (p.ring_bits - 1):
+            raise ValueError("secagg client: weight x clip x 2^frac_bits x clients overflows the ring; "
+                             "lower clip or frac_bits")
+        y = encode_fixed(np.append(w * x, w), p.frac_bits, p.ring_bits)
+        L = len(y)
+        b = secrets.randbelow(2**256)
+        y = y + prg(self_seed(b, k), L, p.ring_bits)
+        for c in peers:
+            mask = prg(pairwise_seed(self.s_sk, self.s_pk[c], self.id, c, k), L, p.ring_bits)
+            y = y + mask if _sign_mask(self.id, c) > 0 else y - mask
+        sh = shamir_split(b, self.t, [c + 1 for c in active])
+        for key in [key for key in self.held if key[1] == _B]:  # self-mask shares of past aggregations
+            del self.held[key]
+        self.masked_with.clear()
+        self.held[(self.id, _B, k)] = sh[self.id + 1]
+        cts = [seal_share(self.c_sk, self.c_pk[c], self.id, c, _B, k, sh[c + 1]) for c in peers]
+        self.last_k = k
+        self.masked_with[k] = {c: (self.s_pk[c], self.peer_epoch[c]) for c in peers}
+        return Message(MASKED, k=k, y=y, to=_ids(peers), ct=_rows(cts, CT_BYTES))
+
+    # -- unmasking ------------------------------------------------------------
+    def _on_unmask(self, msg: Message) -> Message:
+        k = int(msg["k"])
+        U, D = np.asarray(msg["U"]).tolist(), np.asarray(msg["D"]).tolist()
+        if k != self.last_k or k in self.revealed or k not in self.masked_with:
+            raise ValueError(f"secagg client: unmasking for aggregation {k} refused (not mine, or done)")
+        mine = set(self.masked_with[k]) | {self.id}
+        if set(U) & set(D) or not set(U) | set(D) <= mine or self.id not in U or len(U) < self.t:
+            raise ValueError("secagg client: inconsistent survivor/dropped sets; refusing to unmask")
+        for src, what, ctr, ct in zip(np.asarray(msg["src"]).tolist(), np.asarray(msg["what"]).tolist(),
+                                      np.asarray(msg["ctr"]).tolist(), np.asarray(msg["ct"])):
+            if src in self.c_pk and src != self.id:
+                self.held[(src, what, ctr)] = open_share(self.c_sk, self.c_pk[src], src, self.id, what, ctr, ct)
+        if any((j, _B, k) in self.held for j in D):
+            raise ValueError("secagg client: a client named dropped sent its input; refusing to unmask")
+        self.revealed.add(k)
+        b_ids, b_sh, s_ids, s_sh = [], [], [], []
+        for j in U:
+            pk = _pk(self.s_sk) if j == self.id else self.masked_with[k][j][0]
+            if (j, _B, k) in self.held and pk not in self.exposed_pks:
+                b_ids.append(j)
+                b_sh.append(self.held[(j, _B, k)])
+        for j in D:
+            pk, ep = self.masked_with[k][j]
+            if (j, _S, ep) in self.held:
+                s_ids.append(j)
+                s_sh.append(self.held[(j, _S, ep)])
+                self.exposed_pks.add(pk)
+        return Message(REVEAL, k=k, b_ids=np.asarray(b_ids, dtype=np.int64), b_sh=_rows(b_sh, SHARE_BYTES),
+                       s_ids=np.asarray(s_ids, dtype=np.int64), s_sh=_rows(s_sh, SHARE_BYTES))
+
+
+__all__ = [
+    "PREFIX", "PRIME", "SecAggParams", "SecAggServer", "SecAggClient", "Outcome", "shamir_split",
+    "shamir_interpolate", "shamir_reconstruct", "encode_fixed", "decode_fixed", "prg",
+]

@@ -1,0 +1,389 @@
+"""Secure aggregation: Shamir sharing, masking, dropout recovery, and a run through the engine."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from cryptography.exceptions import InvalidTag
+
+from raymvc.channel import codec
+from raymvc.messages import Message
+from raymvc.protocols import _secagg as sa
+
+# ---------------------------------------------------------------------------
+# Shamir
+
+
+def _is_probable_prime(n: int) -> bool:
+    d, s = n - 1, 0
+    while d % 2 == 0:
+        d, s = d // 2, s + 1
+    for a in (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41):
+        x = pow(a, d, n)
+        if x in (1, n - 1):
+            continue
+        for _ in range(s - 1):
+            x = x * x % n
+            if x == n - 1:
+                break
+        else:
+            return False
+    return True
+
+
+def test_field_is_prime_and_holds_32_byte_secrets():
+    assert _is_probable_prime(sa.PRIME) and sa.PRIME > 2**256
+
+
+@pytest.mark.parametrize("t,n", [(1, 1), (2, 3), (3, 5), (4, 6)])
+def test_shamir_any_t_shares_rebuild_t_minus_1_do_not(t, n):
+    import itertools
+
+    secret = 2**256 - 12345
+    xs = [c + 1 for c in range(n)]
+    shares = sa.shamir_split(secret, t, xs)
+    for subset in itertools.combinations(xs, t):
+        assert sa.shamir_reconstruct({x: shares[x] for x in subset}, t) == secret
+    if t > 1:
+        few = {x: shares[x] for x in xs[: t - 1]}
+        with pytest.raises(ValueError, match="need"):
+            sa.shamir_reconstruct(few, t)
+        assert sa.shamir_interpolate(few) != secret  # t - 1 shares interpolate to something else
+
+
+def test_shamir_t_minus_1_shares_fit_every_secret():
+    """Hiding: for any candidate secret a polynomial of degree t-1 passes through t-1 shares."""
+    t = 3
+    shares = sa.shamir_split(42, t, [1, 2, 3, 4])
+    two = {1: shares[1], 2: shares[2]}
+    for candidate in (0, 41, 7**60):
+        # the polynomial through (0, candidate) and the two shares has degree <= t-1 ...
+        poly = {0: candidate, **two}
+        assert sa.shamir_interpolate(poly) == candidate
+        # ... and, extended to a third point, rebuilds that candidate: both are equally possible
+        x3 = 4
+        y3 = _lagrange_at(poly, x3)
+        assert sa.shamir_reconstruct({**two, x3: y3}, t) == candidate
+
+
+def _lagrange_at(pts: dict[int, int], x: int) -> int:
+    total = 0
+    for xi, yi in pts.items():
+        num = den = 1
+        for xj in pts:
+            if xj != xi:
+                num = num * (x - xj) % sa.PRIME
+                den = den * (xi - xj) % sa.PRIME
+        total = (total + yi * num * pow(den, -1, sa.PRIME)) % sa.PRIME
+    return total
+
+
+def test_shamir_rejects_bad_arguments():
+    with pytest.raises(ValueError):
+        sa.shamir_split(1, 4, [1, 2, 3])
+    with pytest.raises(ValueError):
+        sa.shamir_split(1, 2, [1, 1, 2])
+    with pytest.raises(ValueError):
+        sa.shamir_split(sa.PRIME, 2, [1, 2])
+
+
+def test_fixed_point_round_trip_and_wraparound_sum():
+    v = np.array([-3.25, 0.0, 1e-6, 1234.5])
+    for bits, frac in ((64, 24), (32, 12)):
+        u = sa.encode_fixed(v, frac, bits)
+        assert u.dtype == sa.ring_dtype(bits)
+        np.testing.assert_allclose(sa.decode_fixed(u, frac, bits), v, atol=2.0**-frac)
+        s = u + u + sa.encode_fixed(-v, frac, bits)  # negative numbers wrap around and cancel
+        np.testing.assert_allclose(sa.decode_fixed(s, frac, bits), v, atol=2 * 2.0**-frac)
+
+
+# ---------------------------------------------------------------------------
+# An in-memory driver: every message goes through the codec, the server's inbox is recorded
+
+
+class Net:
+    def __init__(self, n: int, params: sa.SecAggParams | None = None):
+        self.params = params or sa.SecAggParams()
+        self.server = sa.SecAggServer(range(n), self.params)
+        self.clients = {c: sa.SecAggClient(c, self.params) for c in range(n)}
+        self.inbox: list[Message] = []  # everything the server received
+        self.rounds = 0
+
+    def exchange(self, out: dict[int, Message], drop: set[int] = frozenset(), x=None, w=None):
+        self.rounds += 1
+        replies = {}
+        for c, msg in out.items():
+            msg = codec.decode(codec.encode(msg))
+            if c in drop:
+                continue
+            cl = self.clients[c]
+            rep = cl.handle(msg) if cl.owns(msg) else cl.masked(msg, x[c], w[c])
+            if rep is not None:
+                rep = codec.decode(codec.encode(rep))
+                self.inbox.append(rep)
+                replies[c] = rep
+        missing = set(out) - set(replies)
+        return replies, missing
+
+    def setup(self, drop_advertise=frozenset(), drop_shares=frozenset()):
+        replies, missing = self.exchange(self.server.start(), drop_advertise)
+        out = self.server.step(replies, missing)
+        replies, missing = self.exchange(out.send, drop_shares)
+        res = self.server.step(replies, missing)
+        assert res.send is None and self.server.ready
+
+    def aggregate(self, x, w, drop_input=frozenset(), drop_unmask=frozenset()) -> sa.Outcome:
+        req = self.server.input_requests("model", {}, self.clients)
+        replies, missing = self.exchange(req, drop_input, x, w)
+        out = self.server.step(replies, missing)
+        if out.send is None:
+            return out
+        replies, missing = self.exchange(out.send, drop_unmask)
+        return self.server.step(replies, missing)
+
+
+def _inputs(n, L, seed=0):
+    rng = np.random.default_rng(seed)
+    x = {c: rng.uniform(-5, 5, L) for c in range(n)}
+    w = {c: float(rng.integers(1, 50)) for c in range(n)}
+    return x, w
+
+
+def _plain(x, w, who):
+    return sum(w[c] * x[c] for c in who), sum(w[c] for c in who)
+
+
+@pytest.mark.parametrize("drop", [set(), {2}, {0, 3}, {1, 4}])
+def test_aggregate_equals_weighted_sum_with_dropouts_after_masking(drop):
+    n, L = 6, 50
+    net = Net(n)
+    net.setup()
+    x, w = _inputs(n, L)
+    out = net.aggregate(x, w, drop_input=drop)
+    alive = sorted(set(range(n)) - drop)
+    assert out.ended and out.failed is None and out.contributors == alive and out.dropped == sorted(drop)
+    total, weight = _plain(x, w, alive)
+    tol = len(alive) * 2.0 ** -net.params.frac_bits
+    np.testing.assert_allclose(out.total, total, atol=tol)
+    assert math.isclose(out.weight, weight, abs_tol=tol)
+
+
+def test_dropouts_during_unmasking_above_threshold_still_aggregate():
+    n = 6  # t = 4
+    net = Net(n)
+    net.setup()
+    x, w = _inputs(n, 8)
+    out = net.aggregate(x, w, drop_input={5}, drop_unmask={0})
+    total, _ = _plain(x, w, [0, 1, 2, 3, 4])  # 0 sent its input, then vanished: still counted
+    np.testing.assert_allclose(out.total, total, atol=1e-5)
+
+
+def test_fewer_than_t_survivors_fail_without_unmasking():
+    net = Net(5)  # t = 3
+    net.setup()
+    x, w = _inputs(5, 4)
+    before = len(net.inbox)
+    out = net.aggregate(x, w, drop_input={0, 1, 2})
+    assert out.ended and out.total is None and "threshold" in out.failed
+    assert all(m.kind == sa.MASKED for m in net.inbox[before:])  # no reveal was asked for
+    # too few reveals: the round fails, nothing partial comes out
+    out = net.aggregate(x, w, drop_unmask={0, 1, 2})
+    assert out.ended and out.total is None and "fewer than" in out.failed
+    # and the next aggregation works again
+    out = net.aggregate(x, w)
+    np.testing.assert_allclose(out.total, _plain(x, w, range(5))[0], atol=1e-5)
+
+
+def test_dropped_client_rekeys_and_rejoins():
+    n = 5
+    net = Net(n)
+    net.setup()
+    x, w = _inputs(n, 6)
+    first_pk = net.server.s_pk[1]
+    out = net.aggregate(x, w, drop_input={1})
+    assert out.contributors == [0, 2, 3, 4] and 1 in net.server.exposed
+    out = net.aggregate(x, w)  # 1 sits this one out with a fresh mask key
+    assert out.contributors == [0, 2, 3, 4]
+    assert net.server.s_pk[1] != first_pk and 1 not in net.server.exposed
+    out = net.aggregate(x, w, drop_input={3})  # 1 is back; 3 drops and its dangling masks are rebuilt
+    assert out.contributors == [0, 1, 2, 4]
+    np.testing.assert_allclose(out.total, _plain(x, w, [0, 1, 2, 4])[0], atol=1e-5)
+
+
+def test_missed_share_round_joins_through_rekey():
+    net = Net(4)
+    net.setup(drop_shares={2})
+    x, w = _inputs(4, 3)
+    assert net.aggregate(x, w).contributors == [0, 1, 3]
+    assert net.aggregate(x, w).contributors == [0, 1, 2, 3]
+
+
+def test_ring_32_bits():
+    params = sa.SecAggParams(ring_bits=32, frac_bits=10, clip=10.0)
+    net = Net(4, params)
+    net.setup()
+    x = {c: np.linspace(-1, 1, 7) * (c + 1) for c in range(4)}
+    w = {c: 1.0 for c in range(4)}
+    out = net.aggregate(x, w, drop_input={2})
+    np.testing.assert_allclose(out.total, _plain(x, w, [0, 1, 3])[0], atol=4 * 2.0**-10)
+
+
+# ---------------------------------------------------------------------------
+# What the server sees
+
+
+def _chi2_bytes(a: np.ndarray) -> float:
+    counts = np.bincount(np.frombuffer(a.tobytes(), dtype=np.uint8), minlength=256)
+    expected = counts.sum() / 256
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+def test_masked_input_looks_uniform_and_differs_from_plain():
+    n, L = 3, 1 << 15
+    net = Net(n)
+    net.setup()
+    x = {c: np.full(L, 0.5) for c in range(n)}  # a very non-uniform input
+    w = {c: 1.0 for c in range(n)}
+    req = net.server.input_requests("model", {}, net.clients)
+    replies, _ = net.exchange(req, set(), x, w)
+    y = np.asarray(replies[0]["y"])
+    plain = sa.encode_fixed(np.append(x[0], 1.0), net.params.frac_bits)
+    assert not np.array_equal(y, plain)
+    assert np.mean(y == plain) < 1e-3
+    # 255 degrees of freedom: mean 255, sd 22.6; 400 is > 6 sd away
+    assert _chi2_bytes(y) < 400
+    assert _chi2_bytes(plain) > 10_000  # the test does detect structure
+
+
+def test_server_never_receives_a_plain_input():
+    n, L = 5, 64
+    net = Net(n)
+    net.setup()
+    x, w = _inputs(n, L, seed=3)
+    net.aggregate(x, w, drop_input={4})
+    net.aggregate(x, w)
+    needles = []
+    for c in range(n):
+        for v in (x[c], w[c] * x[c]):
+            needles.append(v.astype(np.float64).tobytes()[:64])
+            needles.append(v.astype(np.float32).tobytes()[:32])
+            needles.append(sa.encode_fixed(v, net.params.frac_bits).tobytes()[:64])
+    assert net.inbox
+    for m in net.inbox:
+        for name, arr in m.arrays().items():
+            blob = arr.tobytes()
+            assert not any(nd in blob for nd in needles), m.kind
+            # the masked vector matches no plain entry at all
+            if m.kind == sa.MASKED and name == "y":
+                for c in range(n):
+                    enc = sa.encode_fixed(w[c] * x[c], net.params.frac_bits)
+                    assert np.mean(arr[:-1] == enc) < 0.05
+
+
+def test_client_refuses_to_reveal_both_shares_and_to_mask_twice():
+    net = Net(4)
+    net.setup()
+    x, w = _inputs(4, 3)
+    req = net.server.input_requests("model", {}, net.clients)
+    replies, missing = net.exchange(req, set(), x, w)
+    out = net.server.step(replies, missing)
+    # a lying server names client 3 dropped although its input arrived
+    lie = out.send[0]
+    fields = dict(lie.fields)
+    fields["U"] = np.asarray([0, 1, 2], dtype=np.int64)
+    fields["D"] = np.asarray([3], dtype=np.int64)
+    with pytest.raises(ValueError, match="dropped sent its input"):
+        net.clients[0].handle(Message(sa.UNMASK, fields))
+    # the same aggregation index twice: no second masked input
+    with pytest.raises(ValueError, match="not new"):
+        net.clients[1].masked(req[1], x[1], w[1])
+
+
+def test_share_ciphertexts_are_bound_to_sender_receiver_and_purpose():
+    a, b = sa.SecAggClient(0), sa.SecAggClient(1)
+    pk = lambda c: sa._pk(c.c_sk)  # noqa: E731
+    ct = sa.seal_share(a.c_sk, pk(b), 0, 1, sa._B, 3, 12345)
+    assert sa.open_share(b.c_sk, pk(a), 0, 1, sa._B, 3, ct) == 12345
+    for args in ((1, 0, sa._B, 3), (0, 1, sa._S, 3), (0, 1, sa._B, 4)):
+        with pytest.raises(InvalidTag):
+            sa.open_share(b.c_sk, pk(a), *args, ct)
+
+
+# ---------------------------------------------------------------------------
+# Through the engine
+
+ECHO = """
+name: {name}
+method: raymvc.bench.fedavg_echo
+params: {{rounds: {rounds}, floats: 32}}
+data: {{dataset: digits, partition: horizontal, n_clients: 6}}
+channel: {{secure_aggregation: {secure}}}
+runtime: {{backend: local}}
+seed: 0
+"""
+
+
+def _run(tmp_path, name, secure, *overrides, rounds=3):
+    from raymvc.runtime import run_scenario
+    from raymvc.scenario import load_scenario
+
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(ECHO.format(name=name, rounds=rounds, secure=str(secure).lower()))
+    summary = run_scenario(load_scenario(path, list(overrides)), tmp_path / name, progress=lambda s: None)
+    log = [json.loads(line) for line in (tmp_path / name / "rounds.jsonl").read_text().splitlines()]
+    return summary, log
+
+
+@pytest.fixture(scope="module")
+def plain_and_secure(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("echo")
+    return _run(tmp, "plain", False), _run(tmp, "secure", True)
+
+
+def test_engine_run_matches_plain_fedavg_and_meters_secagg(plain_and_secure):
+    (plain, plog), (sec, slog) = plain_and_secure
+    assert plain["status"] == sec["status"] == "completed"
+    assert plain["rounds"] == 3 and sec["rounds"] == 2 + 2 * 3  # setup + (masked echo, unmask) per average
+    assert plain["communication_secagg"]["messages"] == 0
+    cs = sec["communication_secagg"]
+    assert cs["messages"] > 0 and cs["mb_total"] > 0
+    assert cs["wire_bytes"] <= sec["communication"]["wire_bytes"]
+    assert len(sec["per_client_bytes"]) == 6
+    averages = [r for r in slog if "aggregated" in r["info"]]
+    assert len(averages) == 3 and all(r["info"]["aggregated"] == list(range(6)) for r in averages)
+    assert averages[0]["info"]["weight"] == pytest.approx(sec["n_samples"], abs=1e-4)
+    assert plain["metrics"] == sec["metrics"]
+
+
+def test_engine_final_vector_same_as_plain(tmp_path, monkeypatch):
+    """The server's vector after the last average, with and without SecAgg."""
+    from raymvc.bench import fedavg_echo
+
+    finals = {}
+    orig = fedavg_echo.EchoServer.step
+
+    def spy(self, round, replies, missing):
+        out = orig(self, round, replies, missing)
+        finals[self.secagg is not None] = self.w.copy()
+        return out
+
+    monkeypatch.setattr(fedavg_echo.EchoServer, "step", spy)
+    _run(tmp_path, "p", False, rounds=2)
+    _run(tmp_path, "s", True, rounds=2)
+    assert set(finals) == {True, False}
+    np.testing.assert_allclose(finals[True], finals[False], atol=1e-6)
+
+
+def test_engine_drop_at_masked_input_round_aggregates_survivors(tmp_path):
+    # rounds 0-1 are setup, round 2 is the first masked echo: client 1 drops there
+    s, log = _run(tmp_path, "drop", True, "faults.drop=[{client: 1, at_round: 2}]")
+    assert s["status"] == "degraded" and s["faults"]["dropped_replies"] == 1
+    averages = [r for r in log if "aggregated" in r["info"]]
+    first = averages[0]["info"]
+    assert first["aggregated"] == [0, 2, 3, 4, 5] and first["dropped"] == [1] and first["secagg_failed"] is None
+    # client 1 re-keys in the next average and is back in the third
+    assert averages[1]["info"]["aggregated"] == [0, 2, 3, 4, 5]
+    assert averages[2]["info"]["aggregated"] == list(range(6))

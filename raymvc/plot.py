@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from .scenario import safe_yaml_load
 from .sweep import _num, read_sweep, short_key
 
 PANELS = (("acc", "ACC"), ("nmi", "NMI"), ("ari", "ARI"), ("mb", "MB (protocol traffic)"))
@@ -21,7 +22,7 @@ PANELS = (("acc", "ACC"), ("nmi", "NMI"), ("ari", "ARI"), ("mb", "MB (protocol t
 
 def _x_value(text: str):
     try:
-        v = yaml.safe_load(text)
+        v = safe_yaml_load(text)
     except yaml.YAMLError:
         return text
     return v

@@ -37,7 +37,7 @@ from pathlib import Path
 import yaml
 
 from .results import FINAL_STATUSES, default_out_dir, read_summary, run_finished, short_value
-from .scenario import ScenarioError, load_scenario
+from .scenario import ScenarioError, load_scenario, safe_yaml_load
 
 METRICS = ("acc", "nmi", "ari")
 RUN_FIELDS = ("seed", "status", "acc", "nmi", "ari", "mb", "rounds", "wall", "dropped_replies", "late_replies",
@@ -61,7 +61,7 @@ def parse_grid(items: list[str]) -> list[tuple[str, list]]:
             raise ScenarioError(f"--grid {item}: bad key path {key!r}")
         src = text if text.startswith("[") else f"[{text}]"
         try:
-            values = yaml.safe_load(src)
+            values = safe_yaml_load(src)
         except yaml.YAMLError as e:
             problem = getattr(e, "problem", None) or str(e).splitlines()[0]
             raise ScenarioError(f"--grid {item}: {key}: values are not a valid YAML list ({problem})") from None

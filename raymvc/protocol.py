@@ -174,3 +174,4 @@ class Protocol:
     paper: str = ""
     quick_params: dict[str, Any] = field(default_factory=dict)
     analytic_bytes: Callable[[Any, RunFacts], int] | None = None
+    secure_aggregation: bool = False  # masks its FedAvg sums when channel.secure_aggregation is on

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -387,3 +388,13 @@ def test_engine_drop_at_masked_input_round_aggregates_survivors(tmp_path):
     # client 1 re-keys in the next average and is back in the third
     assert averages[1]["info"]["aggregated"] == [0, 2, 3, 4, 5]
     assert averages[2]["info"]["aggregated"] == list(range(6))
+
+
+def test_secure_aggregation_with_a_method_without_it_is_a_scenario_error(capsys):
+    from raymvc.cli import main
+
+    repo = Path(__file__).resolve().parents[1]
+    code = main(["validate", str(repo / "scenarios" / "digits-kfed.yaml"), "--set", "channel.secure_aggregation=true"])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: ") and "channel.secure_aggregation: method kfed does not support" in err

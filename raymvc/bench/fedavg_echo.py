@@ -106,4 +106,5 @@ PROTOCOL = Protocol(
     partition="horizontal",
     summary="engine benchmark: a vector down, the same vector up, FedAvg",
     analytic_bytes=analytic_bytes,
+    secure_aggregation=True,
 )

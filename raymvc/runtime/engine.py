@@ -50,6 +50,8 @@ def prepare(sc: Scenario):
     from ..data import DataError
 
     proto = get(sc.method)
+    if sc.channel.secure_aggregation and not proto.secure_aggregation:
+        raise _err(sc, "channel.secure_aggregation", f"method {sc.method} does not support secure aggregation")
     d = sc.data
     try:
         if d.path is not None:

@@ -124,13 +124,14 @@ GRID_EVIDENCE = """(filled in from the measured grid)"""
 
 class Config(ProtocolConfig):
     rounds: int = Field(default=3, ge=1, description="T, fine-tune rounds after the pretraining round")
-    pretrain_epochs: int = Field(default=50, ge=1, description="autoencoder epochs in the pretraining round")
-    finetune_epochs: int = Field(default=30, ge=1, description="T_1, local epochs per fine-tune round")
-    batch_size: int = Field(default=256, ge=2)
-    lr: float = Field(default=1e-3, gt=0.0, description="Adam learning rate")
-    hidden: tuple[int, ...] = Field(default=(500, 500, 2000), min_length=1, description="encoder widths")
+    pretrain_epochs: int = Field(default=30, ge=1, description="autoencoder epochs in the pretraining round")
+    finetune_epochs: int = Field(default=10, ge=1, description="T_1, local epochs per fine-tune round")
+    batch_size: int = Field(default=128, ge=2)
+    lr: float = Field(default=2e-3, gt=0.0, description="Adam learning rate")
+    hidden: tuple[int, ...] = Field(default=(256, 256, 1024), min_length=1, description="encoder widths")
     latent_dim: int = Field(default=10, ge=1, description="d, embedding size per view")
     gamma: float = Field(default=0.1, ge=0.0, description="γ, weight of KL(P || Q)")
+    standardize: bool = Field(default=True, description="scale embeddings to unit variance after pretraining")
     scale: str = Field(default="minmax", pattern="^(minmax|none)$", description="client-side scaling of its rows")
     kmeans_init: int = Field(default=10, ge=1, description="k-means restarts (client init, server round 0)")
     ridge: float = Field(default=1e-6, ge=0.0, description="ridge of the W_m least squares, relative to the trace")
@@ -209,7 +210,11 @@ def _mlp(dims: list[int]) -> nn.Sequential:
 
 
 class AutoEncoder(nn.Module):
-    """``D -> hidden... -> d`` encoder, mirrored decoder, clustering layer ``U`` (``K x d``)."""
+    """``D -> hidden... -> d`` encoder, mirrored decoder, clustering layer ``U`` (``K x d``).
+
+    ``scale`` (a fixed scalar, 1 until set after pretraining) multiplies the encoder's
+    output; the decoder undoes it, so it changes only the space the Student-t kernel sees.
+    """
 
     def __init__(self, n_in: int, hidden: tuple[int, ...], d: int, k: int):
         super().__init__()
@@ -217,10 +222,14 @@ class AutoEncoder(nn.Module):
         self.encoder = _mlp(dims)
         self.decoder = _mlp(dims[::-1])
         self.U = nn.Parameter(torch.zeros(k, d))
+        self.register_buffer("scale", torch.ones(()))
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x) * self.scale
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        z = self.encoder(x)
-        return z, self.decoder(z)
+        z = self.embed(x)
+        return z, self.decoder(z / self.scale)
 
     def soft_assign(self, z: torch.Tensor) -> torch.Tensor:
         """Eq. (2): Student-t kernel between embeddings and ``U``, rows normalised."""
@@ -272,6 +281,10 @@ class FedDMVCClient(Client):
                             seed_from(self.ctx.rng_for("init", 0)))
         self.last_loss = self._train(cfg.pretrain_epochs, None, seed_from(self.ctx.rng_for("pretrain")))
         Z = self._embed()[0].astype(np.float64)
+        if cfg.standardize and self.n >= 2 and Z.std() > 0:  # unit mean variance per entry (see docstring)
+            with torch.no_grad():
+                self.model.scale.fill_(float(1.0 / Z.std()))
+            Z = self._embed()[0].astype(np.float64)
         if self.n >= self.k:
             km = KMeans(n_clusters=self.k, n_init=cfg.kmeans_init, random_state=seed_from(self.ctx.rng_for("kmeans")))
             km.fit(Z)
@@ -338,7 +351,7 @@ class FedDMVCClient(Client):
     def _embed(self) -> tuple[np.ndarray, np.ndarray]:
         """Z_m and Q_m of the client's samples (float32)."""
         self.model.eval()
-        z = torch.cat([self.model.encoder(self.x[i:i + 1024]) for i in range(0, self.n, 1024)]) if self.n \
+        z = torch.cat([self.model.embed(self.x[i:i + 1024]) for i in range(0, self.n, 1024)]) if self.n \
             else torch.zeros(0, self.config.latent_dim)
         q = self.model.soft_assign(z) if self.n else torch.zeros(0, self.k)
         return z.numpy().astype(np.float32), q.numpy().astype(np.float32)

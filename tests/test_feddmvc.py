@@ -239,3 +239,15 @@ def test_prepare_honours_imbalance_alpha():
     plain = prepare(tiny_scenario(missing=0.5))[1].info["client_sizes"]
     skew = prepare(tiny_scenario(missing=0.5, **{"data.imbalance_alpha": 0.01}))[1].info["client_sizes"]
     assert skew != plain
+
+
+def test_embeddings_are_standardised_after_pretraining():
+    sc = tiny_scenario()
+    _, _, clients, server = parties(sc)
+    replies = deliver(clients, server.start(), 0)
+    for c, r in replies.items():
+        assert float(np.std(r["Z"])) == pytest.approx(1.0, rel=1e-3), c
+        assert r["Z"].dtype == np.float32 and r["Q"].shape == (clients[c].n, 4)
+    off = tiny_scenario(**{"params.standardize": False})
+    _, _, clients, server = parties(off)
+    assert any(abs(float(np.std(r["Z"])) - 1.0) > 0.05 for r in deliver(clients, server.start(), 0).values())

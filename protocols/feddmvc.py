@@ -70,11 +70,14 @@ Departures from the paper
 * Anchor of the alignment: the paper aligns every client to client 1's labels. Eq. 9
   multiplies ``q_i`` by ``C``, so ``Q``'s columns must follow ``C``'s rows; we therefore
   align every client (client 1 included) to the k-means labels of ``Z_C`` from step 1.
-* Order across rounds: k-means in step 1 starts, from round 1 on, at the means of
-  ``Z_C`` grouped by the previous round's labels, and step 5 starts at ``C``. Cluster
-  ``j`` then means the same thing in ``C``, ``P`` and every client's ``U_m`` (the
-  paper leaves the order implicit; with fresh restarts ``P``'s columns would not
-  match ``U_m = C^m``).
+* Order across rounds: from round 1 on, step 1 runs k-means twice, fresh (best of
+  ``kmeans_init`` restarts) and started at the means of ``Z_C`` grouped by the previous
+  round's labels, keeps the lower k-means objective, and renumbers the clusters to match
+  the previous labels (Hungarian method); step 5 starts at ``C``. Cluster ``j`` then
+  means the same thing in ``C``, ``P`` and every client's ``U_m`` (the paper leaves the
+  order implicit; with fresh restarts alone ``P``'s columns would not match
+  ``U_m = C^m``), and a poor first clustering (two digits merged, one split) is not
+  locked in.
 * Fewer complete samples than clusters (e.g. δ = 0 or a member with no overlap): step 1
   uses every covered sample with missing blocks filled by the block's mean, and step 3
   keeps ``W_m = I`` (imputation ``q_i C^m``).
@@ -155,7 +158,8 @@ class Config(ProtocolConfig):
     hidden: tuple[int, ...] = Field(default=(256, 256, 1024), min_length=1, description="encoder widths")
     latent_dim: int = Field(default=10, ge=1, description="d, embedding size per view")
     gamma: float = Field(default=0.1, ge=0.0, description="γ, weight of KL(P || Q)")
-    standardize: bool = Field(default=True, description="scale embeddings to unit variance after pretraining")
+    standardize: float = Field(default=1.0, ge=0.0,
+                               description="std of the embedding entries after pretraining (one scalar per client; 0 = off)")
     scale: str = Field(default="minmax", pattern="^(minmax|none)$", description="client-side scaling of its rows")
     kmeans_init: int = Field(default=10, ge=1, description="k-means restarts (client init, server round 0)")
     ridge: float = Field(default=1e-6, ge=0.0, description="ridge of the W_m least squares, relative to the trace")
@@ -305,9 +309,9 @@ class FedDMVCClient(Client):
                             seed_from(self.ctx.rng_for("init", 0)))
         self.last_loss = self._train(cfg.pretrain_epochs, None, seed_from(self.ctx.rng_for("pretrain")))
         Z = self._embed()[0].astype(np.float64)
-        if cfg.standardize and self.n >= 2 and Z.std() > 0:  # unit mean variance per entry (see docstring)
+        if cfg.standardize > 0 and self.n >= 2 and Z.std() > 0:  # entries of std `standardize` (see docstring)
             with torch.no_grad():
-                self.model.scale.fill_(float(1.0 / Z.std()))
+                self.model.scale.fill_(float(cfg.standardize / Z.std()))
             Z = self._embed()[0].astype(np.float64)
         if self.n >= self.k:
             km = KMeans(n_clusters=self.k, n_init=cfg.kmeans_init, random_state=seed_from(self.ctx.rng_for("kmeans")))
@@ -460,15 +464,22 @@ class FedDMVCServer(Server):
                 Zb[~H[:, j], col] = Z[H[:, j], col].mean(axis=0)
         # step 1, Eq. (8): prototypes C = k-means centres of Z_C, started at the previous labels' means
         Zc = Zb[base]
+        km = KMeans(n_clusters=k, n_init=cfg.kmeans_init, random_state=seed_from(self.ctx.rng_for("prototypes", round))).fit(Zc)
         init = self._warm_start(Zc, base)
-        if init is None:
-            km = KMeans(n_clusters=k, n_init=cfg.kmeans_init, random_state=seed_from(self.ctx.rng_for("prototypes", round)))
-        else:
-            km = KMeans(n_clusters=k, init=init, n_init=1)
-        km.fit(Zc)
-        C = km.cluster_centers_
+        if init is not None:  # also from the previous labels' means; the lower k-means objective wins
+            warm = KMeans(n_clusters=k, init=init, n_init=1).fit(Zc)
+            if warm.inertia_ <= km.inertia_:
+                km = warm
+        C, labels = km.cluster_centers_, km.labels_
+        if self.y is not None:  # keep cluster j = last round's cluster j (Hungarian on the base rows)
+            prev = self.y[base]
+            ok = prev >= 0
+            if ok.any():
+                perm = align_permutation(labels[ok], prev[ok], k)  # perm[new] = old
+                order = np.argsort(perm)  # order[old] = new
+                C, labels = C[order], np.argsort(order)[labels]
         anchor = np.full(N, -1, dtype=np.intp)
-        anchor[base] = km.labels_
+        anchor[base] = labels
         # step 2, Eqs. (5)-(6): align each Q_m to the anchor labels, average over present views
         Q = np.zeros((N, k))
         for j, c in enumerate(mem):

@@ -248,6 +248,6 @@ def test_embeddings_are_standardised_after_pretraining():
     for c, r in replies.items():
         assert float(np.std(r["Z"])) == pytest.approx(1.0, rel=1e-3), c
         assert r["Z"].dtype == np.float32 and r["Q"].shape == (clients[c].n, 4)
-    off = tiny_scenario(**{"params.standardize": False})
+    off = tiny_scenario(**{"params.standardize": 0.0})
     _, _, clients, server = parties(off)
     assert any(abs(float(np.std(r["Z"])) - 1.0) > 0.05 for r in deliver(clients, server.start(), 0).values())

@@ -47,11 +47,11 @@ def main(argv: list[str] | None = None) -> int:
 
     out = args.out or Path(tempfile.mkdtemp(prefix="feddmvc-hw-"))
     seeds = [int(s) for s in args.seeds.split(",")]
-    per_case = {}
+    per_case: dict[str, list] = {delta: [] for delta, _ in CASES}
     print(f"{'δ':>4} {'seed':>4} {'ACC':>6} {'NMI':>6} {'ARI':>6} {'MB':>7} {'wall s':>7}")
-    for delta, path in CASES:
-        rows = []
-        for seed in seeds:
+    for seed in seeds:  # seed by seed, so the first seed of every case is there first
+        for delta, path in CASES:
+            rows = per_case[delta]
             try:
                 sc = load_scenario(path, overrides=["runtime.backend=local", f"seed={seed}", *args.overrides])
             except ScenarioError as e:
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
                    s["timing"]["wall_s"])
             rows.append(row)
             print(f"{delta:>4} {seed:>4} {row[0]:6.3f} {row[1]:6.3f} {row[2]:6.3f} {row[3]:7.2f} {row[4]:7.1f}", flush=True)
-        per_case[delta] = np.array(rows, dtype=float)
+    per_case = {delta: np.array(rows, dtype=float) for delta, rows in per_case.items()}
 
     lines = [
         "# FedDMVC on handwritten (6 clients, one view each)",
@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for delta, path in CASES:
         a = per_case[delta]
+        if not len(a):
+            continue
         p = PAPER[delta]
         lines.append(f"| {delta} | `{path.name}` | {_pm(a[:, 0])} | {_pm(a[:, 1])} | {_pm(a[:, 2])} | "
                      f"{a[:, 3].mean():.2f} | {_pm(a[:, 4]).replace('.000', '')} | {p[0]} / {p[1]} / {p[2]} |")

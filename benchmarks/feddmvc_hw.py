@@ -82,7 +82,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         p = PAPER[delta]
         lines.append(f"| {delta} | `{path.name}` | {_pm(a[:, 0])} | {_pm(a[:, 1])} | {_pm(a[:, 2])} | "
-                     f"{a[:, 3].mean():.2f} | {_pm(a[:, 4]).replace('.000', '')} | {p[0]} / {p[1]} / {p[2]} |")
+                     f"{a[:, 3].mean():.2f} | {a[:, 4].mean():.0f} ± {a[:, 4].std():.0f} | {p[0]} / {p[1]} / {p[2]} |")
+    lines += ["", "Per run:", "", "| δ | seed | ACC | NMI | ARI | MB | wall s |", "|---|---|---|---|---|---|---|"]
+    for delta, _ in CASES:
+        for seed, r in zip(seeds, per_case[delta]):
+            lines.append(f"| {delta} | {seed} | {r[0]:.3f} | {r[1]:.3f} | {r[2]:.3f} | {r[3]:.2f} | {r[4]:.0f} |")
     text = "\n".join(lines) + "\n"
     args.md.write_text(text)
     print(text)

@@ -112,7 +112,8 @@ same, no std, 5 rounds, γ = 1                          --          .822/.832   
 same, no std, 5 rounds, γ = 0.1                        --          .832/.866   76
 256-256-1024, 30 + 3x10, Adam 2e-3, batch 128, std     .978/.950   .885/.862   80/79
 same, seeds 1 / 2 (ACC)                                .979/.967   .821/.825   71-90
-same + fresh k-means each round, seeds 1 / 2 (ACC)     --          .821/.824   ~90
+same + fresh k-means each round (default), seed 0      .978/.950   .886/.860   81/71
+same + fresh k-means each round, seeds 1 / 2 (ACC)     .979/.967   .821/.824   60-90
 same, seed 1, standardize = 2, after 3 / 6 rounds      --          .819/.821   --
 =====================================================  ==========  ==========  ======
 

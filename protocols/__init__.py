@@ -32,6 +32,7 @@ _REGISTRY: dict[str, str] = {
     "efimvc": "efimvc",
     "kfed": "kfed",
     "ccfc": "ccfc",
+    "feddmvc": "feddmvc",
 }
 
 

@@ -77,9 +77,8 @@ during every call and restored afterwards. The engine fixes thread counts.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -98,9 +97,11 @@ from raymvc.protocol import (
     seed_from,
 )
 
+from . import _torch
 from ._common import kmeans_capped, normalise_rows
+from ._torch import W_PREFIX, arrays_from_message, fedavg, seeded, state_to_arrays
 
-W_PREFIX = "w."
+__all__ = ["W_PREFIX", "arrays_from_message", "fedavg", "load_arrays", "state_to_arrays"]
 
 
 class Config(ProtocolConfig):
@@ -185,64 +186,14 @@ def build_model(cfg: Config, seed: int, image_shape: tuple[int, int] = (8, 8)) -
     The image shape only sets the first stride; the weights' names and shapes do not
     depend on it, so the server (which never sees an image) builds the same state dict.
     """
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return CCFCModel(cfg, image_shape)
+    return seeded(lambda: CCFCModel(cfg, image_shape), seed)
 
 
 # ---------------------------------------------------------------------------
-# weights <-> message fields
-def state_to_arrays(model: nn.Module) -> dict[str, np.ndarray]:
-    """State dict -> ``{"w.<name>": array}``: floats as float32, integer buffers as int64."""
-    out = {}
-    for name, t in model.state_dict().items():
-        a = t.detach().cpu().numpy()
-        a = a.astype(np.float32) if a.dtype.kind == "f" else a.astype(np.int64)
-        out[W_PREFIX + name] = np.array(a, order="C")  # keeps 0-d shapes
-    return out
-
-
-def arrays_from_message(msg: Message) -> dict[str, np.ndarray]:
-    return {k[len(W_PREFIX):]: v for k, v in msg.arrays().items() if k.startswith(W_PREFIX)}
-
-
+# weights <-> message fields: shared torch plumbing (protocols/_torch.py)
 def load_arrays(model: nn.Module, arrays: Mapping[str, np.ndarray]) -> None:
     """Copy received arrays into ``model``; names, shapes must match the model exactly."""
-    state = model.state_dict()
-    if set(arrays) != set(state):
-        extra, lacking = sorted(set(arrays) - set(state)), sorted(set(state) - set(arrays))
-        raise ValueError(f"ccfc: weights do not match the model (unexpected {extra[:3]}, missing {lacking[:3]})")
-    new = {}
-    for name, ref in state.items():
-        a = np.asarray(arrays[name])
-        if tuple(a.shape) != tuple(ref.shape):
-            raise ValueError(f"ccfc: weight {name!r} has shape {a.shape}, expected {tuple(ref.shape)}")
-        new[name] = torch.from_numpy(np.array(a, copy=True)).to(ref.dtype)
-    model.load_state_dict(new)
-
-
-def fedavg(states: Mapping[int, Mapping[str, np.ndarray]], sizes: Mapping[int, float]) -> dict[str, np.ndarray]:
-    """Σ_l (n_l / Σ n) w_l over the given clients (weights renormalised over them).
-
-    Float arrays are averaged in float64 and returned as float32; integer arrays
-    (``num_batches_tracked``) are averaged and rounded.
-    """
-    ids = sorted(states)
-    if not ids:
-        raise ValueError("fedavg: no client states")
-    total = float(sum(float(sizes[c]) for c in ids))
-    if total <= 0:
-        raise ValueError("fedavg: the clients' sample counts sum to zero")
-    weights = {c: float(sizes[c]) / total for c in ids}
-    out = {}
-    for name in states[ids[0]]:
-        ref = np.asarray(states[ids[0]][name])
-        acc = np.zeros(ref.shape, dtype=np.float64)
-        for c in ids:
-            acc += weights[c] * np.asarray(states[c][name], dtype=np.float64)
-        # np.asarray: ufuncs turn 0-d arrays into numpy scalars, which would travel as scalars
-        out[name] = np.asarray(acc.astype(np.float32) if ref.dtype.kind == "f" else np.rint(acc).astype(ref.dtype))
-    return out
+    _torch.load_arrays(model, arrays, who="ccfc")
 
 
 def model_payload_bytes(cfg: Config) -> int:
@@ -366,23 +317,8 @@ def ccfc_loss(model: CCFCModel, global_model: CCFCModel, xb: torch.Tensor, yb: t
 
 
 # ---------------------------------------------------------------------------
-@contextlib.contextmanager
-def _torch_mode(deterministic: bool) -> Iterator[None]:
-    """Deterministic algorithms on during a call, the previous setting restored after."""
-    prev = torch.are_deterministic_algorithms_enabled()
-    prev_warn = torch.is_deterministic_algorithms_warn_only_enabled()
-    if deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(prev, warn_only=prev_warn)
-
-
-def _batches(n: int, batch_size: int, g: torch.Generator) -> list[torch.Tensor]:
-    """A random split of ``0..n-1`` into ``ceil(n / batch_size)`` nearly equal batches."""
-    nb = max(1, math.ceil(n / batch_size))
-    return [b for b in torch.randperm(n, generator=g).tensor_split(nb) if len(b) >= 2]
+_torch_mode = _torch.torch_mode
+_batches = _torch.batches
 
 
 @torch.no_grad()

@@ -151,6 +151,9 @@ class DataCfg(_Strict):
     n_clients: int | None = Field(default=None, ge=1)
     heterogeneity: float = Rate
     dirichlet_alpha: float | None = Field(default=None, gt=0.0)
+    # vertical splits: sample-size imbalance across clients, Dirichlet(alpha) shares of
+    # the views that incomplete samples drop (needs missing.rate > 0; None = off)
+    imbalance_alpha: float | None = Field(default=None, gt=0.0)
     synthetic: SyntheticCfg = SyntheticCfg()
     n_clusters: int | None = Field(default=None, ge=2, description="number of clusters; required for unlabelled data")
 
@@ -158,6 +161,11 @@ class DataCfg(_Strict):
     def _one_source(self) -> DataCfg:
         if (self.dataset is None) == (self.path is None):
             raise ValueError("give exactly one of data.dataset or data.path")
+        if self.imbalance_alpha is not None:
+            if self.partition == "horizontal":
+                raise ValueError("data.imbalance_alpha applies to vertical splits (horizontal: data.dirichlet_alpha)")
+            if self.missing.rate <= 0:
+                raise ValueError("data.imbalance_alpha needs data.missing.rate > 0 (complete samples are in every client)")
         return self
 
 

@@ -28,6 +28,7 @@ import pytest
 from raymvc.protocol import RunFacts
 from raymvc.protocols import available, get
 from raymvc.runtime import prepare, run_scenario
+from raymvc.runtime.engine import _rows_held
 from raymvc.scenario import scenario_from_dict
 
 METHODS = available()
@@ -144,7 +145,7 @@ def test_analytic_bytes_match_the_ledger(method, baseline):
     ds, part = prepare(sc)
     ids = list(range(part.n_clients))
     facts = RunFacts(n_samples=part.n_samples, n_clusters=ds.n_clusters, client_ids=ids,
-                     client_sizes={c: part.shards[c].n_local for c in ids},
+                     client_sizes={c: _rows_held(part.shards[c]) for c in ids},
                      client_dims={c: int(part.shards[c].views[0].shape[1]) for c in ids}, rounds=s["rounds"])
     want = get(method).analytic_bytes(sc.protocol_config(), facts)
     assert s["communication"]["data_bytes"] == want

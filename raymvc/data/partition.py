@@ -25,6 +25,7 @@ def missing_mask(
     pattern: str,
     rng: np.random.Generator,
     base: np.ndarray | None = None,
+    imbalance_alpha: float | None = None,
 ) -> np.ndarray:
     """An ``(n, n_views)`` bool mask, True where a sample has a view.
 
@@ -38,6 +39,14 @@ def missing_mask(
     - ``"imbalanced"``: views lose samples unevenly; per-view shares drawn from a
       Dirichlet(1) decide which one view each incomplete sample drops.
 
+    With ``imbalance_alpha`` (sample-size imbalance across the clients of a vertical
+    split), views lose samples unevenly: shares ``π ~ Dirichlet(alpha)`` over the views
+    are drawn once, and each incomplete sample drops its views (as many as the pattern
+    says) with probabilities ``π``, without replacement. A small ``alpha`` (1e-2) makes a
+    few views lose most of the incomplete samples, so client sizes differ widely; a large
+    one (1e2) drops views about evenly. The ``imbalanced`` pattern uses ``alpha`` in
+    place of its Dirichlet(1). Every sample still keeps at least one view.
+
     With ``base`` (a mask already in the data), the result is intersected with it; a
     sample that would then have no view keeps its ``base`` views.
     """
@@ -49,18 +58,24 @@ def missing_mask(
         raise ValueError(f"n_views must be >= 1, got {n_views}")
     if n_views == 1 and rate > 0:
         raise ValueError("a single-view data set cannot have missing views (rate must be 0)")
+    if imbalance_alpha is not None and not imbalance_alpha > 0:
+        raise ValueError(f"imbalance_alpha must be > 0, got {imbalance_alpha}")
     mask = np.ones((n, n_views), dtype=bool)
     m = int(round(rate * n))
+    shares = None
+    if m > 0 and imbalance_alpha is not None:
+        shares = rng.dirichlet(np.full(n_views, float(imbalance_alpha)))
     if m > 0:
         if pattern == "point":
             rows = rng.choice(n, size=m, replace=False)
-            mask[rows] = _random_keep(rng, m, n_views)
+            mask[rows] = _random_keep(rng, m, n_views, shares)
         elif pattern == "block":
             for start, length in _block_runs(n, m, rng):
-                mask[start : start + length] = _random_keep(rng, 1, n_views)
+                mask[start : start + length] = _random_keep(rng, 1, n_views, shares)
         else:
             rows = rng.choice(n, size=m, replace=False)
-            shares = rng.dirichlet(np.ones(n_views))
+            if shares is None:
+                shares = rng.dirichlet(np.ones(n_views))
             mask[rows, rng.choice(n_views, size=m, p=shares)] = False
     if base is not None:
         base = np.asarray(base, dtype=bool)
@@ -73,11 +88,21 @@ def missing_mask(
     return mask
 
 
-def _random_keep(rng: np.random.Generator, count: int, n_views: int) -> np.ndarray:
-    """``count`` rows, each keeping a random non-empty proper subset of the views."""
+def _random_keep(rng: np.random.Generator, count: int, n_views: int, shares: np.ndarray | None = None) -> np.ndarray:
+    """``count`` rows, each keeping a random non-empty proper subset of the views.
+
+    With ``shares`` (a probability per view), the views a row drops are drawn with those
+    probabilities, without replacement (Gumbel top-k), so views with large shares lose
+    more samples; without, every subset of a given size is equally likely.
+    """
     n_keep = rng.integers(1, n_views, size=count)[:, None]
-    ranks = np.argsort(rng.random((count, n_views)), axis=1).argsort(axis=1)
-    return ranks < n_keep
+    if shares is None:
+        ranks = np.argsort(rng.random((count, n_views)), axis=1).argsort(axis=1)
+        return ranks < n_keep
+    # rank views by log(share) + Gumbel noise, highest first: the top (V - n_keep) are dropped
+    keys = np.log(np.maximum(shares, 1e-300))[None, :] - np.log(-np.log(rng.random((count, n_views))))
+    ranks = np.argsort(-keys, axis=1).argsort(axis=1)
+    return ranks >= n_views - n_keep
 
 
 def _block_runs(n: int, m: int, rng: np.random.Generator) -> list[tuple[int, int]]:
@@ -103,16 +128,19 @@ def vertical(
 ) -> Partition:
     """One client per view; client ``v`` holds view ``v`` for all ``n`` samples.
 
-    ``missing`` is ``None`` (keep the data set's own mask), a mapping with ``rate`` and
-    ``pattern`` (a mask drawn by :func:`missing_mask`, intersected with the data set's
-    mask), or an explicit ``(n, V)`` bool mask. Absent rows are zero-filled.
+    ``missing`` is ``None`` (keep the data set's own mask), a mapping with ``rate``,
+    ``pattern`` and optionally ``imbalance_alpha`` (a mask drawn by :func:`missing_mask`,
+    intersected with the data set's mask), or an explicit ``(n, V)`` bool mask. Absent
+    rows are zero-filled. ``info["client_sizes"]`` holds each client's present rows.
     """
     n, V = ds.n_samples, ds.n_views
     if missing is None:
         mask = ds.present_mask()
     elif isinstance(missing, Mapping):
+        alpha = missing.get("imbalance_alpha")
         mask = missing_mask(
-            n, V, float(missing.get("rate", 0.0)), str(missing.get("pattern", "point")), rng, base=ds.present
+            n, V, float(missing.get("rate", 0.0)), str(missing.get("pattern", "point")), rng, base=ds.present,
+            imbalance_alpha=None if alpha is None else float(alpha),
         )
     else:
         mask = np.asarray(missing, dtype=bool)
@@ -128,7 +156,8 @@ def vertical(
         present = None if mask[:, v].all() else mask[:, v].copy()
         shards.append(Shard(views=[Xv], present=[present], meta=meta))
         rows.append(np.arange(n))
-    info = {"missing_rate": float((~mask.all(axis=1)).mean()) if n else 0.0}
+    info = {"missing_rate": float((~mask.all(axis=1)).mean()) if n else 0.0,
+            "client_sizes": [int(c) for c in mask.sum(axis=0)]}
     return Partition(kind="vertical", shards=shards, rows=rows, n_samples=n, info=info)
 
 

@@ -84,7 +84,7 @@ def prepare(sc: Scenario):
             mask = None
             if d.missing.rate > 0:
                 mask = parts.missing_mask(ds.n_samples, ds.n_views, d.missing.rate, d.missing.pattern, rng,
-                                          base=ds.present)
+                                          base=ds.present, imbalance_alpha=d.imbalance_alpha)
             part = parts.vertical(ds, rng, missing=mask)
             if d.unaligned > 0:
                 part = parts.unalign(part, d.unaligned, rng)
@@ -111,6 +111,12 @@ def _progress_default(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def _rows_held(shard) -> int:
+    """Rows a client really holds: its present rows on a vertical split with missing views."""
+    present = shard.present[0] if shard.present else None
+    return int(np.sum(present)) if present is not None else int(shard.n_local)
+
+
 def _spawn(sc: Scenario, part, ds) -> tuple[object, list]:
     """Create the parties; returns (server node or actor, actor handles to kill at the end)."""
     rt = sc.runtime
@@ -121,7 +127,7 @@ def _spawn(sc: Scenario, part, ds) -> tuple[object, list]:
                   n_samples=part.n_samples if part.kind == "vertical" else None,
                   channel=sc.channel.model_dump(), faults=sc.faults.model_dump(), network=sc.network.model_dump(),
                   seed=sc.seed, reply_timeout_s=rt.reply_timeout_s, threads=rt.threads, evict_after=rt.evict_after,
-                  client_sizes={c: int(part.shards[c].n_local) for c in ids})
+                  client_sizes={c: _rows_held(part.shards[c]) for c in ids})
     if rt.backend == "local":
         clients = {c: ClientNode(c, sc.method, sc.params, part.shards[c], **common) for c in ids}
         return ServerNode(sc.method, sc.params, clients, **srv_kw), []

@@ -1,0 +1,123 @@
+"""Torch plumbing shared by the torch methods (CCFC, FedDMVC).
+
+* model weights <-> message fields: a state dict travels as ``"w.<name>"`` arrays
+  (floats as float32, integer buffers as int64), read back with a strict name/shape check;
+* FedAvg of such arrays, weighted by sample counts;
+* seeded model construction that leaves torch's global generator untouched;
+* a context manager that switches deterministic algorithms on for one call;
+* random mini-batches from a ``torch.Generator``.
+
+Only protocol modules import this (the engine never imports torch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Mapping
+from typing import TypeVar
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from raymvc.messages import Message
+
+W_PREFIX = "w."
+
+M = TypeVar("M", bound=nn.Module)
+
+
+def seeded(factory: Callable[[], M], seed: int) -> M:
+    """``factory()`` with torch seeded by ``seed``; the global torch RNG state is restored after."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        return factory()
+
+
+def generator(seed: int) -> torch.Generator:
+    """A CPU ``torch.Generator`` seeded by ``seed`` (shuffling, noise)."""
+    return torch.Generator().manual_seed(int(seed))
+
+
+@contextlib.contextmanager
+def torch_mode(deterministic: bool) -> Iterator[None]:
+    """Deterministic algorithms on during a call, the previous setting restored after."""
+    prev = torch.are_deterministic_algorithms_enabled()
+    prev_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    if deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(prev, warn_only=prev_warn)
+
+
+def batches(n: int, batch_size: int, g: torch.Generator, min_size: int = 2) -> list[torch.Tensor]:
+    """A random split of ``0..n-1`` into ``ceil(n / batch_size)`` nearly equal batches.
+
+    Batches shorter than ``min_size`` are dropped (only possible when ``n`` is tiny).
+    """
+    nb = max(1, math.ceil(n / batch_size))
+    return [b for b in torch.randperm(n, generator=g).tensor_split(nb) if len(b) >= min_size]
+
+
+# ---------------------------------------------------------------------------
+# weights <-> message fields
+def state_to_arrays(model: nn.Module) -> dict[str, np.ndarray]:
+    """State dict -> ``{"w.<name>": array}``: floats as float32, integer buffers as int64."""
+    out = {}
+    for name, t in model.state_dict().items():
+        a = t.detach().cpu().numpy()
+        a = a.astype(np.float32) if a.dtype.kind == "f" else a.astype(np.int64)
+        out[W_PREFIX + name] = np.array(a, order="C")  # keeps 0-d shapes
+    return out
+
+
+def arrays_from_message(msg: Message) -> dict[str, np.ndarray]:
+    """The ``"w.*"`` arrays of ``msg`` with the prefix removed."""
+    return {k[len(W_PREFIX):]: v for k, v in msg.arrays().items() if k.startswith(W_PREFIX)}
+
+
+def load_arrays(model: nn.Module, arrays: Mapping[str, np.ndarray], who: str = "model") -> None:
+    """Copy received arrays into ``model``; names and shapes must match the model exactly."""
+    state = model.state_dict()
+    if set(arrays) != set(state):
+        extra, lacking = sorted(set(arrays) - set(state)), sorted(set(state) - set(arrays))
+        raise ValueError(f"{who}: weights do not match the model (unexpected {extra[:3]}, missing {lacking[:3]})")
+    new = {}
+    for name, ref in state.items():
+        a = np.asarray(arrays[name])
+        if tuple(a.shape) != tuple(ref.shape):
+            raise ValueError(f"{who}: weight {name!r} has shape {a.shape}, expected {tuple(ref.shape)}")
+        new[name] = torch.from_numpy(np.array(a, copy=True)).to(ref.dtype)
+    model.load_state_dict(new)
+
+
+def fedavg(states: Mapping[int, Mapping[str, np.ndarray]], sizes: Mapping[int, float]) -> dict[str, np.ndarray]:
+    """Σ_l (n_l / Σ n) w_l over the given clients (weights renormalised over them).
+
+    Float arrays are averaged in float64 and returned as float32; integer arrays
+    (``num_batches_tracked``) are averaged and rounded.
+    """
+    ids = sorted(states)
+    if not ids:
+        raise ValueError("fedavg: no client states")
+    total = float(sum(float(sizes[c]) for c in ids))
+    if total <= 0:
+        raise ValueError("fedavg: the clients' sample counts sum to zero")
+    weights = {c: float(sizes[c]) / total for c in ids}
+    out = {}
+    for name in states[ids[0]]:
+        ref = np.asarray(states[ids[0]][name])
+        acc = np.zeros(ref.shape, dtype=np.float64)
+        for c in ids:
+            acc += weights[c] * np.asarray(states[c][name], dtype=np.float64)
+        # np.asarray: ufuncs turn 0-d arrays into numpy scalars, which would travel as scalars
+        out[name] = np.asarray(acc.astype(np.float32) if ref.dtype.kind == "f" else np.rint(acc).astype(ref.dtype))
+    return out
+
+
+def payload_bytes(model: nn.Module) -> int:
+    """Bytes of the ``"w.*"`` fields that carry ``model`` (float32 entries x 4 + int64 x 8)."""
+    return sum(int(a.nbytes) for a in state_to_arrays(model).values())

@@ -1,0 +1,251 @@
+"""FedDMVC: server pieces (alignment, imputation, target), missing replies, traffic, determinism.
+
+Everything runs on tiny synthetic splits with tiny networks (seconds each).
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import raymvc.protocols.feddmvc as fd  # noqa: E402
+from raymvc.data import partition as parts  # noqa: E402
+from raymvc.messages import Done  # noqa: E402
+from raymvc.protocol import ClientContext, RunFacts, ServerContext  # noqa: E402
+from raymvc.runtime import prepare, run_scenario  # noqa: E402
+from raymvc.scenario import ScenarioError, scenario_from_dict  # noqa: E402
+
+TINY = fd.PROTOCOL.quick_params
+
+
+def tiny_scenario(missing=0.4, seed=0, **extra):
+    raw = {
+        "name": "tiny-feddmvc",
+        "method": "feddmvc",
+        "params": dict(TINY),
+        "data": {"dataset": "synthetic", "partition": "vertical",
+                 "synthetic": {"n_samples": 120, "n_views": 3, "dims": 10, "n_clusters": 4, "noise": 0.5},
+                 "missing": {"rate": missing, "pattern": "point"}},
+        "runtime": {"backend": "local"},
+        "seed": seed,
+    }
+    for key, value in extra.items():
+        node = raw
+        *head, last = key.split(".")
+        for h in head:
+            node = node.setdefault(h, {})
+        node[last] = value
+    return scenario_from_dict(raw)
+
+
+def parties(sc):
+    ds, part = prepare(sc)
+    cfg = fd.Config(**sc.params)
+    ids = list(range(part.n_clients))
+    clients = {c: fd.FedDMVCClient(cfg, part.shards[c], ClientContext(c, len(ids), ds.n_clusters, sc.seed)) for c in ids}
+    server = fd.FedDMVCServer(cfg, ServerContext(ids, ds.n_clusters, sc.seed, n_samples=part.n_samples))
+    return ds, part, clients, server
+
+
+def deliver(clients, out, r, drop=()):
+    replies = {}
+    for c, m in out.items():
+        clients[c].ctx.round = r
+        reply = clients[c].handle(m)
+        if c not in drop:
+            replies[c] = reply
+    return replies
+
+
+# ---------------------------------------------------------------------------
+def test_alignment_recovers_a_known_permutation():
+    rng = np.random.default_rng(0)
+    k = 6
+    anchor = rng.integers(0, k, 300)
+    perm = rng.permutation(k)  # local cluster perm[a] is anchor cluster a
+    labels = perm[anchor]
+    noisy = labels.copy()
+    flip = rng.random(300) < 0.15  # some disagreement does not change the matching
+    noisy[flip] = rng.integers(0, k, flip.sum())
+    assert np.array_equal(fd.align_permutation(anchor, labels, k), perm)
+    assert np.array_equal(fd.align_permutation(anchor, noisy, k), perm)
+    # permuting Q's columns with it puts them in the anchor's order
+    Q = np.eye(k)[labels]
+    assert np.array_equal(Q[:, perm].argmax(1), anchor)
+
+
+def test_imputation_reproduces_rows_of_a_known_pattern():
+    rng = np.random.default_rng(1)
+    n, k, d = 200, 5, 4
+    Q = rng.dirichlet(np.ones(k), size=n)
+    Cm = rng.standard_normal((k, d))
+    W = rng.standard_normal((d, d))
+    Zm = (Q @ Cm) @ W.T  # z_i^m = W (q_i C^m)
+    seen = np.arange(n) < 120  # the "complete" rows fit W, the rest are imputed
+    Wt = fd.fit_patterns((Q @ Cm)[seen], Zm[seen], ridge=0.0)
+    assert np.allclose(Wt, W.T, atol=1e-8)
+    assert np.allclose((Q @ Cm)[~seen] @ Wt, Zm[~seen], atol=1e-8)
+
+
+def test_target_is_decs_sharpened_distribution():
+    S = np.array([[0.8, 0.2], [0.4, 0.6], [0.5, 0.5]])
+    P = fd.target_distribution(S)
+    f = S.sum(axis=0)  # cluster frequencies 1.7, 1.3
+    want = np.array([[S[i, j] ** 2 / f[j] for j in range(2)] for i in range(3)])
+    want /= want.sum(axis=1, keepdims=True)
+    assert np.allclose(P, want)
+    assert P[0, 0] == pytest.approx((0.64 / 1.7) / (0.64 / 1.7 + 0.04 / 1.3))
+    assert P[0, 0] > S[0, 0] and np.allclose(P.sum(1), 1.0)  # sharper, still distributions
+    # Student-t rows are distributions, closer centre -> larger weight
+    St = fd.student_t(np.array([[0.0, 0.0]]), np.array([[0.0, 1.0], [0.0, 2.0]]))
+    assert np.allclose(St, [[(1 / 2) / (1 / 2 + 1 / 5), (1 / 5) / (1 / 2 + 1 / 5)]])
+
+
+def test_client_that_missed_pretraining_joins_later():
+    sc = tiny_scenario()
+    ds, part, clients, server = parties(sc)
+    out = server.start()
+    replies = deliver(clients, out, 0, drop={2})  # client 2's pretraining reply is lost
+    out = server.step(0, replies, {2})
+    assert server.members == [0, 1]
+    assert out[2].kind == "finetune" and "P_all" in out[2] and "C" not in out[2]
+    assert out[0].kind == "finetune" and "C" in out[0] and "P" in out[0]
+    replies = deliver(clients, out, 1)
+    assert "idx" in replies[2] and "idx" not in replies[0]
+    out = server.step(1, replies, set())
+    assert server.members == [0, 1, 2] and server.info["joined"] == [2]
+    assert "C" in out[2] and out[2]["P"].shape == (clients[2].n, ds.n_clusters)
+    assert server.C.shape == (ds.n_clusters, 3 * TINY["latent_dim"])
+    np.testing.assert_array_equal(server.ids[2], clients[2].idx)
+    replies = deliver(clients, out, 2)
+    done = server.step(2, replies, set())
+    assert isinstance(done, Done) and (done.labels >= 0).all()
+
+
+def test_member_that_misses_a_round_is_represented_by_its_last_embeddings():
+    sc = tiny_scenario()
+    _, _, clients, server = parties(sc)
+    out = server.step(0, deliver(clients, server.start(), 0), set())
+    Z1 = server.Z[1].copy()
+    replies = deliver(clients, out, 1, drop={1})
+    out = server.step(1, replies, {1})
+    assert server.info["stale_clients"] == [1] and server.members == [0, 1, 2]
+    np.testing.assert_array_equal(server.Z[1], Z1)
+    assert "C" in out[1]  # it still gets its prototypes and targets
+
+
+def test_no_embedding_at_all_asks_again():
+    sc = tiny_scenario()
+    _, _, clients, server = parties(sc)
+    out = server.step(0, {}, {0, 1, 2})
+    assert all(m.kind == "pretrain" for m in out.values())
+    with pytest.raises(RuntimeError):
+        server.result()
+
+
+def _ledger(out_dir):
+    with open(Path(out_dir) / "messages.csv", newline="") as fh:
+        return [r for r in csv.DictReader(fh) if r["path"] == "protocol"]
+
+
+def test_analytic_bytes_match_the_ledger(tmp_path):
+    sc = tiny_scenario(missing=0.4)
+    ds, part = prepare(sc)
+    s = run_scenario(sc, tmp_path / "run", progress=lambda line: None)
+    assert s["status"] == "completed"
+    rows = _ledger(s["out_dir"])
+    sizes = dict(enumerate(part.info["client_sizes"]))
+    assert min(sizes.values()) < part.n_samples  # some clients lack samples
+    facts = RunFacts(n_samples=part.n_samples, n_clusters=ds.n_clusters, client_ids=list(sizes), client_sizes=sizes,
+                     client_dims={c: int(sh.X.shape[1]) for c, sh in enumerate(part.shards)}, rounds=s["rounds"])
+    assert s["rounds"] == TINY["rounds"] + 1
+    assert fd.analytic_bytes(fd.Config(**sc.params), facts) == sum(int(r["data_bytes"]) for r in rows)
+    per = fd.communication(sizes[0], part.n_samples, ds.n_clusters, TINY["latent_dim"], TINY["rounds"])
+    assert per["up"] == sum(int(r["data_bytes"]) for r in rows if r["src"] == "client:0")
+
+
+def _labels(sc):
+    _, _, clients, server = parties(sc)
+    out, r = server.start(), 0
+    while True:
+        out = server.step(r, deliver(clients, out, r), set())
+        if isinstance(out, Done):
+            return out.labels
+        r += 1
+
+
+def test_same_seed_same_labels_and_bytes(tmp_path):
+    a = run_scenario(tiny_scenario(), tmp_path / "a", progress=lambda line: None)
+    b = run_scenario(tiny_scenario(), tmp_path / "b", progress=lambda line: None)
+    assert a["communication"] == b["communication"] and a["metrics"] == b["metrics"]
+    assert [r["data_bytes"] for r in _ledger(a["out_dir"])] == [r["data_bytes"] for r in _ledger(b["out_dir"])]
+    ya = _labels(tiny_scenario())
+    np.testing.assert_array_equal(ya, _labels(tiny_scenario()))
+    assert not np.array_equal(ya, _labels(tiny_scenario(seed=1)))
+
+
+def test_dropouts_degrade_but_complete(tmp_path):
+    sc = tiny_scenario(**{"faults.dropout.rate": 0.3, "params.rounds": 3})
+    s = run_scenario(sc, tmp_path / "drop", progress=lambda line: None)
+    assert s["status"] == "degraded" and s["faults"]["dropped_replies"] > 0
+    assert s["metrics"]["acc"] > 0.25
+
+
+# ---------------------------------------------------------------------------
+# overlap rate and sample-size imbalance in the data layer
+def test_overlap_rate_maps_to_point_missing_rate():
+    rng = np.random.default_rng(0)
+    mask = parts.missing_mask(1000, 4, 0.5, "point", rng)  # δ = 0.5
+    assert mask.all(axis=1).mean() == pytest.approx(0.5)
+    kept = mask.sum(axis=1)
+    assert kept.min() >= 1 and set(np.unique(kept[kept < 4])) == {1, 2, 3}
+
+
+def test_imbalance_alpha_skews_client_sizes_and_keeps_a_view():
+    sizes = {}
+    for alpha in (1e-2, 1e2):
+        spreads = []
+        for seed in range(5):
+            mask = parts.missing_mask(2000, 6, 0.5, "point", np.random.default_rng(seed), imbalance_alpha=alpha)
+            assert mask.any(axis=1).all() and mask.all(axis=1).mean() == pytest.approx(0.5)
+            n_m = mask.sum(axis=0)
+            spreads.append(n_m.max() - n_m.min())
+        sizes[alpha] = np.mean(spreads)
+    assert sizes[1e-2] > 3 * sizes[1e2]
+    # without alpha the draws are exactly those of before
+    a = parts.missing_mask(300, 3, 0.3, "point", np.random.default_rng(4))
+    b = parts.missing_mask(300, 3, 0.3, "point", np.random.default_rng(4), imbalance_alpha=None)
+    np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError):
+        parts.missing_mask(10, 3, 0.3, "point", np.random.default_rng(0), imbalance_alpha=0.0)
+
+
+def test_imbalance_alpha_is_validated():
+    with pytest.raises(ScenarioError, match="imbalance_alpha"):
+        tiny_scenario(missing=0.0, **{"data.imbalance_alpha": 0.01})
+    with pytest.raises(ScenarioError, match="imbalance_alpha"):
+        tiny_scenario(**{"data.imbalance_alpha": -1.0})
+    assert tiny_scenario(**{"data.imbalance_alpha": 0.01}).data.imbalance_alpha == 0.01
+
+
+def test_prepare_honours_imbalance_alpha():
+    plain = prepare(tiny_scenario(missing=0.5))[1].info["client_sizes"]
+    skew = prepare(tiny_scenario(missing=0.5, **{"data.imbalance_alpha": 0.01}))[1].info["client_sizes"]
+    assert skew != plain
+
+
+def test_embeddings_are_standardised_after_pretraining():
+    sc = tiny_scenario()
+    _, _, clients, server = parties(sc)
+    replies = deliver(clients, server.start(), 0)
+    for c, r in replies.items():
+        assert float(np.std(r["Z"])) == pytest.approx(1.0, rel=1e-3), c
+        assert r["Z"].dtype == np.float32 and r["Q"].shape == (clients[c].n, 4)
+    off = tiny_scenario(**{"params.standardize": 0.0})
+    _, _, clients, server = parties(off)
+    assert any(abs(float(np.std(r["Z"])) - 1.0) > 0.05 for r in deliver(clients, server.start(), 0).values())

@@ -287,7 +287,9 @@ class FedDMVCClient(Client):
         self.x = torch.from_numpy(X.astype(np.float32))
         self.n = int(len(self.idx))
         self.k = ctx.n_clusters
-        self.model: AutoEncoder | None = None  # built when first trained
+        # seeded from round 0 whenever it is built; built here so that a checkpoint can be loaded into it
+        self.model = seeded(lambda: AutoEncoder(self.x.shape[1], tuple(config.hidden), config.latent_dim, self.k),
+                            seed_from(ctx.rng_for("init", 0)))
         self.pretrained = False
 
     # -- messages -------------------------------------------------------------
@@ -313,8 +315,6 @@ class FedDMVCClient(Client):
     def _pretrain(self) -> None:
         """Round 1 of the paper: reconstruction only, then U_m = k-means centres of Z_m."""
         cfg = self.config
-        self.model = seeded(lambda: AutoEncoder(self.x.shape[1], tuple(cfg.hidden), cfg.latent_dim, self.k),
-                            seed_from(self.ctx.rng_for("init", 0)))
         self.last_loss = self._train(cfg.pretrain_epochs, None, seed_from(self.ctx.rng_for("pretrain")))
         Z = self._embed()[0].astype(np.float64)
         if cfg.standardize > 0 and self.n >= 2 and Z.std() > 0:  # entries of std `standardize` (see docstring)

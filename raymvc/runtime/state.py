@@ -157,7 +157,7 @@ class _Decoder:
             g.set_state(torch.from_numpy(self.arrays[node["tgen"]["nd"]].copy()))
             return g
         if current is None:
-            raise StateError(f"a torch {tag} can only be restored into the object that owns it")
+            raise StateError(f"a torch {tag} can only be restored into the object that owns it: build it in __init__")
         current.load_state_dict(self(node[tag]))
         return current
 

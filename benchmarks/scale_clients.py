@@ -226,6 +226,13 @@ def main() -> None:
             f"start-up {st:.1f} s (+ ray_init {ri:.1f} s) <= 20 s: {'yes' if st <= 20 else 'no'} "
             f"(counting ray_init too: {'yes' if st + ri <= 20 else 'no'}); labels identical to in-process: {same}.",
         ]
+    if 1000 not in args.ccfc:
+        lines += [
+            "",
+            "CCFC at 1,000 clients is not run: digits has 1,797 rows (under 2 per client, less than a batch), "
+            "and a torch worker holds about 600 MB resident (10 CCFC actors: about 6 GB above), so 40 of them "
+            "would need about 24 GB, the whole machine.",
+        ]
     text = "\n".join(lines) + "\n"
     print(text)
     if not args.no_write:

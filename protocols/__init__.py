@@ -85,6 +85,8 @@ def get(name: str) -> Protocol:
     if name in _REGISTRY:
         module = importlib.import_module(f"{__name__}.{_REGISTRY[name]}")
         return _from_module(module, name)
+    if name in sys.modules and "." in name:  # an import path already imported: no metadata scan
+        return _from_module(sys.modules[name], name)
     eps = _entry_points()
     if name in eps:
         obj = eps[name].load()

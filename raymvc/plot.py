@@ -28,28 +28,18 @@ def _x_value(text: str):
     return v
 
 
-def plot_sweep(sweep_dir: str | Path, formats: tuple[str, ...] = ("png", "svg")) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    d = Path(sweep_dir)
-    meta, rows, agg = read_sweep(d)
-    keys = list(meta.get("grid_keys") or [])
-    xkey = keys[0] if keys else None
-    other = keys[1:]
-    panels = [(m, title) for m, title in PANELS if any(_num(r.get(f"{m}_mean")) is not None for r in agg)]
-    if not panels:
-        raise ValueError(f"{d}: no finished run has scores to plot")
-
-    # x positions: numeric when every value is a number, else categories in grid order
+def _x_positions(agg: list[dict], xkey: str | None) -> tuple[list[str], dict[str, float], bool]:
+    """x positions: numeric when every value is a number, else categories in grid order."""
     xs_text = list(dict.fromkeys(str(r[xkey]) for r in agg)) if xkey else ["all"]
     xs_val = [_x_value(t) for t in xs_text]
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in xs_val)
     pos = {t: (float(v) if numeric else i) for i, (t, v) in enumerate(zip(xs_text, xs_val))}
+    return xs_text, pos, numeric
 
-    methods_per_scenario = {}
+
+def _lines(agg: list[dict], other: list[str]) -> dict[str, list[dict]]:
+    """Aggregate rows grouped into one line per method (and scenario, and other grid keys)."""
+    methods_per_scenario: dict[str, set] = {}
     for r in agg:
         methods_per_scenario.setdefault(r["method"], set()).add(r["scenario"])
 
@@ -62,6 +52,53 @@ def plot_sweep(sweep_dir: str | Path, formats: tuple[str, ...] = ("png", "svg"))
     lines: dict[str, list[dict]] = {}
     for r in agg:
         lines.setdefault(line_name(r), []).append(r)
+    return lines
+
+
+def _draw_panel(ax, m: str, lines: dict[str, list[dict]], xkey: str | None, pos: dict[str, float]) -> None:
+    for name, rs in lines.items():
+        rs = sorted(rs, key=lambda r: pos[str(r[xkey])] if xkey else 0)
+        pts = [(pos[str(r[xkey])] if xkey else 0, _num(r.get(f"{m}_mean")), _num(r.get(f"{m}_std")) or 0.0,
+                int(r["failed"]), int(r["runs"])) for r in rs]
+        pts = [p for p in pts if p[1] is not None]
+        if not pts:
+            continue
+        x, y, e, failed, runs = zip(*pts)
+        line = ax.errorbar(x, y, yerr=e, marker="o", markersize=4, capsize=3, linewidth=1.5, label=name)
+        color = line[0].get_color()
+        for xi, yi, fi, ni in zip(x, y, failed, runs):
+            if fi:  # a mean over fewer runs: an open ring and the count of failed runs
+                ax.plot([xi], [yi], marker="o", markersize=9, color=color, markerfacecolor="none",
+                        markeredgecolor=color)
+                ax.annotate(f"{fi}/{ni} failed", (xi, yi), textcoords="offset points", xytext=(0, 9),
+                            ha="center", fontsize=7, color=color)
+
+
+def _title(meta: dict, agg: list[dict], xkey: str | None) -> str:
+    n_runs = sum(int(r["runs"]) for r in agg)
+    n_failed = sum(int(r["failed"]) for r in agg)
+    seeds = meta.get("seeds")
+    sub = f"mean ± std over seeds {','.join(map(str, seeds))}" if seeds else "mean ± std over seeds"
+    if n_failed:
+        sub += f"; {n_failed} of {n_runs} runs failed and are left out of the means (open rings)"
+    return f"{xkey or 'runs'}: {sub}"
+
+
+def plot_sweep(sweep_dir: str | Path, formats: tuple[str, ...] = ("png", "svg")) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    d = Path(sweep_dir)
+    meta, rows, agg = read_sweep(d)
+    keys = list(meta.get("grid_keys") or [])
+    xkey = keys[0] if keys else None
+    panels = [(m, title) for m, title in PANELS if any(_num(r.get(f"{m}_mean")) is not None for r in agg)]
+    if not panels:
+        raise ValueError(f"{d}: no finished run has scores to plot")
+    xs_text, pos, numeric = _x_positions(agg, xkey)
+    lines = _lines(agg, keys[1:])
 
     ncols = 2 if len(panels) > 2 else len(panels)
     nrows = (len(panels) + ncols - 1) // ncols
@@ -71,22 +108,7 @@ def plot_sweep(sweep_dir: str | Path, formats: tuple[str, ...] = ("png", "svg"))
         ax.set_visible(False)
     mb_values = [v for r in agg if (v := _num(r.get("mb_mean"))) is not None and v > 0]
     for ax, (m, title) in zip(axes, panels):
-        for name, rs in lines.items():
-            rs = sorted(rs, key=lambda r: pos[str(r[xkey])] if xkey else 0)
-            pts = [(pos[str(r[xkey])] if xkey else 0, _num(r.get(f"{m}_mean")), _num(r.get(f"{m}_std")) or 0.0,
-                    int(r["failed"]), int(r["runs"])) for r in rs]
-            pts = [p for p in pts if p[1] is not None]
-            if not pts:
-                continue
-            x, y, e, failed, runs = zip(*pts)
-            line = ax.errorbar(x, y, yerr=e, marker="o", markersize=4, capsize=3, linewidth=1.5, label=name)
-            color = line[0].get_color()
-            for xi, yi, fi, ni in zip(x, y, failed, runs):
-                if fi:  # a mean over fewer runs: an open ring and the count of failed runs
-                    ax.plot([xi], [yi], marker="o", markersize=9, color=color, markerfacecolor="none",
-                            markeredgecolor=color)
-                    ax.annotate(f"{fi}/{ni} failed", (xi, yi), textcoords="offset points", xytext=(0, 9),
-                                ha="center", fontsize=7, color=color)
+        _draw_panel(ax, m, lines, xkey, pos)
         ax.set_title(title)
         ax.set_xlabel(short_key(xkey) if xkey else "")
         if not numeric:
@@ -96,13 +118,7 @@ def plot_sweep(sweep_dir: str | Path, formats: tuple[str, ...] = ("png", "svg"))
             ax.set_yscale("log")
         ax.grid(True, alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
-    n_runs = sum(int(r["runs"]) for r in agg)
-    n_failed = sum(int(r["failed"]) for r in agg)
-    seeds = meta.get("seeds")
-    sub = f"mean ± std over seeds {','.join(map(str, seeds))}" if seeds else "mean ± std over seeds"
-    if n_failed:
-        sub += f"; {n_failed} of {n_runs} runs failed and are left out of the means (open rings)"
-    fig.suptitle(f"{xkey or 'runs'}: {sub}", fontsize=10)
+    fig.suptitle(_title(meta, agg, xkey), fontsize=10)
     fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.955), ncol=min(len(labels), 4),
                fontsize=9, frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.6 / fig.get_size_inches()[1]))

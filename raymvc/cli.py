@@ -71,8 +71,9 @@ def cmd_run(args) -> int:
 
     resume = getattr(args, "resume", None)
     if resume:
-        if args.scenario or args.set or args.out:
-            return _fail(f"--resume {resume}: the run's own scenario.yaml is used; give no scenario, --set or --out")
+        if args.scenario or args.set or args.out or args.seed is not None:
+            return _fail(f"--resume {resume}: the run's own scenario.yaml is used; "
+                         "give no scenario, --set, --seed or --out")
         args.scenario, args.out = str(Path(resume) / "scenario.yaml"), resume
         if not Path(args.scenario).is_file():
             return _fail(f"--resume {resume}: not a run folder (no scenario.yaml)")

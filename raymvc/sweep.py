@@ -231,7 +231,8 @@ def execute(cells: list[Cell], jobs: int = 1, quiet: bool = False, live: bool | 
             from concurrent.futures import ProcessPoolExecutor, as_completed
 
             ctx = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+            pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx)
+            try:
                 futures = {pool.submit(_run_cell, c.scenario, c.overrides, str(c.run_dir)): c for c in todo}
                 for fut in as_completed(futures):
                     cell = futures[fut]
@@ -241,6 +242,10 @@ def execute(cells: list[Cell], jobs: int = 1, quiet: bool = False, live: bool | 
                         summary = _failed_summary(cell, e)
                         _write_failed(cell, summary)
                     prog.finished(cell.label, summary)
+                    if summary.get("status") == "interrupted":
+                        raise KeyboardInterrupt  # Ctrl-C reached the workers: stop the sweep
+            finally:  # on Ctrl-C, queued cells never start (a later run of the sweep resumes them)
+                pool.shutdown(wait=True, cancel_futures=True)
         else:
             for cell in todo:
                 rp = prog.run(cell.label, cell.max_rounds)
@@ -250,6 +255,8 @@ def execute(cells: list[Cell], jobs: int = 1, quiet: bool = False, live: bool | 
                     summary = _failed_summary(cell, e)
                     _write_failed(cell, summary)
                 prog.finished(cell.label, summary)
+                if summary.get("status") == "interrupted":
+                    raise KeyboardInterrupt  # the run stopped on Ctrl-C/SIGTERM: so does the sweep
     finally:
         prog.close()
     return len(todo), skipped

@@ -169,3 +169,48 @@ def test_resume_needs_a_checkpoint(tmp_path, capsys):
     assert main(["run", str(QUICK), "--backend", "local", "--out", str(out), "--quiet"]) == 0
     assert main(["run", "--resume", str(out), "--quiet"]) == 2
     assert "no checkpoint there" in capsys.readouterr().err
+
+
+def test_a_crash_in_a_dropout_round_is_still_a_crash_and_checkpoints_go_on(tmp_path):
+    s = run(tmp_path, "crash-drop", "faults.crash=[{client: 1, at_round: 2}]", "faults.drop=[{client: 1, at_round: 2}]",
+            "runtime.checkpoint=true")
+    assert s["status"] == "degraded", s["error"]
+    assert s["faults"]["crashed_clients"] == [1]
+
+
+def test_bad_combinations_are_one_line_errors(tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["run", str(QUICK), "--backend", "local", "--out", str(out), "--quiet", "--checkpoint"]) == 0
+    assert main(["run", "--resume", str(out), "--seed", "3"]) == 2  # another seed would be another data split
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "mine.txt").write_text("keep me")
+    assert main(["run", str(QUICK), "--backend", "local", "--out", str(tmp_path / "notes"), "--overwrite"]) == 2
+    assert (tmp_path / "notes" / "mine.txt").exists()  # --overwrite empties run folders only
+    assert main(["validate", str(QUICK), "--set", "faults.drop=[{client: 9, at_round: 1}]"]) == 2
+    echo = tmp_path / "echo.yaml"
+    echo.write_text("method: raymvc.bench.fedavg_echo\nparams: {rounds: 2}\n"
+                    "data: {dataset: digits, partition: horizontal, n_clients: 3}\n"
+                    "channel: {secure_aggregation: true}\nruntime: {checkpoint: true}\n")
+    assert main(["validate", str(echo)]) == 2
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
+    assert len(lines) == 4
+    assert "--seed" in lines[0] and "not a run folder" in lines[1] and "faults.drop: client 9 does not exist" in lines[2]
+    assert "runtime.checkpoint: cannot be combined with channel.secure_aggregation" in lines[3]
+
+
+def test_pooled_clients_match_unpooled_and_crash_alone(ray_session, tmp_path):
+    kfed = REPO / "scenarios" / "digits-kfed.yaml"
+    common = ["data.n_clients=20", "runtime.client_cpus=0.25", "faults.crash=[{client: 3, at_round: 1}]"]
+    runs = {}
+    for name, extra in (("local", ["runtime.backend=local"]), ("ray1", ["runtime.clients_per_actor=1"]),
+                        ("ray5", ["runtime.clients_per_actor=5"])):
+        sc = load_scenario(kfed, [*common, *extra])
+        runs[name] = run_scenario(sc, tmp_path / name, progress=lambda line: None)
+    for name, s in runs.items():
+        assert s["status"] == "degraded" and s["faults"]["crashed_clients"] == [3], name
+    labels = {n: (tmp_path / n / "labels.csv").read_text() for n in runs}
+    assert labels["ray5"] == labels["ray1"] == labels["local"]
+    assert runs["ray5"]["communication"] == runs["ray1"]["communication"] == runs["local"]["communication"]
+    assert runs["ray5"]["placement"]["clients_per_actor"] == 5
+    crashed_rows = [r for r in rows(tmp_path / "ray5" / "labels.csv") if r["cluster"] == "-1"]
+    assert 0 < len(crashed_rows) < runs["ray5"]["n_samples"] / 10  # only client 3's samples lack a label

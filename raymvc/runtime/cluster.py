@@ -89,26 +89,57 @@ def _join(ray, address: str, kwargs: dict) -> None:
     _probe(ray, address, token)
 
 
+_started: dict = {"embedded": False}
+
+
+def cpus_needed(sc: Scenario, n_clients: int) -> float:
+    rt = sc.runtime
+    return math.ceil(n_clients / rt.clients_per_actor) * rt.client_cpus + rt.server_cpus
+
+
+def _enough(ray, sc: Scenario, n_clients: int) -> bool:
+    return ray.cluster_resources().get("CPU", 0.0) + 1e-9 >= cpus_needed(sc, n_clients)
+
+
 def init_ray(sc: Scenario, n_clients: int) -> float:
-    """Start (or join) Ray; returns the seconds it took (0 if already running)."""
+    """Start (or join) Ray; returns the seconds it took (0 if already running).
+
+    An instance this module started that is too small for the run (a sweep's later,
+    larger scenario) is restarted with enough CPUs; any other running instance that is
+    too small is a one-line error, never a run that waits forever for its actors.
+    """
     import ray
 
     if ray.is_initialized():
-        return 0.0
+        if _enough(ray, sc, n_clients):
+            return 0.0
+        if not _started["embedded"]:
+            raise ClusterError(f"runtime: the running Ray instance has {ray.cluster_resources().get('CPU', 0):g} CPUs, "
+                               f"the run needs {cpus_needed(sc, n_clients):g} (actors x runtime.client_cpus + "
+                               "runtime.server_cpus); lower runtime.client_cpus or pool clients "
+                               "(runtime.clients_per_actor)")
+        ray.shutdown()
     t = time.perf_counter()
     rt = sc.runtime
     kwargs = dict(include_dashboard=False, log_to_driver=True, configure_logging=False)
     if rt.address:
         _join(ray, rt.address, kwargs)
+        if not _enough(ray, sc, n_clients):
+            have = ray.cluster_resources().get("CPU", 0)
+            ray.shutdown()
+            raise ClusterError(f"runtime.address: the cluster at {rt.address} has {have:g} CPUs, the run needs "
+                               f"{cpus_needed(sc, n_clients):g}; lower runtime.client_cpus or pool clients "
+                               "(runtime.clients_per_actor)")
     else:
         if os.environ.get("RAY_AUTH_MODE") != "disabled" and not (
                 os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):
             os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)  # this process's own; nothing on disk
-        need = math.ceil(math.ceil(n_clients / rt.clients_per_actor) * rt.client_cpus + rt.server_cpus)
+        need = math.ceil(cpus_needed(sc, n_clients))
         # address="local": always a fresh embedded instance, even if `ray start` runs here.
         # Token mode stays on (Ray's default); only Ray's notice about it is not shown.
         import logging
 
         logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-        ray.init(address="local", num_cpus=rt.num_cpus or max(os.cpu_count() or 1, need), **kwargs)
+        ray.init(address="local", num_cpus=max(rt.num_cpus or os.cpu_count() or 1, need), **kwargs)
+        _started["embedded"] = True
     return time.perf_counter() - t

@@ -52,6 +52,9 @@ def prepare(sc: Scenario):
     proto = get(sc.method)
     if sc.channel.secure_aggregation and not proto.secure_aggregation:
         raise _err(sc, "channel.secure_aggregation", f"method {sc.method} does not support secure aggregation")
+    if sc.channel.secure_aggregation and sc.runtime.checkpoint:
+        raise _err(sc, "runtime.checkpoint", "cannot be combined with channel.secure_aggregation: the clients' "
+                                             "secure-aggregation keys never leave them, not even into a checkpoint")
     d = sc.data
     try:
         if d.path is not None:
@@ -99,9 +102,11 @@ def prepare(sc: Scenario):
         if isinstance(e, ScenarioError):
             raise
         raise _err(sc, "data", str(e)) from None
-    for c in sc.faults.crash:
-        if c.client >= part.n_clients:
-            raise _err(sc, "faults.crash", f"client {c.client} does not exist (clients are 0..{part.n_clients - 1})")
+    for key in ("crash", "drop"):
+        for c in getattr(sc.faults, key):
+            if c.client >= part.n_clients:
+                raise _err(sc, f"faults.{key}", f"client {c.client} does not exist "
+                                                f"(clients are 0..{part.n_clients - 1})")
     if sc.faults.min_clients > part.n_clients:
         raise _err(sc, "faults.min_clients", f"{sc.faults.min_clients} is more than the {part.n_clients} clients")
     return ds, part
@@ -175,17 +180,22 @@ class _StopRequest:
 
     def __init__(self, progress: Callable[[str], None]):
         self.signal: str | None = None
+        self.saving = False
         self.progress = progress
 
     def __call__(self, signum, frame):
         name = signal.Signals(signum).name
+        if self.saving:
+            return  # the results are being written: nothing stops that
         if self.signal is not None:
+            self.saving = True
             raise RunInterrupted(f"{self.signal}, then {name}")
         self.signal = name
         self.progress(f"{name}: stopping after this round (send it again to stop now)")
 
     def check(self) -> None:
         if self.signal is not None:
+            self.saving = True
             raise RunInterrupted(self.signal)
 
 
@@ -245,7 +255,9 @@ class _Run:
             logged += 1
             if sc.runtime.checkpoint and not rec.done:
                 t = time.perf_counter()
-                checkpoint.save(writer.dir, call("checkpoint"), logged)
+                ck = call("checkpoint")
+                if ck is not None:  # None: a client is still busy with a call that timed out
+                    checkpoint.save(writer.dir, ck, logged)
                 self.timing["checkpoint_s"] = self.timing.get("checkpoint_s", 0.0) + time.perf_counter() - t
             if on_round is not None:
                 on_round(rec.to_dict())
@@ -270,11 +282,17 @@ class _Run:
         return end
 
 
+RUN_FILES = ("summary.json", "scenario.yaml", "rounds.jsonl")
+
+
 def _out_dir(sc: Scenario, out_dir, overwrite: bool) -> Path:
     out = Path(out_dir) if out_dir else default_out_dir(sc.name)
     if out.exists() and out.is_dir() and any(out.iterdir()):
         if not overwrite:
             raise ScenarioError(f"--out {out}: the folder is not empty; choose another or pass --overwrite")
+        if not any((out / f).exists() for f in RUN_FILES):
+            raise ScenarioError(f"--out {out}: not a run folder (no {', '.join(RUN_FILES)}); "
+                                "--overwrite only empties run folders")
         shutil.rmtree(out)  # a run folder never mixes files of two runs
     return out
 
@@ -312,9 +330,11 @@ def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: C
         try:
             end = run.drive(writer, progress, on_round, stop, resume=ck)
         except (KeyboardInterrupt, RunInterrupted) as e:
+            stop.saving = True
             interrupted = True
             end = run.salvage("interrupted", f"interrupted ({e or type(e).__name__})")
         except Exception as e:  # keep whatever we have; the summary says what went wrong
+            stop.saving = True
             end = run.salvage("failed", one_line(e))
         finally:
             _stop(run.handles)

@@ -138,6 +138,9 @@ class ClientPool:
     def hello(self, cid: int, server_key: bytes | None) -> bytes | None:
         return self.nodes[cid].hello(server_key)
 
+    def hello_all(self, server_key: bytes | None) -> dict[int, bytes | None]:
+        return {cid: node.hello(server_key) for cid, node in self.nodes.items()}
+
     def deliver(self, frames: dict[int, bytes]) -> dict[int, tuple]:
         return {cid: (("crashed", None, "logical client killed", 0.0) if cid in self.dead
                       else self.nodes[cid].deliver(frame)) for cid, frame in frames.items()}
@@ -224,16 +227,16 @@ class ServerNode:
         """
         key = self.endpoint.public_key()
         nbytes = handshake_bytes(self.channel.encryption)
+        answers = self.transport.hello_all([c for c in self.client_ids if c not in self.offline], key)
         for cid in self.client_ids:
             if cid in self.offline:
                 continue
             peer = client_party(cid)
-            try:
-                ckey = self.transport.call(cid, "hello", key)
-            except Exception as e:
+            ckey = answers[cid]
+            if isinstance(ckey, BaseException):
                 self.offline.add(cid)
                 self.client_errors.append({"round": -1, "client": cid, "path": "setup",
-                                           "error": f"could not connect: {one_line(e)}"})
+                                           "error": f"could not connect: {one_line(ckey)}"})
                 continue
             for src, dst in ((SERVER, peer), (peer, SERVER)):
                 self.ledger.record(round=-1, src=src, dst=dst, kind="handshake", path="setup", payload_bytes=0,
@@ -243,8 +246,14 @@ class ServerNode:
         return self.connected
 
     # -- checkpoints ---------------------------------------------------------
-    def checkpoint(self) -> dict[str, object]:
-        """Everything needed to carry on after the last finished round, as codec frames."""
+    def checkpoint(self) -> dict[str, object] | None:
+        """Everything needed to carry on after the last finished round, as codec frames.
+
+        ``None`` (no checkpoint this round) while a client's call is still hanging: its
+        actor would answer the state request only after the hung call ends.
+        """
+        if any(self.timeouts.get(c) for c in self.connected if c not in self.crashed):
+            return None
         clients = {}
         for cid in self.connected:
             if cid not in self.crashed:
@@ -255,6 +264,7 @@ class ServerNode:
     def restore(self, ck: dict[str, object]) -> None:
         """Carry on from :meth:`checkpoint` (after :meth:`connect` agreed fresh keys)."""
         load_state(self, ck["node"])
+        self.offline |= set(self.client_ids) - set(self.connected)  # unreachable now: offline now
         load_state(self.server, ck["server"])
         for cid in sorted(self.crashed):
             if cid in self.connected:
@@ -316,7 +326,7 @@ class ServerNode:
                 self.crashed.add(cid)
                 st.crashed.append(cid)
         elif out.status == "rejected":
-            row.status = "rejected"
+            row.status, row.kind = "rejected", f"rejected:{out.detail}"
             st.rejected.append(cid)
         else:
             st.errors[cid] = out.detail or "error"
@@ -358,6 +368,8 @@ class ServerNode:
         for cid in faults.crashes(r):
             if cid not in self.crashed and cid not in self.offline:
                 self.transport.kill(cid)  # a real crash: the actor process is gone
+                self.crashed.add(cid)
+                st.crashed.append(cid)
         frames, rows = self._send(r, outgoing, path, faults, st, t0)
         outcomes = self.transport.exchange(frames)
         ends = [t0]

@@ -56,6 +56,8 @@ class _Encoder:
     def __call__(self, v: Any, path: str) -> Any:
         if v is None or isinstance(v, (bool, str)):
             return v
+        if isinstance(v, np.generic):  # before float: np.float64 is a float too, and must come back as itself
+            return {"np": self.array(np.asarray(v))}
         if isinstance(v, int) and not isinstance(v, bool):
             return {"int": str(v)}  # exact, whatever its size
         if isinstance(v, float):
@@ -64,8 +66,6 @@ class _Encoder:
             if v.dtype == object:
                 raise StateError(f"{path}: object arrays cannot be checkpointed")
             return self.array(v)
-        if isinstance(v, np.generic):
-            return {"np": self.array(np.asarray(v))}
         return self._container(v, path)
 
     def _container(self, v: Any, path: str) -> Any:

@@ -111,6 +111,7 @@ class RayTransport:
         self.ray = ray
         self.pools = pools
         self.timeout_s = timeout_s
+        self.dead: set[int] = set()  # logical clients killed inside a pool that lives on
 
     def _pool(self, cid: int):
         return self.pools.handles[self.pools.owner[cid]]
@@ -142,12 +143,15 @@ class RayTransport:
     def exchange(self, frames: dict[int, bytes]) -> dict[int, Outcome]:
         ray = self.ray
         groups: dict[int, dict[int, bytes]] = {}
+        out: dict[int, Outcome] = {}
         for cid, frame in frames.items():
+            if cid in self.dead:
+                out[cid] = Outcome("crashed", detail="logical client killed")
+                continue
             groups.setdefault(self.pools.owner[cid], {})[cid] = frame
         refs = {pid: self.pools.handles[pid].deliver.remote(group) for pid, group in groups.items()}
-        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.timeout_s)
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.timeout_s) if refs else ([], [])
         ready = set(ready)
-        out: dict[int, Outcome] = {}
         for pid, ref in refs.items():
             if ref not in ready:
                 ray.cancel(ref, force=False)
@@ -162,14 +166,24 @@ class RayTransport:
 
     def kill(self, cid: int) -> None:
         pid = self.pools.owner[cid]
+        self.dead.add(cid)
         if self.pools.sizes.get(pid, 1) == 1:
             self.ray.kill(self.pools.handles[pid], no_restart=True)  # a real crash: the process is gone
-        else:
-            self.ray.get(self.pools.handles[pid].kill.remote(cid), timeout=self.timeout_s)
+        else:  # its neighbours live on; the pool drops it without waiting (it may be busy or hung)
+            self.pools.handles[pid].kill.remote(cid)
 
     def placement(self) -> dict[int, str]:
-        nodes = self.ray.get([h.node_id.remote() for h in self.pools.handles.values()], timeout=self.timeout_s)
-        by_pool = dict(zip(self.pools.handles, nodes))
+        """Node id of every client's actor; ``unreachable`` for an actor that did not answer."""
+        ray = self.ray
+        refs = {pid: h.node_id.remote() for pid, h in self.pools.handles.items()}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=min(self.timeout_s, 60.0))
+        ready = set(ready)
+        by_pool = {}
+        for pid, ref in refs.items():
+            try:
+                by_pool[pid] = ray.get(ref) if ref in ready else "unreachable"
+            except Exception:
+                by_pool[pid] = "unreachable"
         return {cid: by_pool[pid] for cid, pid in sorted(self.pools.owner.items())}
 
 

@@ -187,6 +187,13 @@ def format_summary(s: dict) -> str:
     if f.get("disconnected_clients"):
         fault_bits.append(f"never connected {f['disconnected_clients']}")
     lines.append("  faults    " + ", ".join(fault_bits))
+    part = s.get("participation") or {}
+    missed = {c: p for c, p in part.items() if p.get("missed")}
+    if missed:
+        lines.append("  clients   " + "; ".join(f"{c} missed {p['missed']} of {p['addressed']} rounds"
+                                             for c, p in sorted(missed.items(), key=lambda kv: int(kv[0]))))
+    elif part:
+        lines.append(f"  clients   all {len(part)} answered every round they were addressed in")
     lines.append(
         f"  time      {t.get('wall_s', 0):.2f} s wall: {t.get('ray_init_s', 0):.2f} s Ray start, "
         f"{t.get('startup_s', 0):.2f} s start-up (parties + keys), {t.get('protocol_s', 0):.2f} s protocol; "

@@ -24,7 +24,9 @@ first global k-means, but not for good: with the global centroids of round 1 eve
 other client gets, it gets ``"summarise"`` again, carrying the current global
 centroids (so it can label its rows even if its answer is lost). Whenever new summaries
 arrive, the server reruns the global k-means over all summaries it holds (seeded for
-that round), sends the new centroids to every client that has summarised, and asks the
+that round), numbers the new centroids like the old ones (Hungarian matching on their
+distances, so a client whose copy of the new ones is lost labels consistently with the
+rest), sends them to every client that has summarised, and asks the
 clients still lacking once more, up to ``retry_rounds`` times. The run ends in the
 first round after round 0 that brings no new summary, so clients that never answer
 (disconnected, crashed) cost a few small messages, never a round of their own. Without faults
@@ -134,8 +136,15 @@ class KFedServer(Server):
         cents = np.vstack([np.asarray(self.summaries[c]["C"], dtype=np.float64) for c in senders])
         counts = np.concatenate([np.asarray(self.summaries[c]["counts"], dtype=np.float64) for c in senders])
         cfg = self.config
-        self.C = global_centroids(cents, counts if cfg.weighted else None, self.ctx.n_clusters,
-                                  self.ctx.rng_for("global_kmeans", round), cfg.kmeans_init, cfg.max_iter)
+        C = global_centroids(cents, counts if cfg.weighted else None, self.ctx.n_clusters,
+                             self.ctx.rng_for("global_kmeans", round), cfg.kmeans_init, cfg.max_iter)
+        if self.C is not None:  # keep cluster numbers: a client still holding the old centroids stays consistent
+            from scipy.optimize import linear_sum_assignment
+
+            cost = ((self.C[:, None, :] - C[None, :, :]) ** 2).sum(-1)
+            _, order = linear_sum_assignment(cost)
+            C = C[order]
+        self.C = C
 
     def step(self, round: int, replies: Mapping[int, Message], missing: set[int]) -> dict[int, Message] | Done:
         # a client without rows summarises to nothing: it counts as answered, adds no centroid

@@ -150,3 +150,26 @@ def test_client_missing_in_round_0_is_asked_again_and_counts():
     assert rounds == 2  # one extra round to send the new centroids
     never, _, _ = score(lambda r: {0} if r == 0 else (), retry_rounds=0)
     assert never < 0.9  # without asking again its cluster shares a centroid with another
+
+
+def test_recomputed_global_centroids_keep_their_numbers():
+    """A late summary reruns the global k-means; the new centroids are numbered like the old
+    ones, so a client that keeps the old copy (its new one was lost) labels consistently."""
+    from raymvc.messages import Message
+    from raymvc.protocol import ServerContext
+
+    rng = np.random.default_rng(0)
+    centres = np.array([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0], [10.0, 10.0]])
+
+    def summary():
+        C = centres + rng.normal(scale=0.3, size=centres.shape)
+        return Message("local_centroids", C=C[rng.permutation(4)], counts=np.full(4, 25, dtype=np.int64))
+
+    srv = kfed.KFedServer(kfed.Config(), ServerContext(client_ids=[0, 1, 2], n_clusters=4, seed=0))
+    srv.start()
+    srv.step(0, {0: summary(), 1: summary()}, {2})
+    old = srv.C.copy()
+    srv.step(1, {0: Message("ack"), 1: Message("ack"), 2: summary()}, set())
+    assert not np.array_equal(srv.C, old)  # recomputed with client 2's summary
+    nearest_old = np.argmin(((srv.C[:, None, :] - old[None, :, :]) ** 2).sum(-1), axis=1)
+    np.testing.assert_array_equal(nearest_old, np.arange(4))

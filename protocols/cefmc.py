@@ -152,6 +152,7 @@ class CeFMCServer(Server):
 
     def __init__(self, config: Config, ctx: ServerContext):
         super().__init__(config, ctx)
+        import sklearn.cluster  # noqa: F401  (loaded while the parties start, not inside round 0)
         self.k = ctx.n_clusters
         self.beta = config.beta if config.beta is not None else config.lam
         self.membership = Membership(ctx.client_ids)  # clients in the consensus, in view order

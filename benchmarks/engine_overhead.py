@@ -30,7 +30,6 @@ import datetime
 import io
 import json
 import os
-import platform
 import pstats
 import statistics
 import sys
@@ -41,6 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from raymvc.bench.machine import cpu_model  # noqa: E402
 from raymvc.runtime import run_scenario  # noqa: E402
 from raymvc.scenario import load_scenario  # noqa: E402
 
@@ -151,16 +151,6 @@ def per_message(tmp: Path, repeats: int, top: int = 25) -> None:
     print("```\n")
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-n", type=int, default=1_000_000)
@@ -174,7 +164,7 @@ def main() -> None:
         tmp = Path(d)
         print("# Engine overhead\n")
         print(f"- command: `python {' '.join([os.path.relpath(__file__, REPO), *sys.argv[1:]])}`")
-        print(f"- machine: {os.cpu_count()} cores ({_cpu_model()}); shared with other work, so read ratios")
+        print(f"- machine: {os.cpu_count()} cores ({cpu_model()}); shared with other work, so read ratios")
         print(f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}\n")
         if not args.only_messages:
             if not args.skip_backends:

@@ -139,16 +139,6 @@ def _version(python: str, code: str) -> str:
         return f"? ({type(e).__name__})"
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, nargs=2, default=[5, 100], metavar=("R_LO", "R_HI"))
@@ -161,6 +151,7 @@ def main() -> None:
     if args.flower_child is not None:
         flower_child(args.flower_child, args.result)
         return
+    from raymvc.bench.machine import cpu_model  # here: Flower's own venv, which runs the child, has no raymvc
     fpy = args.flower_python if Path(args.flower_python).exists() else sys.executable
     lo, hi = args.rounds
     runs: dict[tuple[str, int], list[dict]] = {}
@@ -197,7 +188,7 @@ def main() -> None:
         "# raymvc vs Flower: trivial FedAvg (6 clients, 16 KB float64 array each way)",
         "",
         f"- command: `{cmd}`",
-        f"- machine: {os.cpu_count()} cores ({_cpu_model()}), {platform.system()} {platform.release()}; "
+        f"- machine: {os.cpu_count()} cores ({cpu_model()}), {platform.system()} {platform.release()}; "
         "shared with other work, so read ratios, not absolute seconds",
         f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
         f"- raymvc: Ray {_version(sys.executable, 'import ray; print(ray.__version__)')}; "

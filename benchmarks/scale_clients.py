@@ -30,7 +30,6 @@ import filecmp
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -146,16 +145,6 @@ def run_one(method: str, n: int, backend: str, tmp: Path, timeout_s: float) -> d
     return res
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
-
-
 def _row(r: dict, same: str) -> str:
     if "timing" not in r:
         return (f"| {r['method']} | {r['n']:,} | {r['backend']} | {r.get('per') or '-'} | {r['actors'] or '-'} "
@@ -167,6 +156,8 @@ def _row(r: dict, same: str) -> str:
 
 
 def main() -> None:
+    from raymvc.bench.machine import cpu_model
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kfed", type=int, nargs="*", default=[10, 100, 1000], help="client counts for k-FED")
     ap.add_argument("--ccfc", type=int, nargs="*", default=[10, 100], help="client counts for CCFC")
@@ -197,7 +188,7 @@ def main() -> None:
         "# Scaling the number of clients: Ray with client pools vs in-process",
         "",
         f"- command: `{cmd}`",
-        f"- machine: {os.cpu_count()} cores ({_cpu_model()}), "
+        f"- machine: {os.cpu_count()} cores ({cpu_model()}), "
         f"{os.sysconf('SC_PHYS_PAGES') * PAGE / 2**30:.0f} GiB RAM; shared with other work (noisy)",
         f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
         "- k-FED: synthetic, 100,000 samples x 20 features, k = 5, horizontal IID; "

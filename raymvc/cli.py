@@ -103,6 +103,10 @@ def cmd_run(args) -> int:
         return _fail(f"--out {e}" if args.out else str(e))
     result = sys.stdout
     sys.stdout = sys.stderr  # stdout carries the summary alone: Ray's and the methods' own prints go to stderr
+    if args.json:
+        from .runtime import cluster
+
+        cluster.LOG_TO_DRIVER["on"] = False  # nor may Ray print workers' lines there later, at shutdown
     try:
         summary = run_scenario(sc, out, prepared=prepared, overwrite=args.overwrite, resume=bool(resume), **kw)
     except ClusterError as e:

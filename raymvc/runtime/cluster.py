@@ -90,6 +90,9 @@ def _join(ray, address: str, kwargs: dict) -> None:
 
 
 _started: dict = {"embedded": False}
+# whether Ray copies the workers' output to this process; `raymvc run --json` turns it off,
+# so stdout carries the summary alone even when Ray prints late (at shutdown)
+LOG_TO_DRIVER = {"on": True}
 
 
 def cpus_needed(sc: Scenario, n_clients: int) -> float:
@@ -121,7 +124,7 @@ def init_ray(sc: Scenario, n_clients: int) -> float:
         ray.shutdown()
     t = time.perf_counter()
     rt = sc.runtime
-    kwargs = dict(include_dashboard=False, log_to_driver=True, configure_logging=False)
+    kwargs = dict(include_dashboard=False, log_to_driver=LOG_TO_DRIVER["on"], configure_logging=False)
     if rt.address:
         _join(ray, rt.address, kwargs)
         if not _enough(ray, sc, n_clients):

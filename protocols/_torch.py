@@ -40,6 +40,20 @@ def generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(seed))
 
 
+def resolve_device(name: str) -> torch.device:
+    """``cpu``, ``cuda`` (an error where there is none) or ``auto`` (CUDA where there is one).
+
+    Models are built and seeded on the CPU and then moved, shuffling and augmentation
+    draw from CPU generators, so a run's randomness does not depend on the device; the
+    arithmetic does (CUDA kernels round differently), so labels can differ between devices.
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("params.device: cuda was asked for, but torch sees no CUDA device here")
+    return torch.device(name)
+
+
 @contextlib.contextmanager
 def torch_mode(deterministic: bool) -> Iterator[None]:
     """Deterministic algorithms on during a call, the previous setting restored after."""

@@ -122,6 +122,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Literal
 
 import numpy as np
 import torch
@@ -181,6 +182,7 @@ class Config(ProtocolConfig):
     server_kmeans_init: int = Field(default=10, ge=1, description="k-means restarts on the server")
     weighted_centroids: bool = Field(default=False, description="weight local centroids by cluster size on the server")
     deterministic: bool = Field(default=True, description="torch.use_deterministic_algorithms during every call")
+    device: Literal["cpu", "cuda", "auto"] = Field(default="cpu", description="where clients train (auto: CUDA if any)")
 
 
 # ---------------------------------------------------------------------------
@@ -205,6 +207,7 @@ class Encoder(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(self.projector[0].weight.device)  # images stay on the CPU (augmentation); the model may not
         return self.projector(self.backbone(x))
 
 
@@ -364,9 +367,10 @@ def cluster_contrastive_loss(p: torch.Tensor, z: torch.Tensor, y: torch.Tensor,
     """
     P = F.normalize(p, dim=1)
     Z = F.normalize(z.detach(), dim=1)
+    y = y.to(p.device)
     same = y[:, None] == y[None, :]
     if not self_positive:
-        same = same & ~torch.eye(len(y), dtype=torch.bool)
+        same = same & ~torch.eye(len(y), dtype=torch.bool, device=p.device)
     npos = same.sum(dim=1)
     ok = npos > 0
     if not bool(ok.any()):
@@ -396,7 +400,7 @@ def ccfc_loss(model: CCFCModel, global_model: CCFCModel, xb: torch.Tensor, yb: t
         loss = 0.5 * (cluster_contrastive_loss(p1, z2, yb, cfg.self_positive)
                       + cluster_contrastive_loss(p2, z1, yb, cfg.self_positive))
     if cfg.lam > 0:
-        w = _cluster_weights(yb)
+        w = _cluster_weights(yb.to(outs[0][1].device))
         reg = 0.0
         for v, (_, p) in zip(views, outs):
             with torch.no_grad():
@@ -415,7 +419,7 @@ _batches = _torch.batches
 def embed(model: CCFCModel, x: torch.Tensor, chunk: int = 512) -> torch.Tensor:
     """L2-normalised projector outputs in eval mode."""
     model.eval()
-    out = torch.cat([model.encoder(x[i:i + chunk]) for i in range(0, len(x), chunk)]) if len(x) else \
+    out = torch.cat([model.encoder(x[i:i + chunk]).cpu() for i in range(0, len(x), chunk)]) if len(x) else \
         torch.zeros(0, model.encoder.projector[-1].num_features)
     return F.normalize(out, dim=1)
 
@@ -440,8 +444,9 @@ class CCFCClient(Client):
         self.shape = shape
         self.x = _as_images(X, shape)
         self.n = int(len(self.x))
-        self.model = build_model(config, 0, shape)  # architecture only; weights come from the server
-        self.global_model = build_model(config, 0, shape)
+        dev = _torch.resolve_device(config.device)
+        self.model = build_model(config, 0, shape).to(dev)  # architecture only; weights come from the server
+        self.global_model = build_model(config, 0, shape).to(dev)
         self.C: np.ndarray | None = None  # last global centroids received
         self.have_global = False
         self.secagg = None

@@ -134,6 +134,7 @@ Deterministic torch algorithms are on during every call.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Literal
 
 import numpy as np
 import torch
@@ -154,7 +155,7 @@ from raymvc.protocol import (
     seed_from,
 )
 
-from ._torch import batches, generator, seeded, torch_mode
+from ._torch import batches, generator, resolve_device, seeded, torch_mode
 
 
 class Config(ProtocolConfig):
@@ -172,6 +173,7 @@ class Config(ProtocolConfig):
     kmeans_init: int = Field(default=10, ge=1, description="k-means restarts (client init, server round 0)")
     ridge: float = Field(default=1e-6, ge=0.0, description="ridge of the W_m least squares, relative to the trace")
     deterministic: bool = Field(default=True, description="torch.use_deterministic_algorithms during every call")
+    device: Literal["cpu", "cuda", "auto"] = Field(default="cpu", description="where clients train (auto: CUDA if any)")
 
 
 # ---------------------------------------------------------------------------
@@ -284,12 +286,13 @@ class FedDMVCClient(Client):
         if config.scale == "minmax" and len(X):
             lo, span = X.min(axis=0), X.max(axis=0) - X.min(axis=0)
             X = (X - lo) / np.where(span > 0, span, 1.0)
-        self.x = torch.from_numpy(X.astype(np.float32))
+        self.dev = resolve_device(config.device)
+        self.x = torch.from_numpy(X.astype(np.float32)).to(self.dev)
         self.n = int(len(self.idx))
         self.k = ctx.n_clusters
         # seeded from round 0 whenever it is built; built here so that a checkpoint can be loaded into it
         self.model = seeded(lambda: AutoEncoder(self.x.shape[1], tuple(config.hidden), config.latent_dim, self.k),
-                            seed_from(ctx.rng_for("init", 0)))
+                            seed_from(ctx.rng_for("init", 0))).to(self.dev)
         self.pretrained = False
 
     # -- messages -------------------------------------------------------------
@@ -328,7 +331,7 @@ class FedDMVCClient(Client):
         else:  # too few samples: U on the samples themselves, repeated
             U = Z[np.arange(self.k) % max(self.n, 1)] if self.n else np.zeros((self.k, self.config.latent_dim))
         with torch.no_grad():
-            self.model.U.copy_(torch.from_numpy(U.astype(np.float32)))
+            self.model.U.copy_(torch.from_numpy(U.astype(np.float32)).to(self.dev))
         self.pretrained = True
 
     def _finetune(self, msg: Message) -> float:
@@ -345,13 +348,14 @@ class FedDMVCClient(Client):
         if "C" in msg:
             C = np.asarray(msg["C"], dtype=np.float32)
             with torch.no_grad():
-                self.model.U.copy_(torch.from_numpy(C))
+                self.model.U.copy_(torch.from_numpy(C).to(self.dev))
         elif self.n:  # order U's clusters like P's columns (Hungarian on its own samples)
             _, Q = self._embed()
             perm = align_permutation(P.argmax(1), Q.argmax(1), self.k)
             with torch.no_grad():
-                self.model.U.copy_(self.model.U[torch.from_numpy(perm)].clone())
-        return self._train(self.config.finetune_epochs, torch.from_numpy(P), seed_from(self.ctx.rng_for("finetune")))
+                self.model.U.copy_(self.model.U[torch.from_numpy(perm).to(self.dev)].clone())
+        return self._train(self.config.finetune_epochs, torch.from_numpy(P).to(self.dev),
+                           seed_from(self.ctx.rng_for("finetune")))
 
     def _train(self, epochs: int, P: torch.Tensor | None, seed: int) -> float:
         cfg = self.config
@@ -367,6 +371,7 @@ class FedDMVCClient(Client):
         total, steps = 0.0, 0
         for _ in range(epochs):
             for b in batches(self.n, cfg.batch_size, g):
+                b = b.to(self.dev)
                 xb = self.x[b]
                 z, xr = model(xb)
                 loss = ((xr - xb) ** 2).mean()  # L_r (mean per entry)
@@ -388,9 +393,9 @@ class FedDMVCClient(Client):
         """Z_m and Q_m of the client's samples (float32)."""
         self.model.eval()
         z = torch.cat([self.model.embed(self.x[i:i + 1024]) for i in range(0, self.n, 1024)]) if self.n \
-            else torch.zeros(0, self.config.latent_dim)
-        q = self.model.soft_assign(z) if self.n else torch.zeros(0, self.k)
-        return z.numpy().astype(np.float32), q.numpy().astype(np.float32)
+            else torch.zeros(0, self.config.latent_dim, device=self.dev)
+        q = self.model.soft_assign(z) if self.n else torch.zeros(0, self.k, device=self.dev)
+        return z.cpu().numpy().astype(np.float32), q.cpu().numpy().astype(np.float32)
 
 
 # ---------------------------------------------------------------------------

@@ -39,7 +39,7 @@ def _is_torch(v: Any, name: str) -> bool:
     if torch is None:
         return False
     kinds = {"tensor": torch.Tensor, "module": torch.nn.Module, "optim": torch.optim.Optimizer,
-             "gen": torch.Generator}
+             "gen": torch.Generator, "device": torch.device}
     return isinstance(v, kinds[name])
 
 
@@ -92,6 +92,8 @@ class _Encoder:
             return {"optim": self(v.state_dict(), path)}
         if _is_torch(v, "gen"):
             return {"tgen": self.array(v.get_state().numpy())}
+        if _is_torch(v, "device"):
+            return {"tdev": str(v)}
         cls = type(v)
         if not cls.__module__.startswith(self.allowed) or not hasattr(v, "__dict__"):
             raise StateError(f"{path}: a {cls.__module__}.{cls.__qualname__} cannot be checkpointed")
@@ -141,7 +143,7 @@ class _Decoder:
             g = np.random.Generator(getattr(np.random, state["bit_generator"])())
             g.bit_generator.state = state
             return g
-        if tag in ("tensor", "module", "optim", "tgen"):
+        if tag in ("tensor", "module", "optim", "tgen", "tdev"):
             return self._torch(tag, node, current)
         if tag == "obj":
             return self._object(node, current)
@@ -150,8 +152,11 @@ class _Decoder:
     def _torch(self, tag: str, node: dict, current: Any) -> Any:
         import torch
 
+        if tag == "tdev":  # the restored object already chose its device (params.device)
+            return current if isinstance(current, torch.device) else torch.device(node["tdev"])
         if tag == "tensor":
-            return torch.from_numpy(self.arrays[node["tensor"]["nd"]].copy())
+            dev = current.device if isinstance(current, torch.Tensor) else "cpu"
+            return torch.from_numpy(self.arrays[node["tensor"]["nd"]].copy()).to(dev)
         if tag == "tgen":
             g = current if isinstance(current, torch.Generator) else torch.Generator()
             g.set_state(torch.from_numpy(self.arrays[node["tgen"]["nd"]].copy()))

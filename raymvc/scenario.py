@@ -27,6 +27,7 @@ import re
 import reprlib
 import types
 import typing
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -475,8 +476,13 @@ def _check_split_options(sc: Scenario) -> None:
                                      f"this is a vertical split ({sc.method})"))
 
 
-def scenario_from_dict(raw: dict, source: str | None = None, overrides=()) -> Scenario:
+def scenario_from_dict(raw: dict, source: str | None = None, overrides=(),
+                       values: Mapping[str, Any] | None = None) -> Scenario:
+    """A validated :class:`Scenario` from a raw mapping; ``overrides`` are ``--set``-style
+    strings (``"key.path=yaml"``), ``values`` the same as Python values (``{"key.path": v}``)."""
     raw = copy.deepcopy(raw)
+    for key, value in (values or {}).items():
+        _set_path(raw, key, copy.deepcopy(value), source)
     overrides = tuple(overrides)
     for item in overrides:
         key, value = parse_override(item)

@@ -46,13 +46,7 @@ def scenario(**over):
         "runtime": {"backend": "local"},
         "seed": 0,
     }
-    for key, value in over.items():
-        node = raw
-        *path, last = key.split(".")
-        for p in path:
-            node = node.setdefault(p, {})
-        node[last] = value
-    return scenario_from_dict(raw)
+    return scenario_from_dict(raw, values=over)
 
 
 def run_nodes(sc):

@@ -29,7 +29,6 @@ from sklearn.metrics import normalized_mutual_info_score
 from raymvc.protocol import RunFacts
 from raymvc.protocols import available, get
 from raymvc.runtime import prepare, run_scenario
-from raymvc.runtime.engine import _rows_held
 from raymvc.scenario import scenario_from_dict
 
 METHODS = available()
@@ -44,13 +43,7 @@ def _scenario(method: str, **over):
         data = {"dataset": "digits", "partition": "horizontal", "n_clients": 3, "heterogeneity": 0.0}
     raw = {"name": f"conf-{method}", "method": method, "params": dict(proto.quick_params), "data": data,
            "runtime": {"backend": "local", "client_cpus": 0.25, "server_cpus": 0.25}, "seed": 3}
-    for key, value in over.items():
-        node = raw
-        *path, last = key.split(".")
-        for p in path:
-            node = node.setdefault(p, {})
-        node[last] = value
-    return scenario_from_dict(raw)
+    return scenario_from_dict(raw, values=over)
 
 
 def _run(sc, out, prepared=None):
@@ -148,7 +141,7 @@ def test_analytic_bytes_match_the_ledger(method, baseline):
     ds, part = prepare(sc)
     ids = list(range(part.n_clients))
     facts = RunFacts(n_samples=part.n_samples, n_clusters=ds.n_clusters, client_ids=ids,
-                     client_sizes={c: _rows_held(part.shards[c]) for c in ids},
+                     client_sizes={c: part.shards[c].rows_held for c in ids},
                      client_dims={c: int(part.shards[c].views[0].shape[1]) for c in ids}, rounds=s["rounds"])
     want = get(method).analytic_bytes(sc.protocol_config(), facts)
     assert s["communication"]["data_bytes"] == want

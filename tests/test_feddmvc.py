@@ -34,13 +34,7 @@ def tiny_scenario(missing=0.4, seed=0, **extra):
         "runtime": {"backend": "local"},
         "seed": seed,
     }
-    for key, value in extra.items():
-        node = raw
-        *head, last = key.split(".")
-        for h in head:
-            node = node.setdefault(h, {})
-        node[last] = value
-    return scenario_from_dict(raw)
+    return scenario_from_dict(raw, values=extra)
 
 
 def parties(sc):

@@ -91,6 +91,12 @@ class Shard:
         return int(self.views[0].shape[0]) if self.views else 0
 
     @property
+    def rows_held(self) -> int:
+        """Rows this client really holds: its present rows where a vertical split has missing views."""
+        present = self.present[0] if self.present else None
+        return int(np.sum(present)) if present is not None else self.n_local
+
+    @property
     def X(self) -> np.ndarray:
         """The first (usually only) view."""
         return self.views[0]

@@ -116,12 +116,6 @@ def _progress_default(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _rows_held(shard) -> int:
-    """Rows a client really holds: its present rows on a vertical split with missing views."""
-    present = shard.present[0] if shard.present else None
-    return int(np.sum(present)) if present is not None else int(shard.n_local)
-
-
 def _spawn(sc: Scenario, part, ds) -> tuple[object, list]:
     """Create the parties; returns (server node or actor, actor handles to kill at the end)."""
     rt = sc.runtime
@@ -132,7 +126,7 @@ def _spawn(sc: Scenario, part, ds) -> tuple[object, list]:
                   n_samples=part.n_samples if part.kind == "vertical" else None,
                   channel=sc.channel.model_dump(), faults=sc.faults.model_dump(), network=sc.network.model_dump(),
                   seed=sc.seed, reply_timeout_s=rt.reply_timeout_s, threads=rt.threads, evict_after=rt.evict_after,
-                  client_sizes={c: _rows_held(part.shards[c]) for c in ids})
+                  client_sizes={c: part.shards[c].rows_held for c in ids})
     if rt.backend == "local":
         clients = {c: ClientNode(c, sc.method, sc.params, part.shards[c], **common) for c in ids}
         return ServerNode(sc.method, sc.params, clients, **srv_kw), []

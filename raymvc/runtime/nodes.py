@@ -135,9 +135,6 @@ class ClientPool:
         self.nodes = {cid: ClientNode(cid, method, params, shard, **common) for cid, shard in shards.items()}
         self.dead: set[int] = set()
 
-    def hello(self, cid: int, server_key: bytes | None) -> bytes | None:
-        return self.nodes[cid].hello(server_key)
-
     def hello_all(self, server_key: bytes | None) -> dict[int, bytes | None]:
         return {cid: node.hello(server_key) for cid, node in self.nodes.items()}
 

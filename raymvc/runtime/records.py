@@ -79,8 +79,3 @@ class RunEnd:
     participation: dict[int, Participation] = field(default_factory=dict)
     evicted: list[int] = field(default_factory=list)
     ledger: Ledger | None = None
-
-    @classmethod
-    def failed(cls, error: str) -> RunEnd:
-        """A run that ended before the server could report anything."""
-        return cls(status="failed", error=error)

@@ -22,16 +22,16 @@ _ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 def pin_threads(n: int) -> None:
     """Limit this process's native thread pools (and torch, if loaded) to ``n`` threads."""
-    if _state["env"] is None:
-        _state["env"] = {k: os.environ.get(k) for k in _ENV}
-    for k in _ENV:
-        os.environ[k] = str(n)
     torch = sys.modules.get("torch")
     if torch is not None and torch.get_num_threads() != n:
         torch.set_num_threads(n)
     loaded = len(sys.modules)
     if _state["n"] == n and _state["modules"] == loaded:
         return
+    if _state["env"] is None:
+        _state["env"] = {k: os.environ.get(k) for k in _ENV}
+    for k in _ENV:
+        os.environ[k] = str(n)
     limiter = threadpool_limits(limits=n)  # stays in force: not used as a context manager
     if _state["first"] is None:
         _state["first"] = limiter

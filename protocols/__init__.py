@@ -33,6 +33,7 @@ _REGISTRY: dict[str, str] = {
     "kfed": "kfed",
     "ccfc": "ccfc",
     "feddmvc": "feddmvc",
+    "fcuif": "fcuif",
 }
 
 

@@ -222,6 +222,16 @@ def fit_patterns(QC: np.ndarray, Zm: np.ndarray, ridge: float = 1e-6) -> np.ndar
     return np.linalg.solve(G + lam * np.eye(G.shape[0]), QC.T @ Zm)
 
 
+def _fill_blocks(Z: np.ndarray, H: np.ndarray, d: int) -> np.ndarray:
+    """``Z`` with every absent block (``H[i, m]`` False) set to the mean of the block's present rows."""
+    Zf = Z.copy()
+    for j in range(H.shape[1]):
+        col = slice(j * d, (j + 1) * d)
+        if H[:, j].any():
+            Zf[~H[:, j], col] = Z[H[:, j], col].mean(axis=0)
+    return Zf
+
+
 def communication(n_m: int, n: int, k: int, d: int, rounds: int) -> dict:
     """Data bytes one client exchanges in a fault-free run of ``rounds`` fine-tune rounds."""
     up_round = 4 * n_m * (d + k) + 8
@@ -450,10 +460,18 @@ class FedDMVCServer(Server):
             if c in self.Z:
                 j = self.members.index(c)
                 out[c] = Message("finetune", C=np.ascontiguousarray(self.C[:, j * d:(j + 1) * d], dtype=np.float32),
-                                 P=np.ascontiguousarray(P[self.ids[c]]))
+                                 P=np.ascontiguousarray(P[self.rows(c)]))
             else:
                 out[c] = Message("finetune", P_all=P)
         return out
+
+    def rows(self, c: int) -> np.ndarray:
+        """The sample (row of ``Z``, ``P``) of each row client ``c`` sent, in its order."""
+        return self.ids[c]
+
+    def trusted(self, complete: np.ndarray) -> np.ndarray:
+        """Rows that fix the prototypes and the view patterns: here every complete row."""
+        return complete
 
     def _global_step(self, round: int) -> None:
         """Steps 1-5 of the module docstring: C, aligned Q, W_m, imputation, P."""
@@ -463,21 +481,57 @@ class FedDMVCServer(Server):
         H = np.zeros((N, M), dtype=bool)  # h_im: member m has sample i
         Z = np.zeros((N, M * d))
         for j, c in enumerate(mem):
-            H[self.ids[c], j] = True
-            Z[self.ids[c], j * d:(j + 1) * d] = self.Z[c]
+            H[self.rows(c), j] = True
+            Z[self.rows(c), j * d:(j + 1) * d] = self.Z[c]
         covered = H.any(axis=1)
         complete = H.all(axis=1)
-        base = complete
-        Zb = Z
-        if complete.sum() < k:  # too little overlap: fill absent blocks with the block mean
+        trusted = self.trusted(complete)
+        base = trusted
+        Zb = _fill_blocks(Z, H, d)  # absent blocks filled with the block's mean
+        if trusted.sum() < k:  # too little overlap: every covered sample, absent blocks mean-filled
             base = covered
-            Zb = Z.copy()
-            for j in range(M):
-                col = slice(j * d, (j + 1) * d)
-                Zb[~H[:, j], col] = Z[H[:, j], col].mean(axis=0)
-        # step 1, Eq. (8): prototypes C = k-means centres of Z_C, started at the previous labels' means
-        Zc = Zb[base]
-        km = KMeans(n_clusters=k, n_init=cfg.kmeans_init, random_state=seed_from(self.ctx.rng_for("prototypes", round))).fit(Zc)
+        else:
+            Zb = Z
+        C, labels = self._prototypes(Zb[base], base, round)
+        anchor = np.full(N, -1, dtype=np.intp)
+        anchor[base] = labels
+        # step 2, Eqs. (5)-(6): align each Q_m to the anchor labels, average over present views
+        Q = np.zeros((N, k))
+        for j, c in enumerate(mem):
+            rows = self.rows(c)
+            Q[rows] += self.Q[c][:, self._column_order(c, anchor)]
+        Q[covered] /= H[covered].sum(axis=1, keepdims=True)
+        # steps 3-4, Eqs. (9)-(10): W_m from the trusted complete rows, impute the missing z_i^m
+        raw = _fill_blocks(Z, H, d)
+        for j in range(M):
+            col = slice(j * d, (j + 1) * d)
+            QC = Q @ C[:, col]  # rows q_i C^m
+            if trusted.sum() >= k:
+                Wt = fit_patterns(QC[trusted], Z[trusted, col], cfg.ridge)
+            else:
+                Wt = np.eye(d)
+            hole = covered & ~H[:, j]
+            Z[hole, col] = QC[hole] @ Wt
+        Z = self.choose_features(Z, raw, H, C, round)
+        # step 5, Eqs. (11)-(14): k-means on the completed Z (started at C), S, P, labels
+        km2 = KMeans(n_clusters=k, init=C, n_init=1).fit(Z[covered])
+        P = np.full((N, k), 1.0 / k)
+        P[covered] = target_distribution(student_t(Z[covered], km2.cluster_centers_))
+        y = np.full(N, -1, dtype=np.int64)
+        y[covered] = self.final_labels(P, Q)[covered]
+        if self.y is not None:
+            both = (y >= 0) & (self.y >= 0)
+            self.info["label_change"] = float(np.mean(y[both] != self.y[both])) if both.any() else None
+        self.info.update({"n_complete": int(complete.sum()), "n_covered": int(covered.sum())})
+        self.C, self.P, self.y = C, P, y
+
+    def _prototypes(self, Zc: np.ndarray, base: np.ndarray, round: int) -> tuple[np.ndarray, np.ndarray]:
+        """Step 1, Eq. (8): prototypes C = k-means centres of ``Zc`` (the ``base`` rows) and their
+        labels; fresh restarts and a start at the previous labels' means, the lower objective
+        wins, clusters renumbered to match the previous labels."""
+        k = self.k
+        km = KMeans(n_clusters=k, n_init=self.config.kmeans_init,
+                    random_state=seed_from(self.ctx.rng_for("prototypes", round))).fit(Zc)
         init = self._warm_start(Zc, base)
         if init is not None:  # also from the previous labels' means; the lower k-means objective wins
             warm = KMeans(n_clusters=k, init=init, n_init=1).fit(Zc)
@@ -491,39 +545,23 @@ class FedDMVCServer(Server):
                 perm = align_permutation(labels[ok], prev[ok], k)  # perm[new] = old
                 order = np.argsort(perm)  # order[old] = new
                 C, labels = C[order], np.argsort(order)[labels]
-        anchor = np.full(N, -1, dtype=np.intp)
-        anchor[base] = labels
-        # step 2, Eqs. (5)-(6): align each Q_m to the anchor labels, average over present views
-        Q = np.zeros((N, k))
-        for j, c in enumerate(mem):
-            rows = self.ids[c]
-            ok = anchor[rows] >= 0
-            Qm = self.Q[c]
-            if ok.any():
-                Qm = Qm[:, align_permutation(anchor[rows][ok], Qm[ok].argmax(1), k)]
-            Q[rows] += Qm
-        Q[covered] /= H[covered].sum(axis=1, keepdims=True)
-        # steps 3-4, Eqs. (9)-(10): W_m from the complete rows, impute the missing z_i^m
-        for j in range(M):
-            col = slice(j * d, (j + 1) * d)
-            QC = Q @ C[:, col]  # rows q_i C^m
-            if complete.sum() >= k:
-                Wt = fit_patterns(QC[complete], Z[complete, col], cfg.ridge)
-            else:
-                Wt = np.eye(d)
-            hole = covered & ~H[:, j]
-            Z[hole, col] = QC[hole] @ Wt
-        # step 5, Eqs. (11)-(14): k-means on the completed Z (started at C), S, P, labels
-        km2 = KMeans(n_clusters=k, init=C, n_init=1).fit(Z[covered])
-        P = np.full((N, k), 1.0 / k)
-        P[covered] = target_distribution(student_t(Z[covered], km2.cluster_centers_))
-        y = np.full(N, -1, dtype=np.int64)
-        y[covered] = P[covered].argmax(axis=1)
-        if self.y is not None:
-            both = (y >= 0) & (self.y >= 0)
-            self.info["label_change"] = float(np.mean(y[both] != self.y[both])) if both.any() else None
-        self.info.update({"n_complete": int(complete.sum()), "n_covered": int(covered.sum())})
-        self.C, self.P, self.y = C, P, y
+        return C, labels
+
+    def _column_order(self, c: int, anchor: np.ndarray) -> np.ndarray:
+        """Eq. (6): the order of ``Q_c``'s columns that matches the anchor labels (identity without overlap)."""
+        ok = anchor[self.rows(c)] >= 0
+        if not ok.any():
+            return np.arange(self.k)
+        return align_permutation(anchor[self.rows(c)][ok], self.Q[c][ok].argmax(1), self.k)
+
+    def choose_features(self, imputed: np.ndarray, raw: np.ndarray, H: np.ndarray, C: np.ndarray,
+                        round: int) -> np.ndarray:
+        """The fused features step 5 clusters: FedDMVC always takes the imputed ones."""
+        return imputed
+
+    def final_labels(self, P: np.ndarray, Q: np.ndarray) -> np.ndarray:
+        """Eq. (14): ``y = argmax_j p_ij``."""
+        return P.argmax(axis=1)
 
     def _warm_start(self, Zc: np.ndarray, base: np.ndarray) -> np.ndarray | None:
         """Means of ``Zc`` grouped by the previous labels (None in round 0 or if a cluster is empty)."""

@@ -6,8 +6,8 @@ must:
 
 (a) give identical labels and bytes on Ray and in-process;
 (b) survive a missing reply from one client in any single round without failing;
-(c) never receive labels: no shard holds them, and a run whose label array is
-    replaced by random labels gives identical cluster assignments;
+(c) never receive labels: no shard, context or config holds them, and a run whose
+    label array is replaced by random labels gives identical cluster assignments;
 (d) be deterministic for a seed (labels and the whole ledger);
 (e) where it declares ``analytic_bytes``, match the ledger's protocol data bytes;
 (f) checkpoint its state (``runtime.checkpoint``) and, stopped after its first round
@@ -28,17 +28,22 @@ from sklearn.metrics import normalized_mutual_info_score
 
 from raymvc.protocol import RunFacts
 from raymvc.protocols import available, get
-from raymvc.runtime import prepare, run_scenario
+from raymvc.runtime import nodes, prepare, run_scenario
 from raymvc.scenario import scenario_from_dict
 
 METHODS = available()
+
+
+# the data situations a method exists for, so that its checks exercise them
+DATA_EXTRAS = {"fcuif": {"unaligned": 0.4, "missing": {"rate": 0.3, "pattern": "point"}}}
 
 
 def _scenario(method: str, **over):
     proto = get(method)
     if proto.partition == "vertical":
         data = {"dataset": "synthetic", "normalize": "zscore",
-                "synthetic": {"n_samples": 150, "n_views": 3, "dims": [6, 8, 10], "n_clusters": 3, "noise": 0.6}}
+                "synthetic": {"n_samples": 150, "n_views": 3, "dims": [6, 8, 10], "n_clusters": 3, "noise": 0.6},
+                **DATA_EXTRAS.get(method, {})}
     else:
         data = {"dataset": "digits", "partition": "horizontal", "n_clients": 3, "heterogeneity": 0.0}
     raw = {"name": f"conf-{method}", "method": method, "params": dict(proto.quick_params), "data": data,
@@ -116,7 +121,7 @@ def test_survives_one_missing_reply_in_any_round(method, baseline, tmp_path):
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_protocols_never_see_labels(method, baseline, tmp_path):
+def test_protocols_never_see_labels(method, baseline, tmp_path, monkeypatch):
     sc = _scenario(method)
     ds, part = prepare(sc)
     for shard, rows in zip(part.shards, part.rows):
@@ -129,9 +134,20 @@ def test_protocols_never_see_labels(method, baseline, tmp_path):
             if len(np.unique(col)) <= 2 * ds.n_clusters:
                 assert normalized_mutual_info_score(truth, col) < 0.95, "a shard carries the ground-truth labels"
     noise = np.random.default_rng(99).integers(0, ds.n_clusters, size=len(ds.labels))
+    built = []  # every context and config a party is built from in the run below
+    for name in ("ClientContext", "ServerContext"):
+        cls = getattr(nodes, name)
+        monkeypatch.setattr(nodes, name, lambda *a, _cls=cls, **k: built.append(_cls(*a, **k)) or built[-1])
     s = _run(sc, tmp_path / "random-labels", prepared=(dataclasses.replace(ds, labels=noise), part))
     np.testing.assert_array_equal(_labels(s), _labels(baseline(method)))
     assert s["metrics"]["nmi"] < 0.2  # the scores did use the (random) labels
+    assert {type(b).__name__ for b in built} == {"ClientContext", "ServerContext"}
+    config = sc.protocol_config().model_dump()
+    for value in [*config.values(), *(v for b in built for v in vars(b).values())]:
+        # the random labels are distinctive: nothing a party is built from may hold them
+        values = list(value.values()) if isinstance(value, dict) else value
+        if isinstance(values, (list, tuple, np.ndarray)) and len(values) == len(noise):
+            assert normalized_mutual_info_score(noise, np.asarray(values).ravel()) < 0.5
 
 
 @pytest.mark.parametrize("method", [m for m in METHODS if get(m).analytic_bytes is not None])

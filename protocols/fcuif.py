@@ -1,0 +1,350 @@
+"""FCUIF: federated multi-view clustering of unaligned and incomplete views (torch, CPU).
+
+Vertical setting of FedDMVC (:mod:`raymvc.protocols.feddmvc`): client ``m`` holds view
+``m`` of the samples it has. Its rows fall in three parts: aligned rows ``A`` (matched
+across clients by a shared sample id), unaligned rows ``U`` (samples every client has,
+but each client lists them in its own order, so the server cannot match them without
+the ids) and rows only some clients have (incomplete samples). The data layer makes
+``U`` (``data.unaligned`` = δ1, the share of complete samples whose rows are shuffled
+inside every client but client 0) and the missing views (``data.missing``: rate δ2 and
+pattern point / block / imbalanced). The true correspondence of ``U`` never leaves a
+client; a client only says which of its rows are unaligned (``shard.meta["aligned"]``).
+
+Client
+------
+FedDMVC's client unchanged (autoencoder, Student-t clustering layer, pretraining round,
+then fine-tuning on ``L_r + γ KL(P^m || Q_m)``), except that with its sample ids it
+sends ``aligned`` (one byte per row: 1 aligned, 0 unaligned). The id of an unaligned row
+is only its slot in the client's list: the server knows which slots hold ``U``, not
+which sample sits in them.
+
+Server, every step (FedDMVC's global self-supervision with two additions)
+---------------------------------------------------------------------------
+1. Prototypes ``C`` = k-means centres of the rows that are complete *and aligned*
+   (the trusted rows), as in FedDMVC; each ``Q_m``'s columns are put in ``C``'s order
+   (Hungarian method on the trusted rows).
+2. **Adaptive alignment** (Eqs. 10-11). Sample-commonality features ``H^m = Q^m C``
+   (``N_m x Σd``). One small MLP per view, ``Σd -> 32 -> 64 -> Σd`` with ReLU (the
+   anchor's ``W^a`` and every other member's ``W^m``), trained with Adam on the trusted
+   rows: in a batch of ``B`` trusted rows each other member's rows are shuffled by a
+   known permutation (``A_gt``), ``A^m = softmax((H^a W^a)(H̃^m W^m)^T / sqrt(Σd))``
+   (row-wise) and the loss is ``Σ_m mean_i ||(H^a W^a)_i - (A^m H̃^m W^m)_i||^2 +
+   α mean_i ||A^m_i - A^m_gt,i||^2``. Then for every member's unaligned rows the
+   logits ``(H_U^a W^a)(H_U^m W^m)^T`` give the match: the permutation with the largest
+   total logit (Hungarian method), which re-orders that member's ``Z_U^m`` and ``Q_U^m``
+   into the anchor's order. The anchor is client 0 (the lowest member when client 0 has
+   not delivered): its order is the data's sample order, so the labels of unaligned rows
+   are reported in it.
+3. FedDMVC's fused ``Q`` (Eq. 12), view patterns ``W_I^m`` fitted on the trusted rows
+   (Eq. 13) and imputation of every absent block (Eq. 14).
+4. **Adaptive imputation.** The server clusters two versions of the fused features
+   (k-means started at ``C``): imputed blocks, and absent blocks filled with the block's
+   mean (no imputation). Each labelling is scored without ground truth on the embeddings
+   clients really sent: the mean over views of the silhouette of the labels on that
+   view's present rows (``criterion: silhouette``; or the Calinski-Harabasz index). The
+   imputed features are kept unless the non-imputed ones score higher.
+5. Targets ``P`` (Student-t + DEC sharpening) on the chosen features, sent to every member
+   in its own row order (unaligned rows through the learned match) with its block ``C^m``.
+   Labels: ``argmax P`` (``labels: p``, default) or Eq. 9's ``argmax`` of the fused
+   ``Q`` (``labels: q``).
+
+Per round, ``rounds.jsonl`` reports (no labels used): ``align_holdout_match``, the share
+of held-out trusted rows (``align_holdout`` of them, shuffled like unaligned rows and not
+used in training) that the learned match puts back in place, mean over members;
+``align_cluster_agreement``, the share of unaligned rows whose matched rows fall in the
+same cluster (argmax of the column-ordered ``Q``) in the anchor and the member; and
+``imputation`` (the two scores and which features were used).
+
+Exchange, traffic and missing replies: FedDMVC's (see that module), plus one byte per
+row of ``aligned`` flags with the ids. A member that misses a round is represented by its
+last embeddings, re-matched every round.
+
+Departures from the paper
+-------------------------
+* The match is a permutation (Hungarian method on the logits) rather than the soft
+  ``A^m`` applied to the rows: unaligned rows are a permutation of each other, and a
+  soft average of rows would blur a sample's embedding with its neighbours'.
+* The imputation is judged by an internal criterion on the clients' embeddings; the
+  authors' code compares the accuracy of both branches against ground truth, which a
+  clustering method cannot know. Labels are never read here.
+* Anchor: client 0 (see step 2) instead of "the client with the best training result".
+* FedDMVC's departures (narrower autoencoders, standardised embeddings, mean losses).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from pydantic import Field
+from scipy.optimize import linear_sum_assignment
+from sklearn.cluster import KMeans
+from sklearn.metrics import calinski_harabasz_score, silhouette_score
+
+from raymvc.messages import Message
+from raymvc.protocol import Protocol, RunFacts, ServerContext, seed_from
+
+from . import feddmvc as fd
+from ._torch import batches, generator, seeded, torch_mode
+
+
+class Config(fd.Config):
+    alpha: float = Field(default=0.1, ge=0.0, description="α, weight of the permutation term of the alignment loss")
+    align_hidden: tuple[int, ...] = Field(default=(32, 64), min_length=1, description="hidden widths of the alignment MLPs")
+    align_epochs: int = Field(default=60, ge=1, description="passes over the trusted rows per alignment")
+    align_batch: int = Field(default=256, ge=2, description="rows per alignment batch (the size of A^m)")
+    align_lr: float = Field(default=1e-3, gt=0.0, description="Adam learning rate of the alignment MLPs")
+    align_holdout: float = Field(default=0.2, ge=0.0, lt=1.0,
+                                 description="share of trusted rows held out to score the alignment")
+    impute: Literal["adaptive", "always", "never"] = Field(default="adaptive",
+                                                          description="impute absent blocks: judged per round, always or never")
+    criterion: Literal["silhouette", "calinski_harabasz"] = Field(default="silhouette",
+                                                                  description="label-free score of the imputation choice")
+    labels: Literal["p", "q"] = Field(default="p", description="final labels: argmax P or argmax of the fused Q (Eq. 9)")
+
+
+# ---------------------------------------------------------------------------
+# pieces of the method, as plain functions
+class Versatility(nn.Module):
+    """A view's alignment MLP ``D -> hidden... -> D`` (ReLU between layers)."""
+
+    def __init__(self, dim: int, hidden: tuple[int, ...]):
+        super().__init__()
+        self.net = fd._mlp([dim, *hidden, dim])
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.net(h)
+
+
+def alignment_loss(Fa: torch.Tensor, Fm: torch.Tensor, perm: torch.Tensor, alpha: float) -> torch.Tensor:
+    """Eq. (10) for one member: ``Fa`` (``B x D``, anchor), ``Fm`` (``B x D``, the member's rows
+    shuffled so that row ``j`` is the anchor's row ``perm[j]``)."""
+    logits = Fa @ Fm.T / math.sqrt(Fa.shape[1])
+    A = torch.softmax(logits, dim=1)
+    fit = ((Fa - A @ Fm) ** 2).mean()  # mean per entry (as FedDMVC's losses)
+    # f(A - A_gt): cross-entropy of each row of A against the true column
+    target = torch.empty_like(perm)
+    target[perm] = torch.arange(len(perm))
+    return fit + alpha * F.cross_entropy(logits, target)
+
+
+def fit_alignment(Ha: np.ndarray, Hs: list[np.ndarray], cfg: Config, seed: int) -> tuple[Versatility, list[Versatility]]:
+    """Train the anchor's MLP and one per other member on matched rows ``Ha[i] <-> Hs[m][i]``."""
+    D = Ha.shape[1]
+    net_a = seeded(lambda: Versatility(D, tuple(cfg.align_hidden)), seed)
+    nets = [seeded(lambda: Versatility(D, tuple(cfg.align_hidden)), seed + 1 + m) for m in range(len(Hs))]
+    params = list(net_a.parameters()) + [p for n in nets for p in n.parameters()]
+    opt = torch.optim.Adam(params, lr=cfg.align_lr)
+    ha = torch.from_numpy(Ha.astype(np.float32))
+    hs = [torch.from_numpy(H.astype(np.float32)) for H in Hs]
+    g = generator(seed)
+    for _ in range(cfg.align_epochs):
+        for b in batches(len(ha), cfg.align_batch, g):
+            Fa = net_a(ha[b])
+            loss = torch.zeros(())
+            for net, h in zip(nets, hs):
+                perm = torch.randperm(len(b), generator=g)
+                loss = loss + alignment_loss(Fa, net(h[b][perm]), perm, cfg.alpha)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    return net_a, nets
+
+
+@torch.no_grad()
+def match_rows(net_a: Versatility, net_m: Versatility, Ha: np.ndarray, Hm: np.ndarray) -> np.ndarray:
+    """``col`` with ``Hm[col[i]]`` matched to ``Ha[i]``: the permutation with the largest total
+    logit ``(Ha W^a)(Hm W^m)^T`` (Hungarian method; rectangular inputs match ``min`` rows)."""
+    if len(Ha) == 0 or len(Hm) == 0:
+        return np.zeros(0, dtype=np.intp)
+    Fa = net_a(torch.from_numpy(Ha.astype(np.float32))).numpy().astype(np.float64)
+    Fm = net_m(torch.from_numpy(Hm.astype(np.float32))).numpy().astype(np.float64)
+    rows, cols = linear_sum_assignment(Fa @ Fm.T, maximize=True)
+    col = np.full(len(Ha), -1, dtype=np.intp)
+    col[rows] = cols
+    return col
+
+
+def view_score(y: np.ndarray, Z: np.ndarray, H: np.ndarray, d: int, criterion: str, seed: int,
+               max_rows: int = 2000) -> float:
+    """Mean over views of an internal clustering index of the labels ``y`` on the rows each view
+    really has (``H[:, m]``), in that view's block of ``Z``; never reads ground truth."""
+    scores = []
+    for j in range(H.shape[1]):
+        rows = np.flatnonzero(H[:, j] & (y >= 0))
+        if len(np.unique(y[rows])) < 2:
+            continue
+        X, lab = Z[rows, j * d:(j + 1) * d], y[rows]
+        if criterion == "silhouette":
+            scores.append(silhouette_score(X, lab, sample_size=min(len(rows), max_rows), random_state=seed))
+        else:
+            scores.append(calinski_harabasz_score(X, lab))
+    return float(np.mean(scores)) if scores else -np.inf
+
+
+# ---------------------------------------------------------------------------
+class FCUIFClient(fd.FedDMVCClient):
+    def __init__(self, config: Config, shard, ctx):
+        super().__init__(config, shard, ctx)
+        flags = shard.meta.get("aligned")
+        self.aligned = np.ones(self.n_total, dtype=bool) if flags is None else np.asarray(flags, dtype=bool)
+
+    def handle(self, msg: Message) -> Message | None:
+        reply = super().handle(msg)
+        if reply is not None and "idx" in reply:
+            reply = Message(reply.kind, {**reply.fields, "aligned": self.aligned[self.idx].astype(np.uint8)})
+        return reply
+
+
+class FCUIFServer(fd.FedDMVCServer):
+    def __init__(self, config: Config, ctx: ServerContext):
+        super().__init__(config, ctx)
+        self.flags: dict[int, np.ndarray] = {}  # client -> aligned flag of each row it sent
+        self.ref: dict[int, np.ndarray] = {}  # client -> the anchor-order sample of each row it sent
+
+    def step(self, round: int, replies: Mapping[int, Message], missing: set[int]):
+        for c, r in replies.items():
+            if r.kind == "embedding" and "idx" in r:
+                self.flags[c] = np.asarray(r.get("aligned", np.ones(len(r["idx"]))), dtype=bool)
+        return super().step(round, replies, missing)
+
+    def rows(self, c: int) -> np.ndarray:
+        return self.ref.get(c, self.ids[c])
+
+    def trusted(self, complete: np.ndarray) -> np.ndarray:
+        ok = complete.copy()
+        for c in self.members:
+            ok[self.ids[c][~self.flags.get(c, np.ones(len(self.ids[c]), dtype=bool))]] = False
+        return ok
+
+    def _global_step(self, round: int) -> None:
+        self._align(round)
+        super()._global_step(round)
+
+    # -- step 2: adaptive alignment ---------------------------------------------------
+    def _align(self, round: int) -> None:
+        mem = self.members
+        self.ref = {c: self.ids[c] for c in mem}
+        unaligned = {c: self.ids[c][~self.flags[c]] for c in mem if c in self.flags and (~self.flags[c]).any()}
+        if not unaligned:
+            return
+        anchor = mem[0]
+        others = [c for c in mem if c != anchor and c in unaligned]
+        if anchor not in unaligned or not others:
+            return
+        H = self._commonality(round)
+        if H is None:
+            return
+        trusted = np.flatnonzero(self._trusted_slots())
+        rng = self.ctx.rng_for("align", round)
+        held = rng.permutation(trusted)[: int(self.config.align_holdout * len(trusted) + 0.5)]
+        train = np.setdiff1d(trusted, held)
+        with torch_mode(self.config.deterministic):
+            net_a, nets = fit_alignment(H[anchor][train], [H[c][train] for c in others], self.config,
+                                        seed_from(rng))
+            held_match, agree = [], []
+            slots_a = unaligned[anchor]
+            for net, c in zip(nets, others):
+                if len(held) >= 2:
+                    shuffle = rng.permutation(len(held))
+                    col = match_rows(net_a, net, H[anchor][held], H[c][held][shuffle])
+                    held_match.append(float(np.mean(shuffle[col] == np.arange(len(held)))))
+                self.ref[c], same = self._rematch(c, net_a, net, H, slots_a)
+                agree.append(same)
+        self.info.update({"align_holdout_match": float(np.mean(held_match)) if held_match else None,
+                          "align_cluster_agreement": float(np.mean(agree)) if agree else None,
+                          "n_unaligned": int(len(slots_a))})
+
+    def _rematch(self, c: int, net_a, net, H: dict, slots_a: np.ndarray) -> tuple[np.ndarray, float]:
+        """Member ``c``'s rows in anchor order: its unaligned rows matched to the anchor's."""
+        ids = self.ids[c]
+        mine = np.flatnonzero(~self.flags[c])  # positions (in c's list) of its unaligned rows
+        own_slots = ids[mine]
+        cand = slots_a[np.isin(slots_a, own_slots)]  # anchor rows whose slot c also lists as unaligned
+        col = match_rows(net_a, net, H[self.members[0]][cand], H[c][own_slots])
+        ref = ids.copy()
+        hit = col >= 0
+        ref[mine[col[hit]]] = cand[hit]
+        unmatched = np.setdiff1d(np.arange(len(mine)), col[hit])
+        ref[mine[unmatched]] = np.setdiff1d(own_slots, cand[hit])[: len(unmatched)]
+        qa, qc = self._q_hard[self.members[0]][cand[hit]], self._q_hard[c][own_slots[col[hit]]]
+        return ref, float(np.mean(qa == qc)) if hit.any() else 0.0
+
+    def _trusted_slots(self) -> np.ndarray:
+        H = np.zeros(self.N, dtype=np.int64)
+        for c in self.members:
+            H[self.ids[c]] += 1
+        return self.trusted(H == len(self.members))
+
+    def _commonality(self, round: int) -> dict[int, np.ndarray] | None:
+        """``H^m = Q^m C`` (``N x Σd``, indexed by slot) with ``C`` from the trusted rows and
+        each ``Q^m``'s columns in ``C``'s order; also the hard labels per member."""
+        mem, d, k = self.members, self.config.latent_dim, self.k
+        trusted = self._trusted_slots()
+        if trusted.sum() < max(k, 4):
+            return None
+        Z = np.zeros((self.N, len(mem) * d))
+        for j, c in enumerate(mem):
+            Z[self.ids[c], j * d:(j + 1) * d] = self.Z[c]
+        C, labels = self._prototypes(Z[trusted], trusted, round)
+        anchor = np.full(self.N, -1, dtype=np.intp)
+        anchor[trusted] = labels
+        H, self._q_hard = {}, {}
+        for c in mem:
+            Qc = np.zeros((self.N, k))
+            order = self._column_order(c, anchor)  # self.rows(c) are the slots here
+            Qc[self.ids[c]] = self.Q[c][:, order]
+            H[c] = Qc @ C
+            self._q_hard[c] = Qc.argmax(axis=1)
+        return H
+
+    # -- step 4: adaptive imputation ---------------------------------------------------
+    def choose_features(self, imputed, raw, H, C, round):
+        cfg = self.config
+        if cfg.impute == "always" or H.all():
+            return imputed
+        if cfg.impute == "never":
+            return raw
+        covered = H.any(axis=1)
+        seed = seed_from(self.ctx.rng_for("criterion", round))
+        scores = {}
+        for name, Zf in (("imputed", imputed), ("raw", raw)):
+            y = np.full(self.N, -1, dtype=np.int64)
+            y[covered] = KMeans(n_clusters=self.k, init=C, n_init=1).fit_predict(Zf[covered])
+            scores[name] = view_score(y, raw, H, cfg.latent_dim, cfg.criterion, seed)
+        use = scores["imputed"] >= scores["raw"]
+        self.info["imputation"] = {"used": bool(use), "score_imputed": scores["imputed"], "score_raw": scores["raw"]}
+        return imputed if use else raw
+
+    def final_labels(self, P: np.ndarray, Q: np.ndarray) -> np.ndarray:
+        return Q.argmax(axis=1) if self.config.labels == "q" else P.argmax(axis=1)
+
+
+def communication(n_m: int, n: int, k: int, d: int, rounds: int) -> dict:
+    """FedDMVC's traffic plus one ``aligned`` byte per row with the ids."""
+    out = fd.communication(n_m, n, k, d, rounds)
+    return {"up": out["up"] + n_m, "down": out["down"], "total": out["total"] + n_m}
+
+
+def analytic_bytes(config: Config, facts: RunFacts) -> int:
+    t = max(int(facts.rounds) - 1, 0)
+    return sum(communication(int(facts.client_sizes[c]), facts.n_samples, facts.n_clusters, config.latent_dim, t)["total"]
+               for c in facts.client_ids)
+
+
+PROTOCOL = Protocol(
+    name="fcuif",
+    config=Config,
+    client=FCUIFClient,
+    server=FCUIFServer,
+    partition="vertical",
+    summary="FedDMVC clients; server matches unaligned rows with learned MLPs and imputes only when a label-free score agrees",
+    paper="Ren, Chen et al., federated multi-view clustering for unaligned and incomplete data fusion (FCUIF)",
+    quick_params={**fd.PROTOCOL.quick_params, "align_epochs": 3, "align_batch": 32},
+    analytic_bytes=analytic_bytes,
+)

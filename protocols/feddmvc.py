@@ -537,12 +537,15 @@ class FedDMVCServer(Server):
             warm = KMeans(n_clusters=k, init=init, n_init=1).fit(Zc)
             if warm.inertia_ <= km.inertia_:
                 km = warm
-        C, labels = km.cluster_centers_, km.labels_
-        if self.y is not None:  # keep cluster j = last round's cluster j (Hungarian on the base rows)
+        return self._renumber(km.cluster_centers_, km.labels_, base)
+
+    def _renumber(self, C: np.ndarray, labels: np.ndarray, base: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Keep cluster j = last round's cluster j (Hungarian method on the base rows)."""
+        if self.y is not None:
             prev = self.y[base]
             ok = prev >= 0
             if ok.any():
-                perm = align_permutation(labels[ok], prev[ok], k)  # perm[new] = old
+                perm = align_permutation(labels[ok], prev[ok], self.k)  # perm[new] = old
                 order = np.argsort(perm)  # order[old] = new
                 C, labels = C[order], np.argsort(order)[labels]
         return C, labels

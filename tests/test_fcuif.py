@@ -129,7 +129,7 @@ def test_imputation_is_kept_or_dropped_by_the_label_free_score(monkeypatch):
     ids = list(range(part.n_clients))
 
     def first_step(**params):
-        cfg = fc.Config(**{**sc.params, **params})
+        cfg = fc.Config(**{**sc.params, "prototypes": "inertia", **params})  # view_score only for imputation
         clients = {c: fc.FCUIFClient(cfg, part.shards[c], ClientContext(c, len(ids), ds.n_clusters, sc.seed)) for c in ids}
         server = fc.FCUIFServer(cfg, ServerContext(ids, ds.n_clusters, sc.seed, n_samples=part.n_samples))
         server.step(0, {c: clients[c].handle(m) for c, m in server.start().items()}, set())
@@ -162,3 +162,26 @@ def test_a_run_with_unaligned_and_missing_rows_reports_alignment_and_matches_its
                      client_sizes={c: part.shards[c].rows_held for c in ids},
                      client_dims={c: int(part.shards[c].views[0].shape[1]) for c in ids}, rounds=s["rounds"])
     assert s["communication"]["data_bytes"] == fc.analytic_bytes(fc.Config(**sc.params), facts)
+
+
+def test_prototypes_keep_the_restart_the_label_free_score_prefers(monkeypatch):
+    cfg = fc.Config(**{**fc.PROTOCOL.quick_params, "kmeans_init": 4})
+    server = fc.FCUIFServer(cfg, ServerContext([0, 1], 3, 0, n_samples=90))
+    server.Z = {0: None, 1: None}  # two members
+    Zc = np.random.default_rng(3).standard_normal((90, 2 * cfg.latent_dim))  # no clear clusters: restarts differ
+    seen = []
+
+    def score(y, *a, **k):  # the third restart wins, whatever its quality
+        seen.append(y.copy())
+        return 1.0 if len(seen) == 3 else 0.0
+
+    monkeypatch.setattr(fc, "view_score", score)
+    C, labels = server._prototypes(Zc, np.ones(90, dtype=bool), round=0)
+    assert len(seen) == 4 and server.info["prototype_score"] == 1.0
+    np.testing.assert_array_equal(labels, seen[2])
+    assert not all(np.array_equal(seen[2], y) for y in seen)
+    np.testing.assert_allclose(C, np.stack([Zc[labels == j].mean(axis=0) for j in range(3)]))
+    seen.clear()
+    server.config = cfg.model_copy(update={"prototypes": "inertia"})
+    server._prototypes(Zc, np.ones(90, dtype=bool), round=0)
+    assert seen == []  # FedDMVC's rule: the lowest k-means objective, no score

@@ -125,12 +125,6 @@ def _parse_frame(frame: bytes) -> tuple[int, str, str, int, int, int]:
     return flags, parties[0], parties[1], rnd, seq, pos
 
 
-def body_offset(frame: bytes) -> int:
-    """Length of a frame's header: ``frame[body_offset(frame):]`` is its (possibly compressed or
-    encrypted) body. Raises ValueError for a frame that does not parse."""
-    return _parse_frame(frame)[5]
-
-
 def _inflate(body: bytes, limit: int) -> bytes:
     """Inflate ``body``, producing at most ``limit + 1`` bytes whatever it claims."""
     d = zlib.decompressobj()

@@ -32,7 +32,7 @@ from .faults import FaultPlan, Injector, Network
 from .records import FaultCounts, Participation, RoundRecord, RunEnd
 from .state import dump_state, load_state
 from .threads import pin_threads
-from .transport import LocalTransport, Outcome, join_frames, make_transport
+from .transport import LocalTransport, Outcome, make_transport
 
 SERVER = "server"
 PROTOCOL_INPUTS = ("config", "shard", "ctx")  # rebuilt from the scenario, never checkpointed
@@ -141,11 +141,6 @@ class ClientPool:
     def deliver(self, frames: dict[int, bytes]) -> dict[int, tuple]:
         return {cid: (("crashed", None, "logical client killed", 0.0) if cid in self.dead
                       else self.nodes[cid].deliver(frame)) for cid, frame in frames.items()}
-
-    def deliver_parts(self, plan: dict[int, tuple[bytes, int]], *shared: bytes) -> dict[int, tuple]:
-        """:meth:`deliver` for frames split by :func:`~raymvc.runtime.transport.split_shared`
-        (Ray hands over the shared bodies from its object store)."""
-        return self.deliver(join_frames(plan, shared))
 
     def kill(self, cid: int) -> None:
         self.dead.add(cid)

@@ -3,9 +3,6 @@
 On Ray every actor is a :class:`~raymvc.runtime.nodes.ClientPool` hosting one or more
 logical clients (``runtime.clients_per_actor``, default 1). A round sends one call per
 actor, all at once, and waits for them together (``ray.wait``) with a wall-clock limit.
-A body that several frames of a round share (a broadcast without encryption: only the
-header, which names the recipient, differs) is put in Ray's object store once
-(:func:`split_shared`); every actor gets the reference and its own header.
 """
 
 from __future__ import annotations
@@ -14,42 +11,6 @@ import contextlib
 import signal
 import threading
 from dataclasses import dataclass, field
-
-from ..channel.link import body_offset
-
-SHARE_MIN_BYTES = 64 * 1024  # bodies at least this large, in two or more frames, travel once
-
-
-def split_shared(frames: dict[int, bytes], min_bytes: int | None = None) -> tuple[dict[int, tuple[bytes, int]], list[bytes]]:
-    """``(plan, shared)``: ``plan[cid] = (head, i)`` with frame = ``head + shared[i]`` where a body of
-    at least ``min_bytes`` is common to several frames, else ``(frame, -1)``."""
-    min_bytes = SHARE_MIN_BYTES if min_bytes is None else min_bytes
-    parts: dict[int, tuple[bytes, bytes]] = {}
-    count: dict[bytes, int] = {}
-    for cid, frame in frames.items():
-        pos = body_offset(frame)
-        if len(frame) - pos >= min_bytes:
-            body = frame[pos:]
-            parts[cid] = (frame[:pos], body)
-            count[body] = count.get(body, 0) + 1
-    index: dict[bytes, int] = {}
-    shared: list[bytes] = []
-    plan: dict[int, tuple[bytes, int]] = {}
-    for cid, frame in frames.items():
-        if cid in parts and count[parts[cid][1]] > 1:
-            head, body = parts[cid]
-            if body not in index:
-                index[body] = len(shared)
-                shared.append(body)
-            plan[cid] = (head, index[body])
-        else:
-            plan[cid] = (frame, -1)
-    return plan, shared
-
-
-def join_frames(plan: dict[int, tuple[bytes, int]], shared: tuple[bytes, ...]) -> dict[int, bytes]:
-    """The frames :func:`split_shared` split."""
-    return {cid: head + shared[i] if i >= 0 else head for cid, (head, i) in plan.items()}
 
 
 @dataclass
@@ -188,7 +149,7 @@ class RayTransport:
                 out[cid] = Outcome("crashed", detail="logical client killed")
                 continue
             groups.setdefault(self.pools.owner[cid], {})[cid] = frame
-        refs = self._send(groups)
+        refs = {pid: self.pools.handles[pid].deliver.remote(group) for pid, group in groups.items()}
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.timeout_s) if refs else ([], [])
         ready = set(ready)
         for pid, ref in refs.items():
@@ -202,20 +163,6 @@ class RayTransport:
             except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as e:
                 out.update({cid: Outcome("crashed", detail=type(e).__name__) for cid in groups[pid]})
         return {cid: out[cid] for cid in frames}
-
-    def _send(self, groups: dict[int, dict[int, bytes]]) -> dict:
-        """One ``deliver`` call per actor; bodies several frames share go to the object store once."""
-        plan, shared = split_shared({cid: f for group in groups.values() for cid, f in group.items()})
-        if not shared:
-            return {pid: self.pools.handles[pid].deliver.remote(group) for pid, group in groups.items()}
-        stored = [self.ray.put(body) for body in shared]
-        refs = {}
-        for pid, group in groups.items():
-            used = sorted({plan[cid][1] for cid in group if plan[cid][1] >= 0})
-            local = {i: j for j, i in enumerate(used)}
-            mine = {cid: (plan[cid][0], local.get(plan[cid][1], -1)) for cid in group}
-            refs[pid] = self.pools.handles[pid].deliver_parts.remote(mine, *(stored[i] for i in used))
-        return refs
 
     def kill(self, cid: int) -> None:
         pid = self.pools.owner[cid]

@@ -167,6 +167,8 @@ class Config(ProtocolConfig):
     channels: tuple[int, int, int] = Field(default=(32, 64, 128), description="conv widths of the backbone")
     first_stride: int | None = Field(default=None, ge=1, le=2,
                                      description="stride of the first conv (default: 1 for images up to 8 pixels a side, else 2)")
+    pool_grid: int = Field(default=1, ge=1, le=8,
+                           description="average-pool the last map to a g x g grid, flattened (1 = global pooling)")
     proj_hidden: int = Field(default=128, ge=1)
     latent_dim: int = Field(default=64, ge=2)
     pred_dim: int = Field(default=16, ge=1, description="predictor bottleneck")
@@ -174,6 +176,9 @@ class Config(ProtocolConfig):
     noise_std: float = Field(default=0.2, ge=0.0, description="Gaussian pixel noise (images in [0, 1])")
     rotate_deg: float = Field(default=0.0, ge=0.0, description="random rotation of up to this many degrees")
     scale: float = Field(default=0.0, ge=0.0, lt=1.0, description="random zoom by a factor in [1 - scale, 1 + scale]")
+    crop_scale: float = Field(default=1.0, gt=0.0, le=1.0,
+                              description="random resized crop: area fraction drawn from [crop_scale, 1] (1 = off)")
+    crop_ratio: float = Field(default=4 / 3, ge=1.0, description="crop aspect ratio drawn log-uniformly from [1/r, r]")
     cutout: int = Field(default=0, ge=0, description="side of a random square patch set to zero (0 = off)")
     cluster_views: int = Field(default=2, ge=1, le=2, description="augmented views per image in the cluster phase")
     self_positive: bool = Field(default=False, description="with 2 views, an image's other view is a positive too")
@@ -200,9 +205,9 @@ class Encoder(nn.Module):
         c1, c2, c3 = cfg.channels
         s1 = cfg.first_stride or (1 if min(image_shape) <= 8 else 2)
         self.backbone = nn.Sequential(_conv(1, c1, s1), _conv(c1, c2, 2), _conv(c2, c3, 2),
-                                      nn.AdaptiveAvgPool2d(1), nn.Flatten())
+                                      nn.AdaptiveAvgPool2d(cfg.pool_grid), nn.Flatten())
         self.projector = nn.Sequential(
-            nn.Linear(c3, cfg.proj_hidden, bias=False), nn.BatchNorm1d(cfg.proj_hidden), nn.ReLU(),
+            nn.Linear(c3 * cfg.pool_grid ** 2, cfg.proj_hidden, bias=False), nn.BatchNorm1d(cfg.proj_hidden), nn.ReLU(),
             nn.Linear(cfg.proj_hidden, cfg.latent_dim, bias=False), nn.BatchNorm1d(cfg.latent_dim, affine=False),
         )
 
@@ -320,12 +325,21 @@ def augment(x: torch.Tensor, cfg: Config, g: torch.Generator) -> torch.Tensor:
         rows = (dy[:, None] + torch.arange(H))[:, :, None]  # B x H x 1
         cols = (dx[:, None] + torch.arange(W))[:, None, :]  # B x 1 x W
         x = pad[torch.arange(B)[:, None, None], 0, rows, cols].unsqueeze(1)
-    if cfg.rotate_deg > 0 or cfg.scale > 0:
+    if cfg.rotate_deg > 0 or cfg.scale > 0 or cfg.crop_scale < 1:
         ang = (torch.rand(B, generator=g) * 2 - 1) * math.radians(cfg.rotate_deg)
         zoom = 1.0 + (torch.rand(B, generator=g) * 2 - 1) * cfg.scale
         cos, sin = torch.cos(ang) / zoom, torch.sin(ang) / zoom
         theta = torch.zeros(B, 2, 3)
         theta[:, 0, 0], theta[:, 0, 1], theta[:, 1, 0], theta[:, 1, 1] = cos, -sin * H / W, sin * W / H, cos
+        if cfg.crop_scale < 1:  # a crop of (w, h), in fractions of the image, at a random place, resized to H x W
+            area = cfg.crop_scale + torch.rand(B, generator=g) * (1 - cfg.crop_scale)
+            ratio = torch.exp((torch.rand(B, generator=g) * 2 - 1) * math.log(cfg.crop_ratio))
+            w = torch.sqrt(area * ratio).clamp(max=1.0)
+            h = torch.sqrt(area / ratio).clamp(max=1.0)
+            theta[:, 0, :2] *= w[:, None]
+            theta[:, 1, :2] *= h[:, None]
+            theta[:, 0, 2] = (torch.rand(B, generator=g) * 2 - 1) * (1 - w)
+            theta[:, 1, 2] = (torch.rand(B, generator=g) * 2 - 1) * (1 - h)
         grid = F.affine_grid(theta, list(x.shape), align_corners=False)
         x = F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
     if cfg.cutout > 0:

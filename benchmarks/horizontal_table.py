@@ -3,7 +3,8 @@
 Runs ``scenarios/<dataset>-kfed.yaml`` and ``scenarios/<dataset>-ccfc.yaml`` with the
 in-process backend (``runtime.backend=local``), one run at a time, and prints a markdown
 table of NMI and Kappa (plus ACC, traffic and time). The table is written into its own
-section of ``benchmarks/horizontal_table.md``; the other data set's section is kept.
+section of ``benchmarks/horizontal_table.md`` after every run (rows sorted by p); the
+other data set's section is kept.
 
     python benchmarks/horizontal_table.py                        # digits, p in {0, 0.5, 1}
     python benchmarks/horizontal_table.py --dataset mnist        # MNIST-10k, p in {0, 0.25, 0.5, 0.75, 1}
@@ -175,8 +176,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"p={p:g} {label}: NMI {nmi:.4f} ({s['_seconds'] / 60:.2f} min, {s['status']})",
                   file=sys.stderr, flush=True)
             rows.append({"p": p, "method": label, "summary": s})
-
-    write_section(Path(args.out), args.dataset, section(args.dataset, rows, args.seed, args.set))
+            rows.sort(key=lambda r: (r["p"], r["method"] != "k-FED"))
+            # after every run, so that an interrupted benchmark keeps what it measured
+            write_section(Path(args.out), args.dataset, section(args.dataset, rows, args.seed, args.set))
     print(table(rows))
     print(comparison(rows))
     return 0

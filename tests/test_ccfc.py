@@ -19,7 +19,7 @@ from raymvc.messages import Message  # noqa: E402
 from raymvc.protocol import ServerContext  # noqa: E402
 from raymvc.runtime import prepare, run_scenario  # noqa: E402
 from raymvc.runtime.nodes import ClientNode, ServerNode  # noqa: E402
-from raymvc.scenario import scenario_from_dict  # noqa: E402
+from raymvc.scenario import load_scenario, scenario_from_dict  # noqa: E402
 
 # a model small enough for a test: one round on digits takes a few tens of milliseconds
 TINY = {
@@ -561,3 +561,33 @@ def test_secagg_failed_aggregation_keeps_the_weights(tmp_path):
             np.testing.assert_array_equal(step1[k], v)
     assert len(srec["weights"]) == len(done) - 1
     assert sec["status"] == "degraded" and sec["unlabelled_samples"] == 0
+
+
+# --------------------------------------------------------------------------- MNIST scenario files
+REPO = Path(__file__).resolve().parents[1]
+MNIST = REPO.parent / "shared" / "data" / "mnist10k" / "mnist10k.npz"
+
+
+@pytest.mark.parametrize("method", ["ccfc", "kfed"])
+def test_mnist_scenarios_prepare_on_a_stand_in_file(tmp_path, method):
+    """The MNIST scenario files validate and split a stand-in file of 28x28 rows (the real one
+    is not needed): 10 clients, every shard tagged 28x28, CCFC clients build images from it."""
+    f = tmp_path / "stand-in.npz"
+    r = np.random.default_rng(0)
+    np.savez(f, X=r.integers(0, 256, (100, 784), dtype=np.uint8), Y=np.arange(100) % 10)
+    sc = load_scenario(REPO / "scenarios" / f"mnist-{method}.yaml", [f"data.path={f}", "data.heterogeneity=0.5"])
+    assert sc.method == method and sc.data.image_shape == (28, 28)
+    ds, part = prepare(sc)
+    assert part.n_clients == 10 and all(s.meta["image_shape"] == (28, 28) for s in part.shards)
+    if method == "ccfc":
+        from raymvc.protocol import ClientContext
+
+        client = ccfc.CCFCClient(sc.protocol_config(), part.shards[0], ClientContext(0, 10, 10, 0))
+        assert tuple(client.x.shape) == (10, 1, 28, 28)
+
+
+@pytest.mark.skipif(not MNIST.is_file(), reason="MNIST-10k not in the shared data folder")
+def test_mnist_scenarios_find_the_shared_file():
+    for method in ("ccfc", "kfed"):
+        sc = load_scenario(REPO / "scenarios" / f"mnist-{method}.yaml")
+        assert sc.data_path().resolve() == MNIST.resolve()

@@ -142,11 +142,13 @@ engine's own split of the data, which the grid did not use): NMI 0.736 at p = 0,
 (k-FED 0.483), 0.739 and 0.737 with seeds 1 and 2 (k-FED 0.488 and 0.478); 0.742 / 0.314
 / 0.216 / 0.115 at p = 0.25 / 0.5 / 0.75 / 1, seed 0; 3.5-4.1 minutes a run on two cores
 (``benchmarks/horizontal_table.md``); 30 + 50 rounds gave 0.740 there in 7.3 minutes.
-The grid's 0.826 did not carry over to the engine's splits. The errors left at p = 0 are
-digits 3, 5 and 8: two clusters each hold a mix of 3 and 5, so the model splits them by
-something other than their class. This is below the paper (0.924 at p = 0, 0.672 at
-p = 0.5, where CCFC here falls below k-FED); the collapse at p = 1 (paper 0.077) shows
-as reported.
+The grid's 0.826 did not carry over: the grid's driver given the engine's split of seed 0
+reproduces the engine's 0.736 exactly (warm-up NMI 0.55 instead of 0.62), so the split
+alone moved NMI by 0.09. The errors left at p = 0 are digits 3, 5 and 8: two clusters
+each hold a mix of 3 and 5, so the model splits them by something other than their
+class. This is below the paper (0.924 at p = 0, 0.672 at p = 0.5, where CCFC here falls
+below k-FED; λ = 1 there gives 0.351 instead of 0.314, seed 0); the collapse at p = 1
+(paper 0.077) shows as reported.
 
 Communication per round and client: the model (``4 x`` the number of float parameters
 and buffer entries, plus ``8`` bytes per ``num_batches_tracked``) down and up, plus

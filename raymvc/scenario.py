@@ -29,7 +29,7 @@ import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -157,6 +157,8 @@ class DataCfg(_Strict):
     imbalance_alpha: float | None = Field(default=None, gt=0.0)
     synthetic: SyntheticCfg = SyntheticCfg()
     n_clusters: int | None = Field(default=None, ge=2, description="number of clusters; required for unlabelled data")
+    # (rows, columns) of every view read as an image (e.g. [28, 28]); replaces what the data set says
+    image_shape: tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]] | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> DataCfg:

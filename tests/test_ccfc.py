@@ -19,7 +19,7 @@ from raymvc.messages import Message  # noqa: E402
 from raymvc.protocol import ServerContext  # noqa: E402
 from raymvc.runtime import prepare, run_scenario  # noqa: E402
 from raymvc.runtime.nodes import ClientNode, ServerNode  # noqa: E402
-from raymvc.scenario import scenario_from_dict  # noqa: E402
+from raymvc.scenario import load_scenario, scenario_from_dict  # noqa: E402
 
 # a model small enough for a test: one round on digits takes a few tens of milliseconds
 TINY = {
@@ -241,7 +241,8 @@ def test_augment_shapes_and_determinism():
     assert not torch.equal(a, c)  # another stream, another batch
 
 
-@pytest.mark.parametrize("change", [{"max_shift": 1}, {"rotate_deg": 15.0}, {"scale": 0.2}, {"cutout": 3}])
+@pytest.mark.parametrize("change", [{"max_shift": 1}, {"rotate_deg": 15.0}, {"scale": 0.2}, {"cutout": 3},
+                                    {"crop_scale": 0.5}])
 def test_each_geometric_augmentation_changes_images_within_range(change):
     """Without noise every transform keeps pixels in [0, 1] (zero fill, interpolation, zeroed
     patch); each one alone changes the batch (a random shift may be zero for one image)."""
@@ -253,6 +254,32 @@ def test_each_geometric_augmentation_changes_images_within_range(change):
     assert float(a.min()) >= 0.0 and float(a.max()) <= 1.0 + 1e-6
     assert sum(not torch.allclose(a[i], x[i]) for i in range(len(x))) >= len(x) // 2
     assert torch.equal(ccfc.augment(x, ccfc.Config(**{**TINY, **off}), torch.Generator().manual_seed(0)), x)
+
+
+def test_random_resized_crop_zooms_in_and_keeps_defaults_unchanged():
+    """A crop of at least ``crop_scale`` of the area, resized to the image: a centred bright square
+    grows on average; with ``crop_scale: 1`` the augmentation draws exactly as before."""
+    off = {"max_shift": 0, "noise_std": 0.0}
+    x = torch.zeros(64, 1, 28, 28)
+    x[:, :, 10:18, 10:18] = 1.0
+    a = ccfc.augment(x, ccfc.Config(**{**TINY, **off, "crop_scale": 0.3}), torch.Generator().manual_seed(0))
+    assert float(a.sum()) > 1.3 * float(x.sum())
+    base = {**TINY, "rotate_deg": 10.0}
+    g1, g2 = torch.Generator().manual_seed(1), torch.Generator().manual_seed(1)
+    assert torch.equal(ccfc.augment(x, ccfc.Config(**base), g1), ccfc.augment(x, ccfc.Config(**base, crop_scale=1.0), g2))
+
+
+def test_pool_grid_keeps_a_grid_of_the_last_map():
+    """``pool_grid: g`` feeds the projector c3 x g x g features; the server, which never sees
+    an image, builds the same weights as a client with 28x28 images."""
+    cfg = ccfc.Config(**{**TINY, "pool_grid": 4})
+    server = ccfc.build_model(cfg, 0)
+    client = ccfc.build_model(cfg, 0, (28, 28))
+    assert server.encoder.projector[0].weight.shape == (TINY["proj_hidden"], TINY["channels"][2] * 16)
+    assert all(torch.equal(a, b) for a, b in zip(server.state_dict().values(), client.state_dict().values()))
+    z, p = client(torch.rand(5, 1, 28, 28))
+    assert z.shape == p.shape == (5, TINY["latent_dim"])
+    assert ccfc.model_payload_bytes(cfg) > ccfc.model_payload_bytes(ccfc.Config(**TINY))
 
 
 def test_noise_augmentation_perturbs_every_pixel():
@@ -534,3 +561,33 @@ def test_secagg_failed_aggregation_keeps_the_weights(tmp_path):
             np.testing.assert_array_equal(step1[k], v)
     assert len(srec["weights"]) == len(done) - 1
     assert sec["status"] == "degraded" and sec["unlabelled_samples"] == 0
+
+
+# --------------------------------------------------------------------------- MNIST scenario files
+REPO = Path(__file__).resolve().parents[1]
+MNIST = REPO.parent / "shared" / "data" / "mnist10k" / "mnist10k.npz"
+
+
+@pytest.mark.parametrize("method", ["ccfc", "kfed"])
+def test_mnist_scenarios_prepare_on_a_stand_in_file(tmp_path, method):
+    """The MNIST scenario files validate and split a stand-in file of 28x28 rows (the real one
+    is not needed): 10 clients, every shard tagged 28x28, CCFC clients build images from it."""
+    f = tmp_path / "stand-in.npz"
+    r = np.random.default_rng(0)
+    np.savez(f, X=r.integers(0, 256, (100, 784), dtype=np.uint8), Y=np.arange(100) % 10)
+    sc = load_scenario(REPO / "scenarios" / f"mnist-{method}.yaml", [f"data.path={f}", "data.heterogeneity=0.5"])
+    assert sc.method == method and sc.data.image_shape == (28, 28)
+    ds, part = prepare(sc)
+    assert part.n_clients == 10 and all(s.meta["image_shape"] == (28, 28) for s in part.shards)
+    if method == "ccfc":
+        from raymvc.protocol import ClientContext
+
+        client = ccfc.CCFCClient(sc.protocol_config(), part.shards[0], ClientContext(0, 10, 10, 0))
+        assert tuple(client.x.shape) == (10, 1, 28, 28)
+
+
+@pytest.mark.skipif(not MNIST.is_file(), reason="MNIST-10k not in the shared data folder")
+def test_mnist_scenarios_find_the_shared_file():
+    for method in ("ccfc", "kfed"):
+        sc = load_scenario(REPO / "scenarios" / f"mnist-{method}.yaml")
+        assert sc.data_path().resolve() == MNIST.resolve()

@@ -157,6 +157,53 @@ def test_npz_round_trip(tmp_path):
         load_dataset(path=str(h))
 
 
+def test_npz_image_shape(tmp_path):
+    """``image_shape`` in an .npz: one (rows, columns) pair for every view or one per view, (0, 0) = not an image."""
+    r = np.random.default_rng(0)
+    f = tmp_path / "img.npz"
+    np.savez(f, X=r.integers(0, 256, (20, 12), dtype=np.uint8), Y=np.arange(20) % 2, image_shape=np.array([3, 4]))
+    assert load_dataset(path=str(f)).image_shapes == {0: (3, 4)}
+    g = tmp_path / "two.npz"
+    np.savez(g, X0=r.normal(size=(20, 5)), X1=r.normal(size=(20, 6)), Y=np.arange(20) % 2,
+             image_shape=np.array([[0, 0], [2, 3]]))
+    ds = load_dataset(path=str(g))
+    assert ds.image_shapes == {1: (2, 3)}
+    assert load_dataset(path=str(g), views=[1]).image_shapes == {0: (2, 3)}
+    for bad, msg in [(np.array([4, 4]), "view 0 has 12 values per sample, not 4 x 4"),
+                     (np.array([1, 2, 3]), r"one pair per view \(1 x 2\), got shape \(3,\)"),
+                     (np.array([1.5, 8.0]), "expected whole numbers")]:
+        h = tmp_path / "bad.npz"
+        np.savez(h, X=np.zeros((20, 12)), Y=np.arange(20) % 2, image_shape=bad)
+        with pytest.raises(DataError, match=msg) as e:
+            load_dataset(path=str(h))
+        assert "\n" not in str(e.value) and "image_shape" in str(e.value)
+
+
+def test_scenario_image_shape_reaches_the_shards(tmp_path):
+    """``data.image_shape`` sets the image shape of a user file's rows; CCFC clients reshape with it."""
+    from raymvc.runtime import prepare
+    from raymvc.scenario import ScenarioError, scenario_from_dict
+
+    r = np.random.default_rng(0)
+    f = tmp_path / "flat.npz"
+    np.savez(f, X=r.integers(0, 256, (40, 24), dtype=np.uint8), Y=np.arange(40) % 4)
+    raw = {"name": "img", "method": "ccfc", "data": {"path": str(f), "partition": "horizontal"},
+           "params": {"channels": [4, 8, 8], "proj_hidden": 8, "latent_dim": 8, "pred_dim": 4}}
+    _, part = prepare(scenario_from_dict(raw))
+    assert "image_shape" not in part.shards[0].meta  # nothing said: 24 values are no square image
+    _, part = prepare(scenario_from_dict(raw, values={"data.image_shape": [4, 6]}))
+    assert all(s.meta["image_shape"] == (4, 6) for s in part.shards) and part.n_clients == 4
+    from raymvc.protocol import ClientContext
+    from raymvc.protocols.ccfc import CCFCClient, Config
+
+    client = CCFCClient(Config(**raw["params"]), part.shards[0], ClientContext(0, 4, 4, 0))
+    assert tuple(client.x.shape[1:]) == (1, 4, 6)
+    with pytest.raises(ScenarioError, match="data.image_shape: view 0 has 24 values per sample, not 5 x 5"):
+        prepare(scenario_from_dict(raw, values={"data.image_shape": [5, 5]}))
+    with pytest.raises(ScenarioError, match="data.image_shape"):
+        scenario_from_dict(raw, values={"data.image_shape": [0, 24]})
+
+
 @pytest.mark.parametrize("transpose", [False, True])
 def test_mat_round_trip(tmp_path, transpose):
     ds = load_dataset("synthetic", n_samples=40, dims=[6, 9], n_clusters=4, seed=2)

@@ -4,6 +4,10 @@ Every loader returns a :class:`MultiViewDataset` with float64 views, labels rema
 ``0..k-1`` (all ``-1`` for a file without labels; rows are then samples) and, where some
 samples lack some views, a ``present`` mask (absent rows are zero-filled).
 
+An ``.npz`` may say which views are images with an integer array ``image_shape``:
+``(2,)`` = ``(rows, columns)`` of every view, or ``(V, 2)`` = one row per view, ``(0, 0)``
+for a view that is not an image (methods that train on images, such as CCFC, read it).
+
 User files are checked before anything runs: views must be real, finite numbers (a row
 that is NaN throughout marks the view absent for that sample; any other NaN or an
 infinity is an error), there must be at least one sample and one feature per view, and
@@ -206,12 +210,48 @@ def _load_file(path: Path) -> MultiViewDataset:
         raise DataError(f"{path}: file not found")
     suffix = path.suffix.lower()
     if suffix == ".npz":
-        raw_views, labels, present, index, names = _read_npz(path)
+        raw_views, labels, present, index, names, shapes = _read_npz(path)
     elif suffix == ".mat":
         raw_views, labels, present, index, names = _read_mat(path)
+        shapes = None
     else:
         raise DataError(f"{path}: unsupported file type {suffix!r}; use .npz or .mat")
-    return _assemble(path, raw_views, labels, present, index, names)
+    ds = _assemble(path, raw_views, labels, present, index, names)
+    if shapes is not None:
+        try:
+            ds.image_shapes = image_shapes_for(ds, shapes)
+        except DataError as exc:
+            raise DataError(f"{path}: image_shape: {exc}") from None
+    return ds
+
+
+def image_shapes_for(ds: MultiViewDataset, shape) -> dict[int, tuple[int, int]]:
+    """Image shapes of the views of ``ds`` from ``(rows, columns)`` (every view) or one such pair per view.
+
+    A pair ``(0, 0)`` marks a view that is not an image; any other pair must hold the
+    view's width exactly (``rows x columns`` values).
+    """
+    a = np.asarray(shape)
+    if a.dtype.kind not in "iu" and not (a.dtype.kind == "f" and np.all(np.isfinite(a)) and np.all(a == np.round(a))):
+        raise DataError(f"expected whole numbers, got {short(a)}")
+    a = a.astype(np.int64)
+    if a.shape == (2,):
+        a = np.tile(a, (ds.n_views, 1))
+    if a.shape != (ds.n_views, 2):
+        raise DataError(f"expected (rows, columns) or one pair per view ({ds.n_views} x 2), got shape {a.shape}")
+    out = {}
+    for v, (h, w) in enumerate(a.tolist()):
+        if h == 0 and w == 0:
+            continue
+        if h < 1 or w < 1 or h * w != ds.dims[v]:
+            raise DataError(f"view {v} has {ds.dims[v]} values per sample, not {h} x {w}")
+        out[v] = (int(h), int(w))
+    return out
+
+
+def short(a) -> str:
+    text = np.array2string(np.asarray(a), threshold=6)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _read_npz(path: Path):
@@ -254,7 +294,8 @@ def _npz_fields(f):
         labels = f[label_key] if label_key else None
         present = f["present"] if "present" in keys else None
         names = [str(s) for s in f["view_names"]] if "view_names" in keys else None
-    return views, labels, present, None, names
+        shapes = f["image_shape"] if "image_shape" in keys else None
+    return views, labels, present, None, names, shapes
 
 
 def _read_mat(path: Path):

@@ -48,6 +48,7 @@ def prepare(sc: Scenario):
     Every problem is raised as a :class:`ScenarioError` naming the key.
     """
     from ..data import DataError
+    from ..data.datasets import image_shapes_for
 
     proto = get(sc.method)
     if sc.channel.secure_aggregation and not proto.secure_aggregation:
@@ -69,6 +70,11 @@ def prepare(sc: Scenario):
         raise _err(sc, "data.path" if d.path else "data.dataset", str(e)) from None
     except (KeyError, ValueError) as e:
         raise _err(sc, "data.dataset", str(e).strip("'\"")) from None
+    if d.image_shape is not None:
+        try:
+            ds.image_shapes = image_shapes_for(ds, d.image_shape)
+        except DataError as e:
+            raise _err(sc, "data.image_shape", str(e)) from None
     if d.n_clusters is not None:
         ds.k = d.n_clusters
     elif not ds.has_labels:

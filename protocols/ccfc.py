@@ -137,18 +137,19 @@ the warm-up that of k-means on the global model's embeddings) gave:
 
 Chosen: 16/32/64, ``pool_grid: 4``, latent 128, projector 256, predictor bottleneck 32,
 Adam 2e-3, batch 128, λ = 1e-3 (the paper's MNIST value), crop 0.7, rotation 10, noise
-0.1, no shift, 30 warm-up + 20 cluster rounds. Through the engine (in-process, the
-engine's own split of the data, which the grid did not use): NMI 0.736 at p = 0, seed 0
-(k-FED 0.483), 0.739 and 0.737 with seeds 1 and 2 (k-FED 0.488 and 0.478); 0.742 / 0.314
-/ 0.216 / 0.115 at p = 0.25 / 0.5 / 0.75 / 1, seed 0; 3.5-4.1 minutes a run on two cores
-(``benchmarks/horizontal_table.md``); 30 + 50 rounds gave 0.740 there in 7.3 minutes.
-The grid's 0.826 did not carry over: the grid's driver given the engine's split of seed 0
-reproduces the engine's 0.736 exactly (warm-up NMI 0.55 instead of 0.62), so the split
-alone moved NMI by 0.09. The errors left at p = 0 are digits 3, 5 and 8: two clusters
-each hold a mix of 3 and 5, so the model splits them by something other than their
-class. This is below the paper (0.924 at p = 0, 0.672 at p = 0.5, where CCFC here falls
-below k-FED; λ = 1 there gives 0.351 instead of 0.314, seed 0); the collapse at p = 1
-(paper 0.077) shows as reported.
+0.1, no shift, 50 warm-up + 20 cluster rounds. Through the engine (in-process, the
+engine's own split of the data, which the grid did not use) the grid's 30-round warm-up
+gave NMI 0.736 / 0.739 / 0.737 at p = 0 with seeds 0 / 1 / 2 (k-FED 0.483 / 0.488 /
+0.478), 0.314 at p = 0.5 and 0.115 at p = 1 (seed 0), 3.5-4.1 minutes a run; 30 + 50
+rounds gave 0.740 in 7.3 minutes. The grid's 0.826 did not carry over: the grid's driver
+given the engine's split of seed 0 reproduces the engine's 0.736 exactly (warm-up NMI
+0.55 instead of 0.62), so the split alone moved NMI by 0.09. With the warm-up at 50
+rounds (crop 0.7; the grid's 60-round warm-up had used crop 0.5): 0.837 / 0.707 / 0.879
+at p = 0 with seeds 0 / 1 / 2 (mean 0.808), 0.377 at p = 0.5 (seed 0; λ = 1 with the
+30-round warm-up gave 0.351), about 4.6 minutes a run on two cores shared with another
+run. Seed 1 still holds two clusters that mix 3 and 5. p = 0.5 stays below the paper
+(0.672) and below k-FED (0.461); the collapse at p = 1 (paper 0.077) shows as reported.
+All five p: ``benchmarks/horizontal_table.md``.
 
 Communication per round and client: the model (``4 x`` the number of float parameters
 and buffer entries, plus ``8`` bytes per ``num_batches_tracked``) down and up, plus

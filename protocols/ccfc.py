@@ -145,10 +145,11 @@ rounds gave 0.740 in 7.3 minutes. The grid's 0.826 did not carry over: the grid'
 given the engine's split of seed 0 reproduces the engine's 0.736 exactly (warm-up NMI
 0.55 instead of 0.62), so the split alone moved NMI by 0.09. With the warm-up at 50
 rounds (crop 0.7; the grid's 60-round warm-up had used crop 0.5): 0.837 / 0.707 / 0.879
-at p = 0 with seeds 0 / 1 / 2 (mean 0.808), 0.377 at p = 0.5 (seed 0; λ = 1 with the
-30-round warm-up gave 0.351), about 4.6 minutes a run on two cores shared with another
-run. Seed 1 still holds two clusters that mix 3 and 5. p = 0.5 stays below the paper
-(0.672) and below k-FED (0.461); the collapse at p = 1 (paper 0.077) shows as reported.
+at p = 0 with seeds 0 / 1 / 2 (mean 0.808), 0.669 at p = 0.25 (0.742 with 30), 0.377 at
+p = 0.5 (seed 0; λ = 1 with the 30-round warm-up gave 0.351), 0.105 at p = 1, 4.6-5.4
+minutes a run on two cores shared with another run. Seed 1 still holds two clusters
+that mix 3 and 5. p = 0.5 stays below the paper (0.672) and below k-FED (0.461); the
+collapse at p = 1 (paper 0.077) shows as reported.
 All five p: ``benchmarks/horizontal_table.md``.
 
 Communication per round and client: the model (``4 x`` the number of float parameters

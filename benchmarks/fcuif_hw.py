@@ -22,18 +22,16 @@ Reference (FCUIF paper, Table 1, HW): (a) ACC 0.773, NMI 0.666; (b) 0.926 / 0.84
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from _seeds import parser, pm, run, seeds_and_out
 
-from raymvc.runtime import run_scenario
-from raymvc.scenario import ScenarioError, load_scenario
+from raymvc.scenario import ScenarioError
 
 ROOT = Path(__file__).resolve().parents[1]
 SC = ROOT / "scenarios"
@@ -43,10 +41,6 @@ CASES = (
     ("(b) missing 0.5", "FedDMVC", SC / "hw-feddmvc-partial.yaml", "--"),
     ("(c) both 0.5", "FCUIF", SC / "hw-fcuif-both.yaml", "0.785 / 0.738"),
 )
-
-
-def _pm(a: np.ndarray, fmt: str = ".3f") -> str:
-    return f"{a.mean():{fmt}} ± {a.std():{fmt}}"
 
 
 def _last_info(run_dir: Path) -> dict:
@@ -59,31 +53,19 @@ def _last_info(run_dir: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                    help="scenario override, as for `raymvc run --set` (repeatable)")
-    ap.add_argument("--out", type=Path, default=None, help="where the run folders go (default: a temp folder)")
-    ap.add_argument("--md", type=Path, default=ROOT / "benchmarks" / "fcuif_hw.md", help="table written here")
-    args = ap.parse_args(argv)
-
-    out = args.out or Path(tempfile.mkdtemp(prefix="fcuif-hw-"))
-    seeds = [int(s) for s in args.seeds.split(",")]
+    args = parser(__doc__, ROOT / "benchmarks" / "fcuif_hw.md").parse_args(argv)
+    seeds, out = seeds_and_out(args, "fcuif-hw-")
     runs: dict[int, list] = {i: [] for i in range(len(CASES))}
     print(f"{'case':<18} {'method':<8} {'seed':>4} {'ACC':>6} {'NMI':>6} {'ARI':>6} {'MB':>6} {'wall s':>7}  status")
     for seed in seeds:  # seed by seed, so the first seed of every case is there first
         for i, (case, method, path, _) in enumerate(CASES):
+            run_dir = out / f"{path.stem}-seed{seed}"
             try:
-                sc = load_scenario(path, overrides=["runtime.backend=local", f"seed={seed}", *args.overrides])
+                row = run(path, seed, args.overrides, run_dir)
             except ScenarioError as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 2
-            run_dir = out / f"{path.stem}-seed{seed}"
-            s = run_scenario(sc, run_dir, progress=lambda line: None)
-            m = s["metrics"] or {}
-            row = {"seed": seed, "acc": m.get("acc", np.nan), "nmi": m.get("nmi", np.nan), "ari": m.get("ari", np.nan),
-                   "mb": s["communication"]["mb_total"], "wall": s["timing"]["wall_s"], "status": s["status"],
-                   **_last_info(run_dir)}
+            row.update(_last_info(run_dir))
             runs[i].append(row)
             print(f"{case:<18} {method:<8} {seed:>4} {row['acc']:6.3f} {row['nmi']:6.3f} {row['ari']:6.3f} "
                   f"{row['mb']:6.2f} {row['wall']:7.1f}  {row['status']}", flush=True)
@@ -112,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         agree = [r["agree"] for r in rows if r["agree"] is not None]
         match = f"{np.mean(match):.3f}" if match else "--"
         agree = f"{np.mean(agree):.3f}" if agree else "--"
-        lines.append(f"| {case} | {method} | {_pm(col['acc'])} | {_pm(col['nmi'])} | {_pm(col['ari'])} | "
-                     f"{col['mb'].mean():.2f} | {_pm(col['wall'], '.0f')} | {match} | {agree} | ")
+        lines.append(f"| {case} | {method} | {pm(col['acc'])} | {pm(col['nmi'])} | {pm(col['ari'])} | "
+                     f"{col['mb'].mean():.2f} | {pm(col['wall'], '.0f')} | {match} | {agree} | ")
         lines[-1] += f"{', '.join(r['imputed'] for r in rows)} | {paper} |"
     lines += ["", "Per run:", "", "| scenario | seed | ACC | NMI | ARI | MB | wall s | status |",
               "|---|---|---|---|---|---|---|---|"]

@@ -15,52 +15,35 @@ Reference (paper, Table 1, HW): δ = 1: ACC 0.965, NMI 0.925, ARI 0.924;
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from _seeds import parser, pm, run, seeds_and_out
 
-from raymvc.runtime import run_scenario
-from raymvc.scenario import ScenarioError, load_scenario
+from raymvc.scenario import ScenarioError
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = (("1.0", ROOT / "scenarios" / "hw-feddmvc.yaml"), ("0.5", ROOT / "scenarios" / "hw-feddmvc-partial.yaml"))
 PAPER = {"1.0": (0.965, 0.925, 0.924), "0.5": (0.893, 0.824, 0.790)}
 
 
-def _pm(a: np.ndarray) -> str:
-    return f"{a.mean():.3f} ± {a.std():.3f}"
-
-
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                    help="scenario override, as for `raymvc run --set` (repeatable)")
-    ap.add_argument("--out", type=Path, default=None, help="where the run folders go (default: a temp folder)")
-    ap.add_argument("--md", type=Path, default=ROOT / "benchmarks" / "feddmvc_hw.md", help="table written here")
-    args = ap.parse_args(argv)
-
-    out = args.out or Path(tempfile.mkdtemp(prefix="feddmvc-hw-"))
-    seeds = [int(s) for s in args.seeds.split(",")]
+    args = parser(__doc__, ROOT / "benchmarks" / "feddmvc_hw.md").parse_args(argv)
+    seeds, out = seeds_and_out(args, "feddmvc-hw-")
     per_case: dict[str, list] = {delta: [] for delta, _ in CASES}
     print(f"{'δ':>4} {'seed':>4} {'ACC':>6} {'NMI':>6} {'ARI':>6} {'MB':>7} {'wall s':>7}")
     for seed in seeds:  # seed by seed, so the first seed of every case is there first
         for delta, path in CASES:
             rows = per_case[delta]
             try:
-                sc = load_scenario(path, overrides=["runtime.backend=local", f"seed={seed}", *args.overrides])
+                r = run(path, seed, args.overrides, out / f"delta{delta}-seed{seed}")
             except ScenarioError as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 2
-            s = run_scenario(sc, out / f"delta{delta}-seed{seed}", progress=lambda line: None)
-            m = s["metrics"] or {}
-            row = (m.get("acc", np.nan), m.get("nmi", np.nan), m.get("ari", np.nan), s["communication"]["mb_total"],
-                   s["timing"]["wall_s"])
+            row = (r["acc"], r["nmi"], r["ari"], r["mb"], r["wall"])
             rows.append(row)
             print(f"{delta:>4} {seed:>4} {row[0]:6.3f} {row[1]:6.3f} {row[2]:6.3f} {row[3]:7.2f} {row[4]:7.1f}", flush=True)
     per_case = {delta: np.array(rows, dtype=float) for delta, rows in per_case.items()}
@@ -81,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         if not len(a):
             continue
         p = PAPER[delta]
-        lines.append(f"| {delta} | `{path.name}` | {_pm(a[:, 0])} | {_pm(a[:, 1])} | {_pm(a[:, 2])} | "
+        lines.append(f"| {delta} | `{path.name}` | {pm(a[:, 0])} | {pm(a[:, 1])} | {pm(a[:, 2])} | "
                      f"{a[:, 3].mean():.2f} | {a[:, 4].mean():.0f} ± {a[:, 4].std():.0f} | {p[0]} / {p[1]} / {p[2]} |")
     lines += ["", "Per run:", "", "| δ | seed | ACC | NMI | ARI | MB | wall s |", "|---|---|---|---|---|---|---|"]
     for delta, _ in CASES:

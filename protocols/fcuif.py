@@ -394,9 +394,8 @@ def communication(n_m: int, n: int, k: int, d: int, rounds: int) -> dict:
 
 
 def analytic_bytes(config: Config, facts: RunFacts) -> int:
-    t = max(int(facts.rounds) - 1, 0)
-    return sum(communication(int(facts.client_sizes[c]), facts.n_samples, facts.n_clusters, config.latent_dim, t)["total"]
-               for c in facts.client_ids)
+    """FedDMVC's bytes plus the ``aligned`` flags (one byte per row a client holds)."""
+    return fd.analytic_bytes(config, facts) + sum(int(facts.client_sizes[c]) for c in facts.client_ids)
 
 
 PROTOCOL = Protocol(

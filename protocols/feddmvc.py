@@ -486,13 +486,10 @@ class FedDMVCServer(Server):
         covered = H.any(axis=1)
         complete = H.all(axis=1)
         trusted = self.trusted(complete)
-        base = trusted
-        Zb = _fill_blocks(Z, H, d)  # absent blocks filled with the block's mean
-        if trusted.sum() < k:  # too little overlap: every covered sample, absent blocks mean-filled
-            base = covered
-        else:
-            Zb = Z
-        C, labels = self._prototypes(Zb[base], base, round)
+        raw = _fill_blocks(Z, H, d)  # absent blocks filled with the block's mean (no imputation)
+        few = trusted.sum() < k  # too little overlap: every covered sample, absent blocks mean-filled
+        base = covered if few else trusted
+        C, labels = self._prototypes((raw if few else Z)[base], base, round)
         anchor = np.full(N, -1, dtype=np.intp)
         anchor[base] = labels
         # step 2, Eqs. (5)-(6): align each Q_m to the anchor labels, average over present views
@@ -502,7 +499,6 @@ class FedDMVCServer(Server):
             Q[rows] += self.Q[c][:, self._column_order(c, anchor)]
         Q[covered] /= H[covered].sum(axis=1, keepdims=True)
         # steps 3-4, Eqs. (9)-(10): W_m from the trusted complete rows, impute the missing z_i^m
-        raw = _fill_blocks(Z, H, d)
         for j in range(M):
             col = slice(j * d, (j + 1) * d)
             QC = Q @ C[:, col]  # rows q_i C^m

@@ -97,3 +97,49 @@ def test_unreachable_cluster_is_one_clean_error(tmp_path):
     assert "Traceback" not in r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and f"runtime.address: cannot join the Ray cluster at 127.0.0.1:{port}" in last
+
+
+EMBEDDED = r"""
+import json, os, sys
+import ray
+from raymvc.runtime import cluster
+from raymvc.scenario import load_scenario
+sc = load_scenario(sys.argv[1], ["runtime.num_cpus=2"])
+pids = []
+for round_ in range(2):  # start, stop, start again: the second instance must come up as the first did
+    cluster.init_ray(sc, 2)
+    node = ray._private.worker._global_node
+    pids += [info.process.pid for infos in node.all_processes.values() for info in infos]
+    assert ray.get(ray.remote(lambda: 1).remote()) == 1
+    if round_ == 0:
+        cluster.stop_embedded()
+        assert not ray.is_initialized()
+print(json.dumps(pids), flush=True)
+"""  # the second instance is left to the exit hook
+
+
+def test_embedded_instance_stops_without_leaving_processes(isolated_env, tmp_path):
+    """The exit hook (and an explicit stop) end every process of the embedded instance: the
+    monitor, which Ray's own shutdown leaves to a one-second timeout, goes first."""
+    env, _ = isolated_env
+    r = subprocess.run([sys.executable, "-c", EMBEDDED, str(REPO / "scenarios" / "hw-cefmc.yaml")],
+                       capture_output=True, text=True, timeout=180, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    pids = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(pids) >= 4  # gcs, raylet, monitor, log monitor, ... of two instances
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        try:
+            with open(f"/proc/{pid}/stat") as f:  # a zombie is gone for good
+                return f.read().split(")")[-1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    end = time.time() + 30
+    while time.time() < end and any(alive(p) for p in pids):
+        time.sleep(0.2)
+    assert not [p for p in pids if alive(p)]

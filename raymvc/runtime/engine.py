@@ -25,7 +25,7 @@ import numpy as np
 from ..channel import Ledger
 from ..data import load_dataset, normalize
 from ..data import partition as parts
-from ..metrics import clustering_scores, label_free_scores
+from ..metrics import clustering_scores, label_free_scores, preload
 from ..protocols import get
 from ..results import RunWriter, default_out_dir, format_summary
 from ..scenario import Scenario, ScenarioError
@@ -321,6 +321,8 @@ def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: C
         ck = checkpoint.load(out)
     else:
         out, ck = _out_dir(sc, out_dir, overwrite), None
+    if sc.runtime.backend == "ray":
+        preload()  # the driver mostly waits while Ray and the actors start
     ray_init_s = init_ray(sc, part.n_clients) if sc.runtime.backend == "ray" else 0.0
     writer = RunWriter(out, keep_rounds=ck[1] if ck else None)
     writer.scenario(sc.to_yaml())

@@ -6,7 +6,7 @@ Horizontal setting: client ``l`` holds ``n_l`` images (rows of one view, reshape
 Model
 -----
 Encoder ``f`` = small CNN backbone (three 3x3 convolutions, widths ``channels``, with
-BatchNorm and LeakyReLU; the second and third have stride 2, the first stride 1 on 8x8
+BatchNorm -- or GroupNorm with ``norm: group`` -- and LeakyReLU; the second and third have stride 2, the first stride 1 on 8x8
 digits and 2 on larger images such as the 16x15 pixel view; then average pooling to a
 ``pool_grid`` x ``pool_grid`` grid, flattened: 1 = global pooling) + 2-layer MLP projector
 whose last BatchNorm has no affine parameters; predictor ``h`` = 2-layer bottleneck MLP
@@ -39,7 +39,8 @@ them, its ``k`` local centroids.
   augmentations and the loss is symmetrised, ``1/2 [L(p1, sg z2) + L(p2, sg z1)]``,
   pairs still ``i != j``; ``cluster_views: 1`` is the paper's single-view form.
 * after local training in the last warm-up round and in every cluster round, the
-  client embeds its images with its trained local model and runs k-means
+  client embeds its images with its trained local model (``centroid_model: local``, the
+  paper's; ``global``: with the global model it received that round) and runs k-means
   (``k`` clusters on L2-normalised outputs) -> ``k`` local centroids.
 
 Server: ``w_g = Σ_l (n_l / Σ n) w_l`` over the clients that replied in the round (the
@@ -147,10 +148,31 @@ given the engine's split of seed 0 reproduces the engine's 0.736 exactly (warm-u
 rounds (crop 0.7; the grid's 60-round warm-up had used crop 0.5): 0.837 / 0.707 / 0.879
 at p = 0 with seeds 0 / 1 / 2 (mean 0.808), 0.669 at p = 0.25 (0.742 with 30), 0.377 at
 p = 0.5 (seed 0; λ = 1 with the 30-round warm-up gave 0.351), 0.105 at p = 1, 4.6-5.4
-minutes a run on two cores shared with another run. Seed 1 still holds two clusters
-that mix 3 and 5. p = 0.5 stays below the paper (0.672) and below k-FED (0.461); the
-collapse at p = 1 (paper 0.077) shows as reported.
-All five p: ``benchmarks/horizontal_table.md``.
+minutes a run on two cores shared with another run. Seed 1 still held two clusters
+that mixed 3 and 5, and p = 0.5 stayed below the paper (0.672) and below k-FED (0.461).
+
+Label skew (p > 0): two departures, both measured on seed 0 at p = 0.5 with 50 + 20
+rounds (labels only to score; "central" = k-means over all 10,000 global-model
+embeddings, an upper bound for the federated labelling):
+
+* BatchNorm in the backbone learns each client's class mix into its batch and running
+  statistics, and the average of ten skewed models embeds poorly: central NMI 0.440 after
+  the warm-up, 0.377 at the end (the cluster phase made it worse). ``norm: group`` (GroupNorm,
+  8 groups, which normalises each image by itself) keeps the warm-up at 0.689 central and
+  ends at 0.712. The projector keeps its BatchNorm (SimSiam needs it).
+* The local centroids came from the client's freshly trained local model, whose
+  BatchNorm statistics are its own, while every client labels its images in the global
+  model's space; under skew the two spaces drift apart, and the global k-means pools
+  centroids from ten different spaces. ``centroid_model: global`` embeds with the global
+  model the client received that round: 0.511 with BatchNorm, 0.866 with GroupNorm.
+
+``scenarios/mnist-ccfc.yaml`` sets both (the defaults stay the paper's BatchNorm and
+local model, so digits runs are unchanged). With them, seed 0: NMI 0.855 / 0.820 /
+0.866 / 0.370 / 0.136 at p = 0 / 0.25 / 0.5 / 0.75 / 1 (k-FED 0.483 / 0.500 / 0.461 /
+0.473 / 0.503); seeds 0 / 1 / 2 at p = 0: 0.855 / 0.872 / 0.910 (mean 0.879), at p =
+0.5: 0.866 / 0.745 / 0.766 (mean 0.792); 4.9-5.4 minutes a run. The collapse at p = 1
+(one class per client, paper 0.077) stays: a client with one class has nothing to
+contrast its clusters against. All five p: ``benchmarks/horizontal_table.md``.
 
 Communication per round and client: the model (``4 x`` the number of float parameters
 and buffer entries, plus ``8`` bytes per ``num_batches_tracked``) down and up, plus
@@ -234,14 +256,17 @@ class Config(ProtocolConfig):
     server_kmeans_init: int = Field(default=10, ge=1, description="k-means restarts on the server")
     weighted_centroids: bool = Field(default=False, description="weight local centroids by cluster size on the server")
     deterministic: bool = Field(default=True, description="torch.use_deterministic_algorithms during every call")
+    norm: Literal["batch", "group"] = Field(default="batch", description="normalisation in the conv backbone")
+    centroid_model: Literal["local", "global"] = Field(
+        default="local", description="model that embeds a client's images for its local centroids")
     device: Literal["cpu", "cuda", "auto"] = Field(default="cpu", description="where clients train (auto: CUDA if any)")
 
 
 # ---------------------------------------------------------------------------
 # model
-def _conv(cin: int, cout: int, stride: int) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False),
-                         nn.BatchNorm2d(cout), nn.LeakyReLU(0.1))
+def _conv(cin: int, cout: int, stride: int, norm: str = "batch") -> nn.Sequential:
+    layer = nn.BatchNorm2d(cout) if norm == "batch" else nn.GroupNorm(min(8, cout), cout)
+    return nn.Sequential(nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False), layer, nn.LeakyReLU(0.1))
 
 
 class Encoder(nn.Module):
@@ -251,7 +276,7 @@ class Encoder(nn.Module):
         super().__init__()
         c1, c2, c3 = cfg.channels
         s1 = cfg.first_stride or (1 if min(image_shape) <= 8 else 2)
-        self.backbone = nn.Sequential(_conv(1, c1, s1), _conv(c1, c2, 2), _conv(c2, c3, 2),
+        self.backbone = nn.Sequential(_conv(1, c1, s1, cfg.norm), _conv(c1, c2, 2, cfg.norm), _conv(c2, c3, 2, cfg.norm),
                                       nn.AdaptiveAvgPool2d(cfg.pool_grid), nn.Flatten())
         self.projector = nn.Sequential(
             nn.Linear(c3 * cfg.pool_grid ** 2, cfg.proj_hidden, bias=False), nn.BatchNorm1d(cfg.proj_hidden), nn.ReLU(),
@@ -588,7 +613,8 @@ class CCFCClient(Client):
         return Message(rep.kind, {**rep.fields, **plain})
 
     def _local_centroids(self, step: int) -> np.ndarray:
-        Z = embed(self.model, self.x).numpy().astype(np.float64)
+        model = self.model if self.config.centroid_model == "local" else self.global_model
+        Z = embed(model, self.x).numpy().astype(np.float64)
         # padded by repetition: the message keeps its k x latent size
         C, _ = kmeans_capped(Z, self.ctx.n_clusters, self.ctx.rng_for("local_kmeans", step), self.config.kmeans_init)
         return C.astype(np.float32)

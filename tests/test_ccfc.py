@@ -282,6 +282,42 @@ def test_pool_grid_keeps_a_grid_of_the_last_map():
     assert ccfc.model_payload_bytes(cfg) > ccfc.model_payload_bytes(ccfc.Config(**TINY))
 
 
+def test_group_norm_backbone_has_no_batch_statistics():
+    """``norm: group``: the convolutions normalise each image by itself (no running statistics in
+    the backbone, so nothing of a client's class mix travels in them); the weights still go
+    through the message fields, and the payload shrinks by the dropped buffers."""
+    cfg = ccfc.Config(**{**TINY, "norm": "group"})
+    model = ccfc.build_model(cfg, 0)
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in model.encoder.backbone.modules())
+    assert sum(isinstance(m, torch.nn.GroupNorm) for m in model.encoder.backbone.modules()) == 3
+    names = list(ccfc.state_to_arrays(model))
+    assert not any(n.startswith("w.encoder.backbone") and "running" in n for n in names)
+    assert ccfc.model_payload_bytes(cfg) == model_bytes(cfg) < model_bytes(ccfc.Config(**TINY))
+    # one image's features do not depend on the rest of the batch, even in training mode
+    model.encoder.backbone.train()
+    x = torch.rand(6, 1, 8, 8)
+    assert torch.allclose(model.encoder.backbone(x)[:1], model.encoder.backbone(x[:1]), atol=1e-6)
+
+
+@pytest.mark.parametrize("which", ["local", "global"])
+def test_centroid_model_picks_the_embedding_of_the_local_centroids(which):
+    """``centroid_model: global`` clusters the client's images in the space of the global model it
+    received (the one its labels come from in the end); ``local`` (the paper's) in that of the
+    model it has just trained. The centroids must equal those of the chosen model's embedding."""
+    server, clients, _ = _drive({"centroid_model": which, "warmup_rounds": 2, "cluster_rounds": 1})
+    c = clients[0]
+    step = 99  # any step: the k-means stream is keyed by it
+    want_model = c.global_model if which == "global" else c.model
+    Z = ccfc.embed(want_model, c.x).numpy().astype(np.float64)
+    from raymvc.protocols._common import kmeans_capped
+
+    want, _ = kmeans_capped(Z, K, c.ctx.rng_for("local_kmeans", step), c.config.kmeans_init)
+    np.testing.assert_allclose(c._local_centroids(step), want.astype(np.float32), rtol=1e-5, atol=1e-6)
+    other = c.model if which == "global" else c.global_model
+    Zo = ccfc.embed(other, c.x).numpy()
+    assert not np.allclose(Z, Zo, atol=1e-4)  # the two models differ after local training
+
+
 def test_noise_augmentation_perturbs_every_pixel():
     cfg = ccfc.Config(**{**TINY, "max_shift": 0, "noise_std": 0.2})
     x = torch.rand(4, 1, 8, 8)

@@ -8,10 +8,10 @@ Each run is a fresh process (``raymvc run ... --json --out TMP``), so it pays wh
 user pays: the interpreter and imports, the data, Ray's start, the actors, the
 protocol, the results on disk and the process's exit (for Ray, stopping the embedded
 instance). The split of the whole comes from the run's own ``summary.json``
-(``ray_init_s``, ``startup_s``, ``protocol_s``, ``wall_s`` of ``run_scenario``) and
-from the moment the summary reached stdout: ``before`` = process start to the
-start of ``run_scenario`` (interpreter, imports, scenario; estimated as summary time -
-``wall_s``), ``exit`` = summary to the end of the process.
+(``ray_init_s``, ``startup_s``, ``protocol_s``, ``wall_s``) and from the moment the
+summary reached stdout: ``outside`` = the time to the summary that ``wall_s`` does not
+cover (interpreter and imports, loading the data, scoring the labels, writing the
+summary), ``exit`` = summary to the end of the process.
 
 Output: stdout and ``benchmarks/quickstart_process.md`` (command line, machine, date).
 """
@@ -43,28 +43,31 @@ def one_run(scenario: Path, backend: str, out: Path, repo: Path = REPO) -> dict:
     cmd = [sys.executable, "-m", "raymvc.cli", "run", str(scenario), "--json", "--out", str(out),
            "--set", f"runtime.backend={backend}"]
     t0 = time.perf_counter()
+    err = tempfile.TemporaryFile(mode="w+")  # the CLI's errors go to stderr
     proc = subprocess.Popen(cmd, cwd=repo, env=dict(os.environ, PYTHONPATH=str(repo)), stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
+                            stderr=err, text=True)
     line = ""  # the summary (indented JSON), printed once the results are on disk; it ends with "}" alone
     for part in proc.stdout:
         line += part
         if part.rstrip("\n") == "}":
             break
     t_summary = time.perf_counter()
-    rest = proc.stdout.read()
+    proc.stdout.read()  # whatever follows (nothing, normally) until the process ends
     rc = proc.wait()
     t_end = time.perf_counter()
     if rc != 0 or not line.strip():
-        raise SystemExit(f"quickstart_process: {' '.join(cmd)} ended with {rc}: {(line + rest)[:300]}")
+        err.seek(0)
+        raise SystemExit(f"quickstart_process: {' '.join(cmd)} ended with {rc}: {err.read()[-600:]}")
+    err.close()
     summary = json.loads(line)
     t = summary["timing"]
-    return {"process_s": t_end - t0, "exit_s": t_end - t_summary, "before_s": (t_summary - t0) - t["wall_s"],
+    return {"process_s": t_end - t0, "exit_s": t_end - t_summary, "outside_s": (t_summary - t0) - t["wall_s"],
             "ray_init_s": t["ray_init_s"], "startup_s": t["startup_s"], "protocol_s": t["protocol_s"],
             "wall_s": t["wall_s"], "status": summary["status"], "nmi": summary["metrics"]["nmi"],
             "mb": summary["communication"]["mb_total"]}
 
 
-COLS = ("process_s", "before_s", "ray_init_s", "startup_s", "protocol_s", "exit_s")
+COLS = ("process_s", "outside_s", "ray_init_s", "startup_s", "protocol_s", "exit_s")
 
 
 def main() -> None:
@@ -74,23 +77,25 @@ def main() -> None:
     ap.add_argument("--md", type=Path, default=OUT_MD)
     ap.add_argument("--compare", type=Path, default=None,
                     help="another checkout (e.g. an earlier commit) run on Ray in the same loop, alternating")
+    ap.add_argument("--label", default=None, help="its name in the table (default: the path)")
     args = ap.parse_args()
+    label = args.label or str(args.compare)
     systems = [("ray", "ray", REPO), ("local", "local", REPO)]
     if args.compare:
-        systems.append(("ray, " + str(args.compare), "ray", args.compare.resolve()))
-    runs: dict[str, list[dict]] = {label: [] for label, _, _ in systems}
+        systems.append(("ray, " + label, "ray", args.compare.resolve()))
+    runs: dict[str, list[dict]] = {name: [] for name, _, _ in systems}
     with tempfile.TemporaryDirectory(prefix="quickstart-") as tmp:
         for i in range(args.repeats):
-            for j, (label, backend, repo) in enumerate(systems):
+            for j, (name, backend, repo) in enumerate(systems):
                 r = one_run(args.scenario.resolve(), backend, Path(tmp) / f"{j}-{i}", repo)
-                runs[label].append(r)
-                print(f"{label} #{i}: " + "  ".join(f"{k} {r[k]:.2f}" for k in COLS), file=sys.stderr, flush=True)
+                runs[name].append(r)
+                print(f"{name} #{i}: " + "  ".join(f"{k} {r[k]:.2f}" for k in COLS), file=sys.stderr, flush=True)
     lines = [f"# The quickstart as a process ({args.scenario.name})", "",
              f"- command: `python benchmarks/quickstart_process.py --repeats {args.repeats}"
-             + (f" --compare {args.compare}`" if args.compare else "`"),
+             + (f" --compare {'<' + label + '>' if args.label else args.compare}`" if args.compare else "`"),
              f"- machine: {os.cpu_count()} cores ({cpu_model()}); medians over fresh processes, backends alternating",
              f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC", "",
-             "| backend | process s | before run s | Ray start s | start-up s | protocol s | exit s | NMI | MB |",
+             "| backend | process s | outside wall s | Ray start s | start-up s | protocol s | exit s | NMI | MB |",
              "|---|---|---|---|---|---|---|---|---|"]
     for backend, rs in runs.items():
         med = {k: statistics.median(r[k] for r in rs) for k in COLS}
@@ -100,7 +105,7 @@ def main() -> None:
     same = {(r["nmi"], r["mb"]) for rs in runs.values() for r in rs}
     if args.compare:
         other = statistics.median(r["process_s"] for r in runs[systems[2][0]])
-        lines += ["", f"This checkout / {args.compare} on Ray, process time: {ray_med:.2f} / {other:.2f} s "
+        lines += ["", f"This checkout / {label} on Ray, process time: {ray_med:.2f} / {other:.2f} s "
                   f"= {ray_med / other:.2f} (same loop)."]
     lines += ["", f"Process on Ray, median {ray_med:.2f} s (best {min(r['process_s'] for r in runs['ray']):.2f} s); "
               f"target <= {TARGET_S:.0f} s: {'met' if ray_med <= TARGET_S else 'not met'}. "

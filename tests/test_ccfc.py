@@ -297,13 +297,16 @@ def test_group_norm_backbone_has_no_batch_statistics():
     model.encoder.backbone.train()
     x = torch.rand(6, 1, 8, 8)
     assert torch.allclose(model.encoder.backbone(x)[:1], model.encoder.backbone(x[:1]), atol=1e-6)
+    # widths that 8 does not divide get gcd(8, width) groups instead of an error
+    odd = ccfc.build_model(ccfc.Config(**{**TINY, "norm": "group", "channels": [12, 6, 20]}), 0)
+    assert [m.num_groups for m in odd.encoder.backbone.modules() if isinstance(m, torch.nn.GroupNorm)] == [4, 2, 4]
 
 
 @pytest.mark.parametrize("which", ["local", "global"])
 def test_centroid_model_picks_the_embedding_of_the_local_centroids(which):
     """``centroid_model: global`` clusters the client's images in the space of the global model it
-    received (the one its labels come from in the end); ``local`` (the paper's) in that of the
-    model it has just trained. The centroids must equal those of the chosen model's embedding."""
+    received that round; ``local`` (the paper's) in that of the model it has just trained. The
+    centroids must equal those of the chosen model's embedding."""
     server, clients, _ = _drive({"centroid_model": which, "warmup_rounds": 2, "cluster_rounds": 1})
     c = clients[0]
     step = 99  # any step: the k-means stream is keyed by it

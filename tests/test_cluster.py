@@ -105,7 +105,13 @@ import ray
 from raymvc.runtime import cluster
 from raymvc.scenario import load_scenario
 sc = load_scenario(sys.argv[1], ["runtime.num_cpus=2"])
-pids = []
+pids, monitor_at_shutdown = [], []
+plain_shutdown = ray.shutdown
+def shutdown(*a, **k):  # what Ray's shutdown finds: the monitor must be gone already
+    node = ray._private.worker._global_node
+    monitor_at_shutdown.extend(i.process.poll() for i in node.all_processes.get("monitor", []))
+    return plain_shutdown(*a, **k)
+ray.shutdown = shutdown
 for round_ in range(2):  # start, stop, start again: the second instance must come up as the first did
     cluster.init_ray(sc, 2)
     node = ray._private.worker._global_node
@@ -114,6 +120,7 @@ for round_ in range(2):  # start, stop, start again: the second instance must co
     if round_ == 0:
         cluster.stop_embedded()
         assert not ray.is_initialized()
+        assert monitor_at_shutdown and None not in monitor_at_shutdown, monitor_at_shutdown
 print(json.dumps(pids), flush=True)
 """  # the second instance is left to the exit hook
 
@@ -143,3 +150,28 @@ def test_embedded_instance_stops_without_leaving_processes(isolated_env, tmp_pat
     while time.time() < end and any(alive(p) for p in pids):
         time.sleep(0.2)
     assert not [p for p in pids if alive(p)]
+
+
+SWITCH = r"""
+import sys
+import ray
+from raymvc.runtime import cluster
+from raymvc.scenario import load_scenario
+cluster.init_ray(load_scenario(sys.argv[1], ["runtime.num_cpus=2"]), 2)
+try:
+    cluster.init_ray(load_scenario(sys.argv[1], [f"runtime.address=127.0.0.1:{sys.argv[2]}"]), 2)
+except cluster.ClusterError as e:
+    print("ClusterError", ray.is_initialized(), e)
+"""
+
+
+def test_a_run_naming_a_cluster_does_not_reuse_the_embedded_instance(isolated_env, tmp_path):
+    """After an embedded run, a scenario with runtime.address must join that address (here:
+    nothing listens, a one-line error), not quietly run on the embedded instance."""
+    env, _ = isolated_env
+    port = _free_port()
+    r = subprocess.run([sys.executable, "-c", SWITCH, str(REPO / "scenarios" / "hw-cefmc.yaml"), str(port)],
+                       capture_output=True, text=True, timeout=180, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("ClusterError False runtime.address: cannot join the Ray cluster at "
+                               f"127.0.0.1:{port}"), r.stdout

@@ -90,7 +90,7 @@ def _join(ray, address: str, kwargs: dict) -> None:
     _probe(ray, address, token)
 
 
-_started: dict = {"embedded": False, "exit_hook": False}
+_started: dict = {"embedded": False, "exit_hook": False, "node": None}
 # whether Ray copies the workers' output to this process; `raymvc run --json` turns it off,
 # so stdout carries the summary alone even when Ray prints late (at shutdown)
 LOG_TO_DRIVER = {"on": True}
@@ -109,19 +109,23 @@ def init_ray(sc: Scenario, n_clients: int) -> float:
     """Start (or join) Ray; returns the seconds it took (0 if already running).
 
     An instance this module started that is too small for the run (a sweep's later,
-    larger scenario) is restarted with enough CPUs; any other running instance that is
-    too small is a one-line error, never a run that waits forever for its actors.
+    larger scenario) is restarted with enough CPUs, and stopped when a run names
+    ``runtime.address``; any other running instance that is too small is a one-line
+    error, never a run that waits forever for its actors.
     """
     import ray
 
     if ray.is_initialized():
-        if _enough(ray, sc, n_clients):
-            return 0.0
-        if not _started["embedded"]:
-            raise ClusterError(f"runtime: the running Ray instance has {ray.cluster_resources().get('CPU', 0):g} CPUs, "
-                               f"the run needs {cpus_needed(sc, n_clients):g} (actors x runtime.client_cpus + "
-                               "runtime.server_cpus); lower runtime.client_cpus or pool clients "
-                               "(runtime.clients_per_actor)")
+        ours = _ours(ray)
+        if not (ours and sc.runtime.address):  # a run that names a cluster leaves the embedded instance for it
+            if _enough(ray, sc, n_clients):
+                return 0.0
+            if not ours:
+                have = ray.cluster_resources().get("CPU", 0)
+                raise ClusterError(f"runtime: the running Ray instance has {have:g} CPUs, the run needs "
+                                   f"{cpus_needed(sc, n_clients):g} (actors x runtime.client_cpus + "
+                                   "runtime.server_cpus); lower runtime.client_cpus or pool clients "
+                                   "(runtime.clients_per_actor)")
         stop_embedded()
     t = time.perf_counter()
     rt = sc.runtime
@@ -148,8 +152,19 @@ def init_ray(sc: Scenario, n_clients: int) -> float:
         if not _started["exit_hook"]:
             atexit.register(stop_embedded)  # runs before Ray's own exit hook (registered at import)
             _started["exit_hook"] = True
-        _started["embedded"] = True
+        _started["embedded"], _started["node"] = True, _node(ray)
     return time.perf_counter() - t
+
+
+def _node(ray):
+    """Ray's handle on the processes this driver started (private; None if Ray has no such attribute)."""
+    return getattr(getattr(ray, "_private", None) and ray._private.worker, "_global_node", None)
+
+
+def _ours(ray) -> bool:
+    """Whether the running instance is the embedded one this module started (not one the caller
+    started or joined after shutting ours down)."""
+    return _started["embedded"] and ray.is_initialized() and _node(ray) is _started["node"]
 
 
 def stop_embedded() -> None:
@@ -159,14 +174,17 @@ def stop_embedded() -> None:
     processes in turn and waits up to 1 s for each; the autoscaler monitor of a local
     instance never exits on SIGTERM, so every process paid that second. Here the monitor
     (which has nothing to save for an instance that ends with this process) is killed
-    first, then Ray shuts down as usual; Ray's hook then finds nothing left to do.
+    first, then Ray shuts down as usual; Ray's hook then finds nothing left to do. Worker
+    log lines that arrive after that are not waited for (the engine records workers'
+    failures itself). An instance the caller started or joined is left alone.
     """
     import ray
 
-    if not (_started["embedded"] and ray.is_initialized()):
+    if not _ours(ray):
+        _started["embedded"] = False
         return
     try:
-        node = ray._private.worker._global_node  # private: guarded, a plain shutdown follows anyway
+        node = _node(ray)  # private: guarded, a plain shutdown follows anyway
         for info in (node.all_processes.get("monitor", []) if node is not None else []):
             if info.process.poll() is None:
                 info.process.kill()

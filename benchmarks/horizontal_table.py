@@ -41,8 +41,9 @@ SHAPE_NOTE = (
     "CCFC's decline as p grows is expected and is reported as measured (the paper's first results table "
     "shows the same shape on MNIST: NMI 0.924 at p = 0, 0.077 at p = 1; there CCFC still leads k-FED at "
     "p = 0.5, 0.672 vs 0.452). At p = 1 every client holds a single class: its local training sees no "
-    "contrast between digits, its BatchNorm statistics describe one digit only, and its k local centroids "
-    "split that one digit, so the averaged model and the global centroids carry little class structure. "
+    "contrast between digits, its BatchNorm statistics (on MNIST only the projector's) describe one digit "
+    "only, and its k local centroids split that one digit, so the averaged model and the global centroids "
+    "carry little class structure. "
     "k-FED, which only clusters raw pixels once, does not degrade with p."
 )
 

@@ -42,23 +42,22 @@ def one_run(scenario: Path, backend: str, out: Path, repo: Path = REPO) -> dict:
     """One ``raymvc run`` process of the checkout ``repo`` (its own code first on the path)."""
     cmd = [sys.executable, "-m", "raymvc.cli", "run", str(scenario), "--json", "--out", str(out),
            "--set", f"runtime.backend={backend}"]
-    t0 = time.perf_counter()
-    err = tempfile.TemporaryFile(mode="w+")  # the CLI's errors go to stderr
-    proc = subprocess.Popen(cmd, cwd=repo, env=dict(os.environ, PYTHONPATH=str(repo)), stdout=subprocess.PIPE,
-                            stderr=err, text=True)
-    line = ""  # the summary (indented JSON), printed once the results are on disk; it ends with "}" alone
-    for part in proc.stdout:
-        line += part
-        if part.rstrip("\n") == "}":
-            break
-    t_summary = time.perf_counter()
-    proc.stdout.read()  # whatever follows (nothing, normally) until the process ends
-    rc = proc.wait()
-    t_end = time.perf_counter()
-    if rc != 0 or not line.strip():
-        err.seek(0)
-        raise SystemExit(f"quickstart_process: {' '.join(cmd)} ended with {rc}: {err.read()[-600:]}")
-    err.close()
+    with tempfile.TemporaryFile(mode="w+") as err:  # the CLI's errors go to stderr
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=repo, env=dict(os.environ, PYTHONPATH=str(repo)), stdout=subprocess.PIPE,
+                                stderr=err, text=True)
+        line = ""  # the summary (indented JSON), printed once the results are on disk; it ends with "}" alone
+        for part in proc.stdout:
+            line += part
+            if part.rstrip("\n") == "}":
+                break
+        t_summary = time.perf_counter()
+        proc.stdout.read()  # whatever follows (nothing, normally) until the process ends
+        rc = proc.wait()
+        t_end = time.perf_counter()
+        if rc != 0 or not line.strip():
+            err.seek(0)
+            raise SystemExit(f"quickstart_process: {' '.join(cmd)} ended with {rc}: {err.read()[-600:]}")
     summary = json.loads(line)
     t = summary["timing"]
     return {"process_s": t_end - t0, "exit_s": t_end - t_summary, "outside_s": (t_summary - t0) - t["wall_s"],

@@ -573,11 +573,13 @@ class CCFCClient(Client):
         self.model.load_state_dict(self.global_model.state_dict())
         g = torch.Generator().manual_seed(int(self.ctx.rng_for("train", step).integers(2**63 - 1)))
         loss_sum, steps = 0.0, 0
+        z_global = None  # the received model's embedding, if this round computes it
         if self.n >= 2:
             if phase == "cluster":
                 if self.C is None:
                     raise RuntimeError("ccfc client: cluster phase without global centroids")
-                y = assign(embed(self.global_model, self.x), self.C)
+                z_global = embed(self.global_model, self.x)
+                y = assign(z_global, self.C)
                 self.global_model.eval()
             opt = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
             for _ in range(cfg.local_epochs):
@@ -597,7 +599,7 @@ class CCFCClient(Client):
         fields["n"] = self.n
         fields["loss"] = loss_sum / steps if steps else 0.0
         if bool(msg.get("want_centroids", False)) and self.n > 0:
-            fields["centroids"] = self._local_centroids(step)
+            fields["centroids"] = self._local_centroids(step, z_global)
         if self.secagg is None:
             return Message("update", fields)
         return self._masked_reply(msg, fields)
@@ -617,9 +619,14 @@ class CCFCClient(Client):
             return Message("update", plain)
         return Message(rep.kind, {**rep.fields, **plain})
 
-    def _local_centroids(self, step: int) -> np.ndarray:
-        model = self.model if self.config.centroid_model == "local" else self.global_model
-        Z = embed(model, self.x).numpy().astype(np.float64)
+    def _local_centroids(self, step: int, z_global: torch.Tensor | None = None) -> np.ndarray:
+        """k-means of the images' embedding by the model ``centroid_model`` names; ``z_global``:
+        the received global model's embedding, when the round has computed it already."""
+        if self.config.centroid_model == "local":
+            Z = embed(self.model, self.x)
+        else:
+            Z = z_global if z_global is not None else embed(self.global_model, self.x)
+        Z = Z.numpy().astype(np.float64)
         # padded by repetition: the message keeps its k x latent size
         C, _ = kmeans_capped(Z, self.ctx.n_clusters, self.ctx.rng_for("local_kmeans", step), self.config.kmeans_init)
         return C.astype(np.float32)

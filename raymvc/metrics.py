@@ -16,8 +16,11 @@ def preload() -> None:
     """Import scikit-learn's metrics on a daemon thread (0.6 s here) while the driver waits
     for Ray and its actors to start, so that scoring at the end does not pay for it."""
     import importlib
+    import sys
     import threading
 
+    if "sklearn.metrics" in sys.modules:  # a later run of the same process (a sweep)
+        return
     threading.Thread(target=importlib.import_module, args=("sklearn.metrics",), daemon=True,
                      name="raymvc-preload").start()
 

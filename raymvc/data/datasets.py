@@ -233,6 +233,8 @@ def image_shapes_for(ds: MultiViewDataset, shape) -> dict[int, tuple[int, int]]:
     """
     a = np.asarray(shape)
     if a.dtype.kind not in "iu" and not (a.dtype.kind == "f" and np.all(np.isfinite(a)) and np.all(a == np.round(a))):
+        from ..scenario import short
+
         raise DataError(f"expected whole numbers, got {short(a)}")
     a = a.astype(np.int64)
     if a.shape == (2,):
@@ -248,10 +250,6 @@ def image_shapes_for(ds: MultiViewDataset, shape) -> dict[int, tuple[int, int]]:
         out[v] = (int(h), int(w))
     return out
 
-
-def short(a) -> str:
-    text = np.array2string(np.asarray(a), threshold=6)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _read_npz(path: Path):

@@ -3,6 +3,7 @@
     python benchmarks/quickstart_process.py              # 5 runs on Ray, 5 in-process, alternating
     python benchmarks/quickstart_process.py --repeats 3 --scenario scenarios/hw-cefmc.yaml
     python benchmarks/quickstart_process.py --compare ../other-checkout   # + that checkout on Ray, alternating
+    python benchmarks/quickstart_process.py --pooled 3 --ray-alone   # + pooled clients, + Ray with empty actors
 
 Each run is a fresh process (``raymvc run ... --json --out TMP``), so it pays what a
 user pays: the interpreter and imports, the data, Ray's start, the actors, the
@@ -11,7 +12,9 @@ instance). The split of the whole comes from the run's own ``summary.json``
 (``ray_init_s``, ``startup_s``, ``protocol_s``, ``wall_s``) and from the moment the
 summary reached stdout: ``outside`` = the time to the summary that ``wall_s`` does not
 cover (interpreter and imports, loading the data, scoring the labels, writing the
-summary), ``exit`` = summary to the end of the process.
+summary), ``exit`` = summary to the end of the process. ``--ray-alone`` times the floor
+under all of it: a process that starts Ray as raymvc does and as many empty actors as
+the run has parties (same CPU requests), calls each once and exits.
 
 Output: stdout and ``benchmarks/quickstart_process.md`` (command line, machine, date).
 """
@@ -38,10 +41,10 @@ OUT_MD = REPO / "benchmarks" / "quickstart_process.md"
 TARGET_S = 6.0  # the quickstart as a process on Ray, idle 2-core machine
 
 
-def one_run(scenario: Path, backend: str, out: Path, repo: Path = REPO) -> dict:
+def one_run(scenario: Path, backend: str, out: Path, repo: Path = REPO, sets: list[str] = ()) -> dict:
     """One ``raymvc run`` process of the checkout ``repo`` (its own code first on the path)."""
     cmd = [sys.executable, "-m", "raymvc.cli", "run", str(scenario), "--json", "--out", str(out),
-           "--set", f"runtime.backend={backend}"]
+           "--set", f"runtime.backend={backend}", *(x for s in sets for x in ("--set", s))]
     with tempfile.TemporaryFile(mode="w+") as err:  # the CLI's errors go to stderr
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=repo, env=dict(os.environ, PYTHONPATH=str(repo)), stdout=subprocess.PIPE,
@@ -68,6 +71,43 @@ def one_run(scenario: Path, backend: str, out: Path, repo: Path = REPO) -> dict:
 
 COLS = ("process_s", "outside_s", "ray_init_s", "startup_s", "protocol_s", "exit_s")
 
+# Ray alone, for the same layout: import ray, start an embedded instance as raymvc does,
+# start the actors (they import nothing of raymvc), one call each, stop; printed as JSON
+_RAY_ALONE = """
+import json, os, secrets, sys, time
+t0 = time.perf_counter()
+import ray
+os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+n = int(sys.argv[1])
+t1 = time.perf_counter()
+ray.init(address="local", num_cpus=max(os.cpu_count() or 1, int(sys.argv[2])), include_dashboard=False,
+         configure_logging=False)
+t2 = time.perf_counter()
+@ray.remote
+class Empty:
+    def ping(self):
+        return 1
+actors = [Empty.options(num_cpus=1.0 if i == 0 else float(sys.argv[3])).remote() for i in range(n)]
+ray.get([a.ping.remote() for a in actors])
+t3 = time.perf_counter()
+print(json.dumps({"outside_s": t1 - t0, "ray_init_s": t2 - t1, "startup_s": t3 - t2}), flush=True)
+"""
+
+
+def ray_alone(n_actors: int, cpus: int, client_cpus: float) -> dict:
+    """The floor under the quickstart on Ray: the same number of actor processes, nothing else."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", _RAY_ALONE, str(n_actors), str(cpus), str(client_cpus)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=tempfile.gettempdir())
+    line = proc.stdout.readline()
+    t_line = time.perf_counter()
+    proc.stdout.read()
+    if proc.wait() != 0 or not line.strip():
+        raise SystemExit("quickstart_process: the Ray-alone process failed")
+    t_end = time.perf_counter()
+    r = json.loads(line)
+    return {**r, "process_s": t_end - t0, "exit_s": t_end - t_line, "protocol_s": 0.0, "nmi": None, "mb": None}
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -77,20 +117,40 @@ def main() -> None:
     ap.add_argument("--compare", type=Path, default=None,
                     help="another checkout (e.g. an earlier commit) run on Ray in the same loop, alternating")
     ap.add_argument("--label", default=None, help="its name in the table (default: the path)")
+    ap.add_argument("--pooled", type=int, default=0,
+                    help="also run on Ray with this many clients per actor (runtime.clients_per_actor)")
+    ap.add_argument("--ray-alone", action="store_true",
+                    help="also time Ray alone: the same number of empty actors, started and stopped")
     args = ap.parse_args()
     label = args.label or str(args.compare)
-    systems = [("ray", "ray", REPO), ("local", "local", REPO)]
+    systems = [("ray", "ray", REPO, []), ("local", "local", REPO, [])]
+    if args.pooled:
+        systems.append((f"ray, {args.pooled} clients per actor", "ray", REPO,
+                        [f"runtime.clients_per_actor={args.pooled}"]))
     if args.compare:
-        systems.append(("ray, " + label, "ray", args.compare.resolve()))
-    runs: dict[str, list[dict]] = {name: [] for name, _, _ in systems}
+        systems.append(("ray, " + label, "ray", args.compare.resolve(), []))
+    if args.ray_alone:
+        from raymvc.runtime.cluster import cpus_needed
+        from raymvc.runtime.engine import prepare
+        from raymvc.scenario import load_scenario
+
+        sc = load_scenario(args.scenario)
+        n_clients = prepare(sc)[1].n_clients
+        alone = (n_clients + 1, max(1, int(-(-cpus_needed(sc, n_clients) // 1))), sc.runtime.client_cpus)
+        systems.append((f"Ray alone, {alone[0]} empty actors", "alone", None, []))
+    runs: dict[str, list[dict]] = {s[0]: [] for s in systems}
     with tempfile.TemporaryDirectory(prefix="quickstart-") as tmp:
         for i in range(args.repeats):
-            for j, (name, backend, repo) in enumerate(systems):
-                r = one_run(args.scenario.resolve(), backend, Path(tmp) / f"{j}-{i}", repo)
+            for j, (name, backend, repo, sets) in enumerate(systems):
+                if backend == "alone":
+                    r = ray_alone(*alone)
+                else:
+                    r = one_run(args.scenario.resolve(), backend, Path(tmp) / f"{j}-{i}", repo, sets)
                 runs[name].append(r)
                 print(f"{name} #{i}: " + "  ".join(f"{k} {r[k]:.2f}" for k in COLS), file=sys.stderr, flush=True)
     lines = [f"# The quickstart as a process ({args.scenario.name})", "",
              f"- command: `python benchmarks/quickstart_process.py --repeats {args.repeats}"
+             + (f" --pooled {args.pooled}" if args.pooled else "") + (" --ray-alone" if args.ray_alone else "")
              + (f" --compare {'<' + label + '>' if args.label else args.compare}`" if args.compare else "`"),
              f"- machine: {os.cpu_count()} cores ({cpu_model()}); medians over fresh processes, backends alternating",
              f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC", "",
@@ -98,14 +158,13 @@ def main() -> None:
              "|---|---|---|---|---|---|---|---|---|"]
     for backend, rs in runs.items():
         med = {k: statistics.median(r[k] for r in rs) for k in COLS}
-        lines.append(f"| {backend} | " + " | ".join(f"{med[k]:.2f}" for k in COLS)
-                     + f" | {rs[0]['nmi']:.4f} | {rs[0]['mb']:.3f} |")
+        scores = " | - | - |" if rs[0]["nmi"] is None else f" | {rs[0]['nmi']:.4f} | {rs[0]['mb']:.3f} |"
+        lines.append(f"| {backend} | " + " | ".join(f"{med[k]:.2f}" for k in COLS) + scores)
     ray_med = statistics.median(r["process_s"] for r in runs["ray"])
-    same = {(r["nmi"], r["mb"]) for rs in runs.values() for r in rs}
-    if args.compare:
-        other = statistics.median(r["process_s"] for r in runs[systems[2][0]])
-        lines += ["", f"This checkout / {label} on Ray, process time: {ray_med:.2f} / {other:.2f} s "
-                  f"= {ray_med / other:.2f} (same loop)."]
+    same = {(r["nmi"], r["mb"]) for rs in runs.values() for r in rs if r["nmi"] is not None}
+    for name, backend, repo, sets in systems[2:]:
+        other = statistics.median(r["process_s"] for r in runs[name])
+        lines += ["", f"ray / {name}, process time: {ray_med:.2f} / {other:.2f} s = {ray_med / other:.2f} (same loop)."]
     lines += ["", f"Process on Ray, median {ray_med:.2f} s (best {min(r['process_s'] for r in runs['ray']):.2f} s); "
               f"target <= {TARGET_S:.0f} s: {'met' if ray_med <= TARGET_S else 'not met'}. "
               f"Same NMI and MB in every run: {len(same) == 1}.", "",

@@ -272,6 +272,56 @@ def test_encryption_overhead_is_exactly_the_tag():
         assert b.wire_bytes - a.wire_bytes == 16
 
 
+@pytest.mark.parametrize("encryption", ["none", "aes-gcm"])
+@pytest.mark.parametrize("compression", ["none", "zlib"])
+def test_one_encoding_sealed_for_many_peers(encryption, compression):
+    """A broadcast is encoded once and sealed per peer; each frame is the one a separate
+    seal would give, and without encryption every frame holds the same body object."""
+    kw = dict(encryption=encryption, compression=compression)
+    server, twin = Endpoint("server", **kw), Endpoint("server", **kw)
+    clients = {f"client:{i}": Endpoint(f"client:{i}", **kw) for i in range(3)}
+    for name, c in clients.items():
+        server.add_peer(name, c.public_key())
+        c.add_peer("server", server.public_key())
+        twin.add_peer(name, None if encryption == "none" else c.public_key())
+    msg = _msg()
+    enc = server.encode(msg)
+    sealed = {name: server.seal(name, 4, msg, encoded=enc) for name in clients}
+    bodies = [s.body for s in sealed.values()]
+    if encryption == "none":
+        assert all(b is bodies[0] for b in bodies)
+        for name, s in sealed.items():  # byte for byte what a per-peer seal gives
+            assert s.frame == twin.seal(name, 4, msg).frame
+    else:
+        assert len({bytes(b) for b in bodies}) == 3  # one ciphertext per link
+    for name, s in sealed.items():
+        assert s.wire_bytes == len(s.header) + len(s.body) and s.payload_bytes == len(encode(msg))
+        opened = clients[name].open(s.parts)
+        assert opened.msg == msg and (opened.dst, opened.round, opened.seq) == (name, 4, 1)
+    with pytest.raises(ValueError, match="another message"):
+        server.seal("client:0", 5, Message("other"), encoded=enc)
+
+
+def test_open_checks_a_header_body_pair():
+    server, cli = _pair("aes-gcm")
+    s = server.seal("client:2", 1, _msg())
+    _expect(cli, (s.header + b"x", s.body), "malformed")  # a header with trailing bytes
+    _expect(cli, (s.header, s.body, b""), "malformed")
+    _expect(cli, (s.header, "text"), "malformed")
+    moved = (s.header[:-1], s.header[-1:] + s.body)  # the split moved: the header no longer parses
+    _expect(cli, moved, "malformed")
+    flipped = bytearray(s.body)
+    flipped[0] ^= 1
+    _expect(cli, (s.header, bytes(flipped)), "tampered")
+    assert cli.open((memoryview(s.header), bytearray(s.body))).msg == _msg()
+    small = Endpoint("client:2", max_message_bytes=100)
+    small.add_peer("server", None)
+    plain = Endpoint("server")
+    plain.add_peer("client:2", None)
+    big = plain.seal("client:2", 1, _msg())
+    _expect(small, big.parts, "oversized")
+
+
 def _expect(endpoint, frame, reason):
     before = dict(endpoint.rejected)
     with pytest.raises(RejectedMessage) as info:

@@ -309,3 +309,102 @@ def test_server_knows_client_sizes(tmp_path, monkeypatch):
     assert sum(seen.values()) == s["n_samples"] and len(seen) == s["n_clients"]
     assert seen == {int(c): n for c, n in enumerate(s["data_info"]["client_sizes"])}
     assert len(set(seen.values())) > 1  # Dirichlet sizes differ
+
+
+def test_a_broadcast_is_encoded_once_and_metered_per_recipient(tmp_path, monkeypatch):
+    from raymvc.channel import link
+
+    kinds = []
+    real = link.codec.encode
+
+    def counting(msg, *a, **k):
+        kinds.append(msg.kind)
+        return real(msg, *a, **k)
+
+    monkeypatch.setattr(link.codec, "encode", counting)
+    echo = tmp_path / "echo.yaml"
+    echo.write_text("method: raymvc.bench.fedavg_echo\nparams: {rounds: 3, floats: 64}\n"
+                    "data: {dataset: digits, partition: horizontal, n_clients: 4}\nruntime: {backend: local}\n")
+    s = run_scenario(load_scenario(echo), tmp_path / "out", progress=lambda line: None)
+    assert s["status"] == "completed"
+    assert kinds.count("model") == 3  # one encoding per round, not one per client
+    assert kinds.count("update") == 3 * 4
+    ledger = read_ledger(s["out_dir"])
+    assert sum(r["kind"] == "model" for r in ledger) == 3 * 4  # still one metered frame per recipient
+    assert s["communication"]["data_bytes"] == 2 * 3 * 4 * 64 * 8
+
+
+class _FakeRay:
+    """Just enough of ``ray`` for RayTransport: calls run at once, put returns a tagged reference."""
+
+    class Ref:
+        def __init__(self, value):
+            self.value = value
+
+    def __init__(self):
+        self.puts = []
+
+    def put(self, value):
+        self.puts.append(value)
+        return _FakeRay.Ref(value)
+
+    def wait(self, refs, num_returns, timeout):
+        return list(refs), []
+
+    def get(self, ref):
+        return ref.value
+
+
+class _FakePool:
+    def __init__(self, fake):
+        self.calls = []
+        pool = self
+
+        class _Method:
+            def remote(self, frames, *shared):
+                pool.calls.append((frames, shared))
+                resolved = [r.value for r in shared]  # what Ray hands the actor: the bytes
+                return _FakeRay.Ref({c: ("ok", bytes(resolved[b]) if isinstance(b, int) else b, None, 0.0)
+                                     for c, (_, b) in frames.items()})
+
+        self.deliver = _Method()
+
+
+def test_ray_transport_puts_a_shared_body_once():
+    fake = _FakeRay()
+    pools = {p: _FakePool(fake) for p in range(3)}
+    owner = {c: c // 2 for c in range(6)}  # two clients per pool
+    t = transport.RayTransport.__new__(transport.RayTransport)
+    t.ray, t.timeout_s, t.dead, t.shared_puts = fake, 5.0, set(), 0
+    t.pools = transport.RayPools(handles=pools, owner=owner, sizes={p: 2 for p in pools})
+    big, small = b"B" * transport.SHARE_MIN_BYTES, b"s" * 100
+    own = {c: bytes([c]) * transport.SHARE_MIN_BYTES for c in range(6)}  # per-client (e.g. encrypted)
+    frames = {c: (b"h%d" % c, big) for c in range(6)}
+    out = t.exchange(frames)
+    assert fake.puts == [big] and t.shared_puts == 1
+    for p, pool in pools.items():
+        ((parts, shared),) = pool.calls
+        assert [r.value for r in shared] == [big] and all(b == 0 for _, b in parts.values())
+        assert {c: h for c, (h, _) in parts.items()} == {c: b"h%d" % c for c in owner if owner[c] == p}
+    assert {c: o.frame for c, o in out.items()} == {c: big for c in range(6)}
+    for frames in ({c: (b"h", small) for c in range(6)}, {c: (b"h", own[c]) for c in range(6)},
+                   {0: (b"h", big), 1: (b"h", big), 2: (b"h", own[2])}):  # small / not shared / one pool only
+        fake.puts.clear()
+        t.exchange(frames)
+        assert fake.puts == []
+    assert t.shared_puts == 1
+
+
+def test_ray_shares_broadcast_bodies_with_the_same_results(ray_session, tmp_path):
+    echo = tmp_path / "echo.yaml"
+    echo.write_text("method: raymvc.bench.fedavg_echo\nparams: {rounds: 3, floats: 20000}\n"
+                    "data: {dataset: digits, partition: horizontal, n_clients: 4}\n"
+                    "runtime: {client_cpus: 0.25, clients_per_actor: 2}\n")
+    runs = {b: run_scenario(load_scenario(echo, [f"runtime.backend={b}"]), tmp_path / b, progress=lambda line: None)
+            for b in ("local", "ray")}
+    assert runs["ray"]["status"] == runs["local"]["status"] == "completed"
+    assert runs["ray"]["placement"]["shared_bodies"] == 3  # 160 kB to two actors, three rounds
+    assert runs["local"]["placement"]["shared_bodies"] == 0
+    assert runs["ray"]["communication"] == runs["local"]["communication"]
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("send_t", "arrive_t")} for r in rows]
+    assert strip(read_ledger(runs["ray"]["out_dir"])) == strip(read_ledger(runs["local"]["out_dir"]))

@@ -2,11 +2,11 @@
 encryption) and the traffic ledger."""
 
 from .codec import CodecError, decode, encode
-from .link import Endpoint, Opened, RejectedMessage, Sealed, handshake_bytes
+from .link import Encoded, Endpoint, Opened, RejectedMessage, Sealed, handshake_bytes
 from .meter import Ledger, LedgerRow
 
 __all__ = [
     "CodecError", "decode", "encode",
-    "Endpoint", "Opened", "RejectedMessage", "Sealed", "handshake_bytes",
+    "Encoded", "Endpoint", "Opened", "RejectedMessage", "Sealed", "handshake_bytes",
     "Ledger", "LedgerRow",
 ]

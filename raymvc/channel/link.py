@@ -10,6 +10,12 @@ encrypted. The body is the codec encoding of the message, compressed, then encry
 with every frame byte before it as associated data, so sender, receiver, round and
 sequence number cannot be altered without the tag failing.
 
+A sealed frame keeps its header and body apart (:class:`Sealed`), and
+:meth:`Endpoint.open` takes either the joined bytes or the ``(header, body)`` pair.
+A message sent to several peers is encoded and compressed once (:meth:`Endpoint.encode`,
+then ``seal(..., encoded=...)``); without encryption every recipient's frame then shares
+one body object, which the Ray transport puts in the object store once.
+
 :meth:`Endpoint.open` never processes a frame it does not trust: it raises
 :class:`RejectedMessage` with a ``reason`` and counts it in ``Endpoint.rejected``.
 Every frame is bounded: one longer than ``max_message_bytes`` on the wire, or whose
@@ -50,7 +56,7 @@ _U16 = struct.Struct("<H")
 _ROUND_SEQ = struct.Struct("<iQ")
 
 __all__ = [
-    "COMPRESSIONS", "ENCRYPTIONS", "REASONS", "Endpoint", "Opened", "RejectedMessage",
+    "COMPRESSIONS", "ENCRYPTIONS", "REASONS", "Encoded", "Endpoint", "Opened", "RejectedMessage",
     "Sealed", "handshake_bytes",
 ]
 
@@ -69,15 +75,38 @@ class RejectedMessage(Exception):
 
 
 @dataclass(frozen=True)
-class Sealed:
-    """A frame ready to send, with its size before and after the link layer."""
+class Encoded:
+    """A message encoded and compressed once, ready to be sealed for any number of peers."""
 
-    frame: bytes
+    kind: str
+    body: bytes  # codec output, compressed if the endpoint compresses
+    payload_bytes: int  # codec output before compression
+    data_bytes: int
+    compressed: bool
+
+
+@dataclass(frozen=True)
+class Sealed:
+    """A frame ready to send (header and body kept apart), with its size before and after
+    the link layer."""
+
+    header: bytes
+    body: bytes
     payload_bytes: int
     wire_bytes: int
     kind: str
     seq: int
     data_bytes: int = 0
+
+    @property
+    def frame(self) -> bytes:
+        """The frame as one byte string (``header + body``)."""
+        return self.header + self.body
+
+    @property
+    def parts(self) -> tuple[bytes, bytes]:
+        """``(header, body)``, what :meth:`Endpoint.open` also accepts."""
+        return self.header, self.body
 
 
 @dataclass(frozen=True)
@@ -123,6 +152,23 @@ def _parse_frame(frame: bytes) -> tuple[int, str, str, int, int, int]:
     rnd, seq = _ROUND_SEQ.unpack_from(frame, pos)
     pos += _ROUND_SEQ.size
     return flags, parties[0], parties[1], rnd, seq, pos
+
+
+_BYTES = (bytes, bytearray, memoryview)
+
+
+def _split(frame) -> tuple[object, object]:
+    """``(header, body)`` of a frame given as a pair, ``(frame, None)`` for joined bytes,
+    ``(None, None)`` for anything else; nothing is copied."""
+    if isinstance(frame, _BYTES):
+        return frame, None
+    if isinstance(frame, tuple) and len(frame) == 2 and all(isinstance(p, _BYTES) for p in frame):
+        return frame
+    return None, None
+
+
+def _nbytes(part) -> int:
+    return 0 if part is None else part.nbytes if isinstance(part, memoryview) else len(part)
 
 
 def _inflate(body: bytes, limit: int) -> bytes:
@@ -198,52 +244,69 @@ class Endpoint:
         self._next_seq.setdefault(peer, 1)
         self._last_seq.setdefault(peer, 0)
 
-    def seal(self, dst: str, round: int, msg: Message) -> Sealed:
-        """Encode, compress and encrypt ``msg`` for ``dst`` in ``round``."""
+    def encode(self, msg: Message) -> Encoded:
+        """Encode and compress ``msg`` (no peer, no sequence number yet)."""
+        payload = codec.encode(msg, self.float_dtype)
+        compressed = self.compression == "zlib"
+        return Encoded(kind=msg.kind, body=zlib.compress(payload) if compressed else payload,
+                       payload_bytes=len(payload), data_bytes=codec.data_bytes(msg, self.float_dtype),
+                       compressed=compressed)
+
+    def seal(self, dst: str, round: int, msg: Message, *, encoded: Encoded | None = None) -> Sealed:
+        """Encode, compress and encrypt ``msg`` for ``dst`` in ``round``.
+
+        ``encoded`` (from :meth:`encode` of this endpoint, for this very message) skips
+        the encoding: a broadcast is encoded once and sealed per recipient. Without
+        encryption the frames then share the one body object.
+        """
         if dst not in self._keys:
             raise KeyError(f"{self.party}: unknown peer {dst!r}; call add_peer first")
         if not -(2**31) <= round < 2**31:
             raise ValueError("round must fit in int32")
-        payload = codec.encode(msg, self.float_dtype)
+        if encoded is None:
+            encoded = self.encode(msg)
+        elif encoded.kind != msg.kind or encoded.compressed != (self.compression == "zlib"):
+            raise ValueError("encoded was made for another message or endpoint")
         seq = self._next_seq[dst]
         self._next_seq[dst] = seq + 1
-        flags = 0
-        body = payload
-        if self.compression == "zlib":
-            flags |= FLAG_COMPRESSED
-            body = zlib.compress(body)
-        if self.encrypted:
-            flags |= FLAG_ENCRYPTED
+        flags = (FLAG_COMPRESSED if encoded.compressed else 0) | (FLAG_ENCRYPTED if self.encrypted else 0)
         header = (FRAME_MAGIC + bytes([flags]) + _party_bytes(self.party) + _party_bytes(dst)
                   + _ROUND_SEQ.pack(round, seq))
+        body = encoded.body
         if self.encrypted:
             body = self._keys[dst].send.encrypt(seq_nonce(seq), body, header)
-        frame = header + body
-        return Sealed(frame=frame, payload_bytes=len(payload), wire_bytes=len(frame),
-                      kind=msg.kind, seq=seq, data_bytes=codec.data_bytes(msg, self.float_dtype))
+        return Sealed(header=header, body=body, payload_bytes=encoded.payload_bytes,
+                      wire_bytes=len(header) + len(body), kind=msg.kind, seq=seq, data_bytes=encoded.data_bytes)
 
     def _reject(self, reason: str, detail: str) -> RejectedMessage:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
         return RejectedMessage(reason, detail)
 
-    def open(self, frame: bytes, *, expect_src: str | None = None,
+    def open(self, frame: bytes | tuple[bytes, bytes], *, expect_src: str | None = None,
              expect_round: int | None = None) -> Opened:
-        """Check and decode a frame; raise :class:`RejectedMessage` if it is not trusted.
+        """Check and decode a frame (bytes, or the ``(header, body)`` pair of :attr:`Sealed.parts`);
+        raise :class:`RejectedMessage` if it is not trusted.
 
         With ``expect_src`` a frame from any other party is ``misrouted``; with
         ``expect_round`` an authentic frame of another round is ``stale-round``.
         """
-        if not isinstance(frame, (bytes, bytearray, memoryview)):
-            raise self._reject("malformed", f"expected bytes, got {type(frame).__name__}")
-        size = frame.nbytes if isinstance(frame, memoryview) else len(frame)
+        header, body = _split(frame)
+        if header is None:
+            raise self._reject("malformed", f"expected bytes or a (header, body) pair, got {type(frame).__name__}")
+        size = _nbytes(header) + _nbytes(body)
         if size > self.max_payload_bytes:
             raise self._reject("oversized", f"frame of {size} bytes exceeds the cap of "
                                             f"{self.max_payload_bytes} bytes")
-        frame = bytes(frame)
+        header = bytes(header)  # no copy for bytes
+        body = None if body is None else bytes(body)
         try:
-            flags, src, dst, rnd, seq, pos = _parse_frame(frame)
+            flags, src, dst, rnd, seq, pos = _parse_frame(header)
+            if body is not None and pos != len(header):
+                raise ValueError("frame header has trailing bytes")
         except ValueError as exc:
             raise self._reject("malformed", str(exc)) from None
+        if body is None:
+            header, body = header[:pos], header[pos:]
         if dst != self.party:
             raise self._reject("misrouted", f"frame for {dst!r} reached {self.party!r}")
         if expect_src is not None and src != expect_src:
@@ -252,10 +315,9 @@ class Endpoint:
             raise self._reject("unknown-peer", f"no link with {src!r}")
         if bool(flags & FLAG_ENCRYPTED) != self.encrypted:
             raise self._reject("tampered", "encryption flag does not match this link")
-        body = frame[pos:]
         if self.encrypted:
             try:
-                body = self._keys[src].recv.decrypt(seq_nonce(seq), body, frame[:pos])
+                body = self._keys[src].recv.decrypt(seq_nonce(seq), body, header)
             except InvalidTag:
                 raise self._reject("tampered", f"authentication failed for frame from {src!r}") \
                     from None

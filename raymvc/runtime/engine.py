@@ -364,7 +364,7 @@ def _write_results(sc, ds, part, end: RunEnd, timing: dict, ray_init_s: float, w
     clients = where.get("clients") or {}
     summary["placement"] = {"clients_per_actor": sc.runtime.clients_per_actor, "strategy": sc.runtime.placement,
                             "nodes": sorted(set(clients.values())), "server_node": where.get("server"),
-                            "client_node": clients}
+                            "client_node": clients, "shared_bodies": end.shared_bodies}
     writer.summary(summary)
     writer.close()
     return summary

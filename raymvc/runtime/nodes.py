@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..channel import Endpoint, Ledger, LedgerRow, RejectedMessage, handshake_bytes
+from ..channel import Encoded, Endpoint, Ledger, LedgerRow, RejectedMessage, handshake_bytes
 from ..messages import Done, Message, labels_array
 from ..protocol import ClientContext, ServerContext
 from ..scenario import ChannelCfg, FaultsCfg, NetworkCfg
@@ -46,6 +46,17 @@ EVAL_LABELS = "eval.labels"
 
 def client_party(cid: int) -> str:
     return f"client:{cid}"
+
+
+def broadcast_key(msg: Message) -> tuple:
+    """Messages with equal keys encode to the same bytes: same kind, same field names, the
+    very same array objects (by identity, so no array is hashed or compared) and scalars of
+    the same type and ``repr`` (so ``0.0`` and ``-0.0`` differ). A protocol that sends one
+    array to every client, e.g. ``{c: Message("model", w=self.w) for c in ids}``, is
+    encoded once. Valid while the messages are alive and unchanged, i.e. within one
+    ``_send``."""
+    return (msg.kind, *((name, ("a", id(v)) if isinstance(v, np.ndarray) else ("s", type(v).__name__, repr(v)))
+                        for name, v in msg.fields.items()))
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -92,8 +103,8 @@ class ClientNode:
         load_state(self.client, data[:-_ROUND.size])
         (self.client.ctx.round,) = _ROUND.unpack(data[-_ROUND.size:])
 
-    def deliver(self, frame: bytes) -> tuple[str, bytes | None, str | None, float]:
-        """Open a frame, run the protocol, seal the reply.
+    def deliver(self, frame: bytes | tuple[bytes, bytes]) -> tuple[str, bytes | None, str | None, float]:
+        """Open a frame (bytes or ``(header, body)``), run the protocol, seal the reply.
 
         Returns ``(status, reply_frame, detail, compute_s)`` with status ``"ok"``,
         ``"rejected"`` (detail = reason) or ``"error"`` (detail = the exception).
@@ -138,9 +149,16 @@ class ClientPool:
     def hello_all(self, server_key: bytes | None) -> dict[int, bytes | None]:
         return {cid: node.hello(server_key) for cid, node in self.nodes.items()}
 
-    def deliver(self, frames: dict[int, bytes]) -> dict[int, tuple]:
-        return {cid: (("crashed", None, "logical client killed", 0.0) if cid in self.dead
-                      else self.nodes[cid].deliver(frame)) for cid, frame in frames.items()}
+    def deliver(self, frames: dict[int, tuple], *shared: bytes) -> dict[int, tuple]:
+        """Deliver ``{client: (header, body)}``; a body given as an int is ``shared[i]``, a
+        broadcast body the transport put in Ray's object store once (Ray passes it here as bytes)."""
+        out = {}
+        for cid, (header, body) in frames.items():
+            if cid in self.dead:
+                out[cid] = ("crashed", None, "logical client killed", 0.0)
+                continue
+            out[cid] = self.nodes[cid].deliver((header, shared[body] if isinstance(body, int) else body))
+        return out
 
     def kill(self, cid: int) -> None:
         self.dead.add(cid)
@@ -286,13 +304,19 @@ class ServerNode:
     # -- one exchange: send, deliver, receive --------------------------------
     def _send(self, r: int, outgoing: dict[int, Message], path: str, faults: Injector,
               st: RoundState, t0: float) -> tuple[dict[int, bytes], dict[int, LedgerRow]]:
-        """Seal and meter every outgoing message; decide dropouts. Returns the frames to deliver."""
+        """Seal and meter every outgoing message; decide dropouts. Returns the frames to deliver
+        as ``(header, body)`` pairs; messages with the same content are encoded once (see
+        :func:`broadcast_key`), and without encryption their frames share one body object."""
         frames, rows = {}, {}
+        encoded: dict[tuple, Encoded] = {}
         for cid, msg in outgoing.items():
             if cid in self.offline:
                 st.missing.add(cid)
                 continue
-            sealed = self.endpoint.seal(client_party(cid), r, msg)
+            key = broadcast_key(msg)
+            if key not in encoded:
+                encoded[key] = self.endpoint.encode(msg)
+            sealed = self.endpoint.seal(client_party(cid), r, msg, encoded=encoded[key])
             row = self.ledger.record(round=r, src=SERVER, dst=client_party(cid), kind=msg.kind, path=path,
                                      payload_bytes=sealed.payload_bytes, wire_bytes=sealed.wire_bytes,
                                      data_bytes=sealed.data_bytes, send_t=t0,
@@ -302,7 +326,7 @@ class ServerNode:
                 st.dropped.append(cid)
                 st.missing.add(cid)
                 continue
-            frames[cid], rows[cid] = sealed.frame, row
+            frames[cid], rows[cid] = sealed.parts, row
         return frames, rows
 
     def _failed_delivery(self, r: int, cid: int, out: Outcome, row: LedgerRow, path: str, st: RoundState) -> None:
@@ -467,4 +491,5 @@ class ServerNode:
                 end.predictions = self._collect_predictions()
         end.compute_s = self.compute_s
         end.crashed = sorted(self.crashed)
+        end.shared_bodies = getattr(self.transport, "shared_puts", 0)
         return end

@@ -79,3 +79,4 @@ class RunEnd:
     participation: dict[int, Participation] = field(default_factory=dict)
     evicted: list[int] = field(default_factory=list)
     ledger: Ledger | None = None
+    shared_bodies: int = 0  # broadcast bodies put in Ray's object store once for several actors

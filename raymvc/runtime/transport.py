@@ -3,6 +3,12 @@
 On Ray every actor is a :class:`~raymvc.runtime.nodes.ClientPool` hosting one or more
 logical clients (``runtime.clients_per_actor``, default 1). A round sends one call per
 actor, all at once, and waits for them together (``ray.wait``) with a wall-clock limit.
+
+Frames arrive as ``(header, body)`` pairs. A body that several actors' frames share (a
+broadcast without encryption: the server encodes it once and every frame holds the same
+body object) and that is at least :data:`SHARE_MIN_BYTES` long is put in Ray's object
+store once and passed to each actor by reference; otherwise Ray would copy it into the
+store once per call. Only the per-recipient headers travel per call.
 """
 
 from __future__ import annotations
@@ -21,6 +27,11 @@ class Outcome:
     frame: bytes | None = None
     detail: str | None = None
     compute_s: float = 0.0
+
+
+# below this Ray passes arguments inline with the call (its own limit is 100 KiB), where a
+# shared reference would cost more than the copy it saves
+SHARE_MIN_BYTES = 100 * 1024
 
 
 class _Hung(BaseException):
@@ -73,7 +84,7 @@ class LocalTransport:
                 out[cid] = e
         return out
 
-    def exchange(self, frames: dict[int, bytes]) -> dict[int, Outcome]:
+    def exchange(self, frames: dict[int, tuple[bytes, bytes]]) -> dict[int, Outcome]:
         out = {}
         for cid, frame in frames.items():
             if cid in self.dead:
@@ -112,6 +123,7 @@ class RayTransport:
         self.pools = pools
         self.timeout_s = timeout_s
         self.dead: set[int] = set()  # logical clients killed inside a pool that lives on
+        self.shared_puts = 0  # broadcast bodies put in the object store once for several actors
 
     def _pool(self, cid: int):
         return self.pools.handles[self.pools.owner[cid]]
@@ -140,16 +152,17 @@ class RayTransport:
                 out.update({c: e for c in members})
         return out
 
-    def exchange(self, frames: dict[int, bytes]) -> dict[int, Outcome]:
+    def exchange(self, frames: dict[int, tuple[bytes, bytes]]) -> dict[int, Outcome]:
         ray = self.ray
-        groups: dict[int, dict[int, bytes]] = {}
+        groups: dict[int, dict[int, tuple]] = {}
         out: dict[int, Outcome] = {}
         for cid, frame in frames.items():
             if cid in self.dead:
                 out[cid] = Outcome("crashed", detail="logical client killed")
                 continue
             groups.setdefault(self.pools.owner[cid], {})[cid] = frame
-        refs = {pid: self.pools.handles[pid].deliver.remote(group) for pid, group in groups.items()}
+        calls = self._share_bodies(groups)
+        refs = {pid: self.pools.handles[pid].deliver.remote(group, *shared) for pid, (group, shared) in calls.items()}
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.timeout_s) if refs else ([], [])
         ready = set(ready)
         for pid, ref in refs.items():
@@ -163,6 +176,35 @@ class RayTransport:
             except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as e:
                 out.update({cid: Outcome("crashed", detail=type(e).__name__) for cid in groups[pid]})
         return {cid: out[cid] for cid in frames}
+
+    def _share_bodies(self, groups: dict[int, dict[int, tuple]]) -> dict[int, tuple[dict, list]]:
+        """Per actor: its frames, with every body that other actors' frames share (same
+        object) and of at least :data:`SHARE_MIN_BYTES` replaced by an index into the
+        call's extra arguments, which are object references put once for all actors."""
+        users: dict[int, set[int]] = {}
+        for pid, group in groups.items():
+            for _, body in group.values():
+                if len(body) >= SHARE_MIN_BYTES:
+                    users.setdefault(id(body), set()).add(pid)
+        bodies = {id(body): body for group in groups.values() for _, body in group.values()}
+        put = {key: self.ray.put(bodies[key]) for key, pids in users.items() if len(pids) > 1}
+        self.shared_puts += len(put)
+        calls = {}
+        for pid, group in groups.items():
+            shared: list = []
+            slot: dict[int, int] = {}
+            parts = {}
+            for cid, (header, body) in group.items():
+                key = id(body)
+                if key in put:
+                    if key not in slot:
+                        slot[key] = len(shared)
+                        shared.append(put[key])
+                    parts[cid] = (header, slot[key])
+                else:
+                    parts[cid] = (header, body)
+            calls[pid] = (parts, shared)
+        return calls
 
     def kill(self, cid: int) -> None:
         pid = self.pools.owner[cid]

@@ -408,3 +408,20 @@ def test_ray_shares_broadcast_bodies_with_the_same_results(ray_session, tmp_path
     assert runs["ray"]["communication"] == runs["local"]["communication"]
     strip = lambda rows: [{k: v for k, v in r.items() if k not in ("send_t", "arrive_t")} for r in rows]
     assert strip(read_ledger(runs["ray"]["out_dir"])) == strip(read_ledger(runs["local"]["out_dir"]))
+
+
+def test_the_server_runs_fast_rounds_in_batches(tmp_path):
+    from raymvc.runtime.engine import _spawn, prepare
+
+    echo = tmp_path / "echo.yaml"
+    echo.write_text("method: raymvc.bench.fedavg_echo\nparams: {rounds: 6, floats: 8}\n"
+                    "data: {dataset: digits, partition: horizontal, n_clients: 3}\nruntime: {backend: local}\n")
+    sc = load_scenario(echo)
+    ds, part = prepare(sc)
+    server, _ = _spawn(sc, part, ds)
+    server.connect()
+    server.begin()
+    assert [r.round for r in server.run_rounds(0.0, 100)] == [0]  # no time left: still one round
+    assert [r.round for r in server.run_rounds(60.0, 2)] == [1, 2]  # at most max_rounds
+    last = server.run_rounds(60.0, 100)  # ends with the round that finishes the run
+    assert [r.round for r in last] == [3, 4, 5] and last[-1].done and not any(r.done for r in last[:-1])

@@ -155,6 +155,13 @@ def _spawn(sc: Scenario, part, ds) -> tuple[object, list]:
     return server, [server, *pools.handles.values()]
 
 
+# the driver asks the server for rounds until this much wall time has passed (at least one
+# round): fast rounds cost one driver round trip per batch, a stop request or progress line
+# waits at most this long
+ROUNDS_CALL_S = 0.25
+MAX_ROUNDS_PER_CALL = 10_000
+
+
 class _Call:
     """Call a node method the same way on both backends."""
 
@@ -174,9 +181,9 @@ class RunInterrupted(BaseException):
 
 
 class _StopRequest:
-    """SIGINT/SIGTERM while a run is on: the first asks to stop after the current round (the
-    driver is often inside Ray, where raising from a signal handler is not safe); a second
-    one stops at once."""
+    """SIGINT/SIGTERM while a run is on: the first asks to stop after the current call for
+    rounds (one round, or fast rounds filling ``ROUNDS_CALL_S``; the driver is often inside
+    Ray, where raising from a signal handler is not safe); a second one stops at once."""
 
     def __init__(self, progress: Callable[[str], None]):
         self.signal: str | None = None
@@ -248,23 +255,24 @@ class _Run:
         else:
             call("begin")
         t0 = time.perf_counter()
-        while True:
+        per_call = 1 if sc.runtime.checkpoint else MAX_ROUNDS_PER_CALL  # a checkpoint follows every round
+        done = False
+        while not done:
             stop.check()
-            rec = call("run_round")
-            writer.round(rec.to_dict())
-            logged += 1
-            if sc.runtime.checkpoint and not rec.done:
-                t = time.perf_counter()
-                ck = call("checkpoint")
-                if ck is not None:  # None: a client is still busy with a call that timed out
-                    checkpoint.save(writer.dir, ck, logged)
-                self.timing["checkpoint_s"] = self.timing.get("checkpoint_s", 0.0) + time.perf_counter() - t
-            if on_round is not None:
-                on_round(rec.to_dict())
-            else:
-                progress(_round_line(sc.name, rec))
-            if rec.done:
-                break
+            for rec in call("run_rounds", ROUNDS_CALL_S, per_call):
+                writer.round(rec.to_dict())
+                logged += 1
+                if sc.runtime.checkpoint and not rec.done:
+                    t = time.perf_counter()
+                    ck = call("checkpoint")
+                    if ck is not None:  # None: a client is still busy with a call that timed out
+                        checkpoint.save(writer.dir, ck, logged)
+                    self.timing["checkpoint_s"] = self.timing.get("checkpoint_s", 0.0) + time.perf_counter() - t
+                if on_round is not None:
+                    on_round(rec.to_dict())
+                else:
+                    progress(_round_line(sc.name, rec))
+                done = rec.done
         end = call("finish")
         self.timing["protocol_s"] = time.perf_counter() - t0 - self.timing.get("checkpoint_s", 0.0)
         return end

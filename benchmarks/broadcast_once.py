@@ -11,8 +11,9 @@ frame. Two ways, alternating:
 - ``per client``: each frame encoded on its own and passed by value, so Ray copies each
   actor's body into the object store itself (what the engine did before).
 
-Reports the median time of one exchange (seal + send + all replies back) and the
-object-store bytes the call arguments take. Writes ``benchmarks/broadcast_once.md``.
+Reports the median time of one exchange (seal + send + all replies back) and how many
+MB of bodies go into the object store per exchange (counted: bodies x size, not read
+from Ray). Writes ``benchmarks/broadcast_once.md``.
 
     python benchmarks/broadcast_once.py --clients 8 --mb 4
 """
@@ -110,11 +111,12 @@ def main(argv: list[str] | None = None) -> int:
         f"- {n} echo actors, one per client; a {body_mb:.2f} MB body; medians of {args.repeat} exchanges per way, "
         "ways alternating; an exchange = seal for every client + send + every reply back",
         "",
-        "| way | ms per exchange (median) | object store MB per exchange |",
+        "| way | ms per exchange (median) | bodies put in the object store per exchange, MB (count x size) |",
         "|---|---|---|",
         *(f"| {k} | {med[k]:.1f} | {store[k]:.1f} |" for k in med),
         "",
-        f"Ratio once / per client: {med['once'] / med['per client']:.2f} (time), {1 / n:.2f} (object store).",
+        f"Ratio once / per client: {med['once'] / med['per client']:.2f} (time), {1 / n:.2f} (bodies in the object "
+        "store). The time saved is the encodings and the copies together.",
         "",
         "Sharing is decided when the message is sealed, by identity: the server encodes messages with "
         "the same kind and the same array objects once (`raymvc.runtime.nodes.broadcast_key`), so "

@@ -283,22 +283,29 @@ class Endpoint:
         return RejectedMessage(reason, detail)
 
     def open(self, frame: bytes | tuple[bytes, bytes], *, expect_src: str | None = None,
-             expect_round: int | None = None) -> Opened:
+             expect_round: int | None = None, pair_ok: bool = True) -> Opened:
         """Check and decode a frame (bytes, or the ``(header, body)`` pair of :attr:`Sealed.parts`);
         raise :class:`RejectedMessage` if it is not trusted.
 
         With ``expect_src`` a frame from any other party is ``misrouted``; with
-        ``expect_round`` an authentic frame of another round is ``stale-round``.
+        ``expect_round`` an authentic frame of another round is ``stale-round``;
+        with ``pair_ok=False`` only joined bytes are accepted (a receiver that meters
+        frames by their length).
         """
         header, body = _split(frame)
-        if header is None:
-            raise self._reject("malformed", f"expected bytes or a (header, body) pair, got {type(frame).__name__}")
-        size = _nbytes(header) + _nbytes(body)
+        if header is None or (body is not None and not pair_ok):
+            raise self._reject("malformed", f"expected bytes{' or a (header, body) pair' if pair_ok else ''}, "
+                                            f"got {type(frame).__name__}")
+        try:
+            size = _nbytes(header) + _nbytes(body)
+            if size <= self.max_payload_bytes:
+                header = bytes(header)  # no copy for bytes
+                body = None if body is None else bytes(body)
+        except ValueError as exc:  # e.g. a released memoryview
+            raise self._reject("malformed", str(exc)) from None
         if size > self.max_payload_bytes:
             raise self._reject("oversized", f"frame of {size} bytes exceeds the cap of "
                                             f"{self.max_payload_bytes} bytes")
-        header = bytes(header)  # no copy for bytes
-        body = None if body is None else bytes(body)
         try:
             flags, src, dst, rnd, seq, pos = _parse_frame(header)
             if body is not None and pos != len(header):

@@ -198,7 +198,7 @@ class _StopRequest:
             self.saving = True
             raise RunInterrupted(f"{self.signal}, then {name}")
         self.signal = name
-        self.progress(f"{name}: stopping after this round (send it again to stop now)")
+        self.progress(f"{name}: stopping after the rounds under way (send it again to stop now)")
 
     def check(self) -> None:
         if self.signal is not None:
@@ -235,6 +235,7 @@ class _Run:
         self.timing: dict = {"startup_s": 0.0, "protocol_s": 0.0}
         self.handles: list = []
         self.call: _Call | None = None
+        self.last_round = -1  # the last round written to rounds.jsonl
 
     def drive(self, writer: RunWriter, progress: Callable[[str], None],
               on_round: Callable[[dict], None] | None, stop: _StopRequest, resume: tuple | None = None) -> RunEnd:
@@ -259,8 +260,11 @@ class _Run:
         done = False
         while not done:
             stop.check()
-            for rec in call("run_rounds", ROUNDS_CALL_S, per_call):
+            batch = call("run_rounds", ROUNDS_CALL_S, per_call)
+            for rec in batch:  # on disk first, whatever the callbacks below do
                 writer.round(rec.to_dict())
+                self.last_round = rec.round
+            for rec in batch:
                 logged += 1
                 if sc.runtime.checkpoint and not rec.done:
                     t = time.perf_counter()
@@ -277,8 +281,10 @@ class _Run:
         self.timing["protocol_s"] = time.perf_counter() - t0 - self.timing.get("checkpoint_s", 0.0)
         return end
 
-    def salvage(self, status: str, error: str) -> RunEnd:
-        """The run so far from the server (ledger, rounds, counts), or an empty record."""
+    def salvage(self, status: str, error: str, writer: RunWriter) -> RunEnd:
+        """The run so far from the server (ledger, rounds, counts), or an empty record; round
+        records the server finished but the driver never received (it stopped waiting
+        mid-batch) are written to rounds.jsonl."""
         end = None
         if self.call is not None:
             try:
@@ -286,6 +292,10 @@ class _Run:
             except BaseException:  # the server is gone or stuck: nothing more to save
                 end = None
         end = end or RunEnd(status=status)
+        for rec in end.unreported:
+            if rec["round"] > self.last_round:
+                writer.round(rec)
+                self.last_round = rec["round"]
         end.status, end.error = status, end.error or error
         return end
 
@@ -342,10 +352,10 @@ def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: C
         except (KeyboardInterrupt, RunInterrupted) as e:
             stop.saving = True
             interrupted = True
-            end = run.salvage("interrupted", f"interrupted ({e or type(e).__name__})")
+            end = run.salvage("interrupted", f"interrupted ({e or type(e).__name__})", writer)
         except Exception as e:  # keep whatever we have; the summary says what went wrong
             stop.saving = True
-            end = run.salvage("failed", one_line(e))
+            end = run.salvage("failed", one_line(e), writer)
         finally:
             _stop(run.handles)
             if sc.runtime.backend == "local":

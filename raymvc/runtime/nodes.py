@@ -231,6 +231,8 @@ class ServerNode:
         self.client_errors: list[dict] = []  # every failure, in order: {round, client, path, error}
         self.participation = {c: Participation() for c in self.client_ids}
         self.compute_s = 0.0
+        self.unreported: list[RoundRecord] = []  # the rounds of the latest run_rounds call
+        self.deferred: Exception | None = None  # raised by the next run_rounds call
 
     # -- setup -------------------------------------------------------------
     def connect(self) -> list[int]:
@@ -364,10 +366,11 @@ class ServerNode:
         if out.frame is None:
             st.acked.add(cid)  # answered, with nothing to say
             return None
+        wire = len(out.frame) if isinstance(out.frame, (bytes, bytearray)) else 0  # anything else is rejected
         send_t = row.arrive_t + faults.delay(r, cid)
-        arrive = send_t + self.net.transfer_s(len(out.frame))
+        arrive = send_t + self.net.transfer_s(wire)
         try:
-            opened = self.endpoint.open(out.frame, expect_src=client_party(cid), expect_round=r)
+            opened = self.endpoint.open(out.frame, expect_src=client_party(cid), expect_round=r, pair_ok=False)
             status, kind = "delivered", opened.msg.kind
             payload, data = opened.payload_bytes, opened.data_bytes
         except RejectedMessage as e:
@@ -375,7 +378,7 @@ class ServerNode:
         if opened is not None and faults.late(arrive, t0):
             status = "late"
         self.ledger.record(round=r, src=client_party(cid), dst=SERVER, kind=kind, path=path, payload_bytes=payload,
-                           wire_bytes=len(out.frame), data_bytes=data, send_t=send_t, arrive_t=arrive, status=status)
+                           wire_bytes=wire, data_bytes=data, send_t=send_t, arrive_t=arrive, status=status)
         if status == "delivered":
             st.replies[cid] = opened.msg
             return arrive
@@ -457,15 +460,32 @@ class ServerNode:
         return record
 
     def run_rounds(self, budget_s: float, max_rounds: int) -> list[RoundRecord]:
-        """Rounds back to back until one ends the run, ``max_rounds`` have run or ``budget_s``
-        of wall time has passed (always at least one): one call from the driver for many
-        fast rounds, which on Ray saves the driver's round trip per round."""
+        """Rounds back to back: one call from the driver for many fast rounds, which on Ray
+        saves the driver's round trip per round.
+
+        Stops after a round that ends the run, after ``max_rounds``, or before a round that
+        would likely end past ``budget_s`` of wall time (judged by the last round's
+        length); always runs at least one. A round that raises after others ran in this
+        call is raised by the next call, so the driver records the finished ones first;
+        the records also stay in ``unreported`` (and in :meth:`finish`'s ``RunEnd``) for a
+        driver that stopped waiting.
+        """
+        if self.deferred is not None:
+            error, self.deferred = self.deferred, None
+            raise error
+        self.unreported = []
         t = time.perf_counter()
-        out = []
         while True:
-            out.append(self.run_round())
-            if out[-1].done or len(out) >= max_rounds or time.perf_counter() - t >= budget_s:
-                return out
+            try:
+                rec = self.run_round()
+            except Exception as e:
+                if not self.unreported:
+                    raise
+                self.deferred = e
+                return list(self.unreported)
+            self.unreported.append(rec)
+            if rec.done or len(self.unreported) >= max_rounds or time.perf_counter() - t + rec.wall_s >= budget_s:
+                return list(self.unreported)
 
     # -- the end -----------------------------------------------------------
     def _collect_predictions(self) -> dict[int, np.ndarray]:
@@ -503,4 +523,5 @@ class ServerNode:
         end.compute_s = self.compute_s
         end.crashed = sorted(self.crashed)
         end.shared_bodies = getattr(self.transport, "shared_puts", 0)
+        end.unreported = [rec.to_dict() for rec in self.unreported]
         return end

@@ -80,3 +80,4 @@ class RunEnd:
     evicted: list[int] = field(default_factory=list)
     ledger: Ledger | None = None
     shared_bodies: int = 0  # broadcast bodies put in Ray's object store once for several actors
+    unreported: list[dict[str, Any]] = field(default_factory=list)  # the latest batch of round records

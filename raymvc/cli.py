@@ -430,5 +430,29 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
 
+def entry() -> None:
+    """The ``raymvc`` command: :func:`main`, then a quick exit.
+
+    Threads that keep the process alive are waited for, exit handlers run (the embedded
+    Ray instance stops) and the standard streams are flushed, as at any exit; what is
+    skipped is the interpreter's teardown of every loaded module, 0.2-0.5 s with Ray,
+    scikit-learn or torch loaded, after the results are already on disk.
+    """
+    rc = main()
+    import atexit
+    import threading
+
+    for t in threading.enumerate():
+        if t is not threading.current_thread() and not t.daemon:
+            t.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(rc)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    entry()

@@ -237,3 +237,23 @@ def test_method_from_an_entry_point(monkeypatch):
     assert protocols.get("kfed-alias").name == "kfed"
     sc = load_scenario(REPO / "scenarios" / "digits-kfed.yaml", ["method=kfed-alias"])
     assert sc.method == "kfed-alias"
+
+
+def test_the_command_exits_quickly_but_completely(tmp_path):
+    """entry() skips the interpreter's teardown, not the exit handlers, threads or output."""
+    out, mark = tmp_path / "run", tmp_path / "atexit-ran"
+    code = ("import atexit, sys, threading, time\n"
+            "from raymvc.cli import entry\n"
+            f"atexit.register(lambda: open({str(mark)!r}, 'w').write('ran'))\n"
+            "threading.Thread(target=lambda: (time.sleep(0.5), print('late thread', file=sys.stderr))).start()\n"
+            f"sys.argv = ['raymvc', 'run', {str(QUICK)!r}, '--backend', 'local', '--json', '--out', {str(out)!r}]\n"
+            "entry()\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == json.loads((out / "summary.json").read_text())  # all of stdout was flushed
+    assert mark.read_text() == "ran" and "late thread" in r.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("method: [")
+    r = subprocess.run([sys.executable, "-m", "raymvc.cli", "validate", str(bad)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and r.stderr.startswith(f"error: {bad}: invalid YAML")

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import statistics
@@ -147,6 +148,8 @@ def main() -> None:
     ap.add_argument("--flower-child", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     ap.add_argument("--no-write", action="store_true", help="print only; do not write benchmarks/peer_flower.md")
+    ap.add_argument("--ray-alone", action="store_true",
+                    help="also time the floor: Ray started as raymvc does with as many empty actors (raymvc.bench.floor)")
     args = ap.parse_args()
     if args.flower_child is not None:
         flower_child(args.flower_child, args.result)
@@ -155,6 +158,7 @@ def main() -> None:
     fpy = args.flower_python if Path(args.flower_python).exists() else sys.executable
     lo, hi = args.rounds
     runs: dict[tuple[str, int], list[dict]] = {}
+    floor: list[float] = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         for rep in range(args.repeats):
@@ -164,6 +168,12 @@ def main() -> None:
                     res = run_raymvc(r, tmp, tag) if system == "raymvc" else run_flower(fpy, r, tmp, tag)
                     runs.setdefault((system, r), []).append(res)
                     print(f"  {system:7s} R={r:4d} rep {rep}: {res['wall']:.2f} s", file=sys.stderr, flush=True)
+            if args.ray_alone:
+                from raymvc.bench.floor import ray_alone
+
+                floor.append(ray_alone(N_CLIENTS + 1, math.ceil(N_CLIENTS * 0.5 + 1), 0.5)["process_s"])
+                print(f"  Ray alone, {N_CLIENTS + 1} empty actors, rep {rep}: {floor[-1]:.2f} s", file=sys.stderr,
+                      flush=True)
 
     med = {k: statistics.median(x["wall"] for x in v) for k, v in runs.items()}
     derived = {}
@@ -228,6 +238,14 @@ def main() -> None:
         % (2 * args.repeats, own_start["raymvc"], own_start["flower"], r_own_start,
            "yes" if r_own_start <= 0.5 else "no"),
         "",
+        *([] if not floor else [
+            "The floor: Ray alone, started as raymvc starts it, with %d empty actors (the same CPU requests), "
+            "one call each, stopped as raymvc stops it (`raymvc.bench.floor`), a whole process: median %.2f s "
+            "(%s) = %.3f of Flower's start-up (%.2f s); raymvc's start-up is %.2f s above it."
+            % (N_CLIENTS + 1, statistics.median(floor), ", ".join(f"{x:.2f}" for x in floor),
+               statistics.median(floor) / own_start["flower"], own_start["flower"],
+               own_start["raymvc"] - statistics.median(floor)),
+            ""]),
         "raymvc's own `timing` (summary.json, medians):",
         "",
         "| R | ray_init_s | startup_s (actors up + key agreement) | protocol_s | protocol ms per round "

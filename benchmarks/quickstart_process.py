@@ -13,8 +13,9 @@ instance). The split of the whole comes from the run's own ``summary.json``
 summary reached stdout: ``outside`` = the time to the summary that ``wall_s`` does not
 cover (interpreter and imports, loading the data, scoring the labels, writing the
 summary), ``exit`` = summary to the end of the process. ``--ray-alone`` times the floor
-under all of it: a process that starts Ray as raymvc does and as many empty actors as
-the run has parties (same CPU requests), calls each once and exits.
+under all of it (``raymvc.bench.floor``): a process that starts Ray as raymvc does and
+as many empty actors as the run has parties (same CPU requests), calls each once and
+exits as the ``raymvc`` command does.
 
 Output: stdout and ``benchmarks/quickstart_process.md`` (command line, machine, date).
 """
@@ -35,6 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from raymvc.bench.floor import ray_alone  # noqa: E402
 from raymvc.bench.machine import cpu_model  # noqa: E402
 
 OUT_MD = REPO / "benchmarks" / "quickstart_process.md"
@@ -71,44 +73,6 @@ def one_run(scenario: Path, backend: str, out: Path, repo: Path = REPO, sets: li
 
 COLS = ("process_s", "outside_s", "ray_init_s", "startup_s", "protocol_s", "exit_s")
 
-# Ray alone, for the same layout: import ray, start an embedded instance as raymvc does,
-# start the actors (they import nothing of raymvc), one call each, stop; printed as JSON
-_RAY_ALONE = """
-import json, os, secrets, sys, time
-t0 = time.perf_counter()
-import ray
-os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
-n = int(sys.argv[1])
-t1 = time.perf_counter()
-ray.init(address="local", num_cpus=max(os.cpu_count() or 1, int(sys.argv[2])), include_dashboard=False,
-         configure_logging=False)
-t2 = time.perf_counter()
-@ray.remote
-class Empty:
-    def ping(self):
-        return 1
-actors = [Empty.options(num_cpus=1.0 if i == 0 else float(sys.argv[3])).remote() for i in range(n)]
-ray.get([a.ping.remote() for a in actors])
-t3 = time.perf_counter()
-print(json.dumps({"outside_s": t1 - t0, "ray_init_s": t2 - t1, "startup_s": t3 - t2}), flush=True)
-"""
-
-
-def ray_alone(n_actors: int, cpus: int, client_cpus: float) -> dict:
-    """The floor under the quickstart on Ray: the same number of actor processes, nothing else."""
-    t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", _RAY_ALONE, str(n_actors), str(cpus), str(client_cpus)],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=tempfile.gettempdir())
-    line = proc.stdout.readline()
-    t_line = time.perf_counter()
-    proc.stdout.read()
-    if proc.wait() != 0 or not line.strip():
-        raise SystemExit("quickstart_process: the Ray-alone process failed")
-    t_end = time.perf_counter()
-    r = json.loads(line)
-    return {**r, "process_s": t_end - t0, "exit_s": t_end - t_line, "protocol_s": 0.0, "nmi": None, "mb": None}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
@@ -143,7 +107,7 @@ def main() -> None:
         for i in range(args.repeats):
             for j, (name, backend, repo, sets) in enumerate(systems):
                 if backend == "alone":
-                    r = ray_alone(*alone)
+                    r = {**ray_alone(*alone), "protocol_s": 0.0, "nmi": None, "mb": None}
                 else:
                     r = one_run(args.scenario.resolve(), backend, Path(tmp) / f"{j}-{i}", repo, sets)
                 runs[name].append(r)

@@ -171,7 +171,7 @@ def main() -> None:
             if args.ray_alone:
                 from raymvc.bench.floor import ray_alone
 
-                floor.append(ray_alone(N_CLIENTS + 1, math.ceil(N_CLIENTS * 0.5 + 1), 0.5)["process_s"])
+                floor.append(ray_alone(N_CLIENTS + 1, math.ceil(N_CLIENTS * 0.5 + 0.5), 0.5, 0.5)["process_s"])
                 print(f"  Ray alone, {N_CLIENTS + 1} empty actors, rep {rep}: {floor[-1]:.2f} s", file=sys.stderr,
                       flush=True)
 

@@ -14,8 +14,8 @@ summary reached stdout: ``outside`` = the time to the summary that ``wall_s`` do
 cover (interpreter and imports, loading the data, scoring the labels, writing the
 summary), ``exit`` = summary to the end of the process. ``--ray-alone`` times the floor
 under all of it (``raymvc.bench.floor``): a process that starts Ray as raymvc does and
-as many empty actors as the run has parties (same CPU requests), calls each once and
-exits as the ``raymvc`` command does.
+as many empty actors as the run has (same CPU requests), calls each once and exits as
+the ``raymvc`` command does; its ``outside`` is the interpreter's start and ``import ray``.
 
 Output: stdout and ``benchmarks/quickstart_process.md`` (command line, machine, date).
 """
@@ -101,8 +101,10 @@ def main() -> None:
 
         sc = load_scenario(args.scenario)
         n_clients = prepare(sc)[1].n_clients
-        alone = (n_clients + 1, max(1, int(-(-cpus_needed(sc, n_clients) // 1))), sc.runtime.client_cpus)
-        systems.append((f"Ray alone, {alone[0]} empty actors", "alone", None, []))
+        n_actors = -(-n_clients // sc.runtime.clients_per_actor) + 1
+        alone = (n_actors, max(1, int(-(-cpus_needed(sc, n_clients) // 1))), sc.runtime.client_cpus,
+                 sc.runtime.server_cpus)
+        systems.append((f"Ray alone, {n_actors} empty actors", "alone", None, []))
     runs: dict[str, list[dict]] = {s[0]: [] for s in systems}
     with tempfile.TemporaryDirectory(prefix="quickstart-") as tmp:
         for i in range(args.repeats):

@@ -246,6 +246,8 @@ def test_the_command_exits_quickly_but_completely(tmp_path):
             "from raymvc.cli import entry\n"
             f"atexit.register(lambda: open({str(mark)!r}, 'w').write('ran'))\n"
             "threading.Thread(target=lambda: (time.sleep(0.5), print('late thread', file=sys.stderr))).start()\n"
+            "from concurrent.futures import ThreadPoolExecutor\n"
+            "ThreadPoolExecutor(2).submit(time.sleep, 0.1)  # never shut down: the interpreter's exit hooks do it\n"
             f"sys.argv = ['raymvc', 'run', {str(QUICK)!r}, '--backend', 'local', '--json', '--out', {str(out)!r}]\n"
             "entry()\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

@@ -1,12 +1,14 @@
 """The floor under a run on Ray: Ray alone, with as many empty actors as the run has parties.
 
-``python -m raymvc.bench.floor N CPUS CLIENT_CPUS`` imports Ray, starts an embedded
-instance the way raymvc does (``address="local"``, no dashboard, a token of this
-process's own), starts one actor asking for 1 CPU (the server) and ``N - 1`` asking for
-``CLIENT_CPUS``, calls each once, prints its timings as one JSON line and exits the way
-the ``raymvc`` command does (autoscaler monitor killed first, Ray shut down, no module
-teardown). The actors import nothing of raymvc, so a run's time above this process's
-time is what raymvc itself costs. :func:`ray_alone` runs it and times the whole process.
+``python -m raymvc.bench.floor N CPUS CLIENT_CPUS SERVER_CPUS`` imports Ray, starts an
+embedded instance the way raymvc does (``address="local"``, no dashboard, workers' output
+not copied to the driver as with ``raymvc run --json``, a token of this process's own),
+starts one actor asking for ``SERVER_CPUS`` (the server) and ``N - 1`` asking for
+``CLIENT_CPUS`` (one per client actor), calls each once, prints its timings as one JSON
+line and exits the way the ``raymvc`` command does (autoscaler monitor killed first, Ray
+shut down, no module teardown). The actors import nothing of raymvc, so a run's time
+above this process's time is what raymvc itself costs. :func:`ray_alone` runs it and
+times the whole process.
 """
 
 from __future__ import annotations
@@ -17,20 +19,31 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 
-def ray_alone(n_actors: int, cpus: int, client_cpus: float) -> dict:
-    """Run the floor process; its timings plus ``process_s`` and ``exit_s`` (after its line)."""
+def ray_alone(n_actors: int, cpus: int, client_cpus: float, server_cpus: float, timeout_s: float = 300.0) -> dict:
+    """Run the floor process. Returns ``outside_s`` (interpreter start and ``import ray``,
+    timed from here), ``ray_init_s``, ``startup_s`` (actors up), ``exit_s`` (after its
+    line) and ``process_s``."""
+    root = Path(__file__).resolve().parents[2]  # this checkout first on the path
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "raymvc.bench.floor", str(n_actors), str(cpus), str(client_cpus)],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=tempfile.gettempdir())
-    line = proc.stdout.readline()
-    t_line = time.perf_counter()
-    proc.stdout.read()
-    if proc.wait() != 0 or not line.strip():
-        raise RuntimeError("the Ray-alone process failed")
-    t_end = time.perf_counter()
-    return {**json.loads(line), "process_s": t_end - t0, "exit_s": t_end - t_line}
+    with tempfile.TemporaryFile(mode="w+") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "raymvc.bench.floor", str(n_actors), str(cpus), str(client_cpus),
+                                 str(server_cpus), str(timeout_s)],
+                                stdout=subprocess.PIPE, stderr=err, text=True, cwd=tempfile.gettempdir(), env=env)
+        line = proc.stdout.readline()
+        t_line = time.perf_counter()
+        proc.stdout.read()
+        rc = proc.wait()
+        t_end = time.perf_counter()
+        if rc != 0 or not line.strip():
+            err.seek(0)
+            raise RuntimeError(f"the Ray-alone process ended with {rc}: {err.read()[-600:]}")
+    r = json.loads(line)
+    return {"outside_s": (t_line - t0) - r["ray_init_s"] - r["startup_s"], "ray_init_s": r["ray_init_s"],
+            "startup_s": r["startup_s"], "exit_s": t_end - t_line, "process_s": t_end - t0}
 
 
 def main(argv: list[str]) -> None:
@@ -40,20 +53,21 @@ def main(argv: list[str]) -> None:
     import ray
 
     os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))  # nothing written to ~/.ray
-    n, cpus, client_cpus = int(argv[0]), int(argv[1]), float(argv[2])
+    n, cpus, client_cpus, server_cpus, timeout_s = int(argv[0]), int(argv[1]), float(argv[2]), float(argv[3]), \
+        float(argv[4])
     t1 = time.perf_counter()
     ray.init(address="local", num_cpus=max(os.cpu_count() or 1, cpus), include_dashboard=False,
-             configure_logging=False)
+             configure_logging=False, log_to_driver=False)
     t2 = time.perf_counter()
 
     class Empty:
         def ping(self) -> int:
             return 1
 
-    actors = [ray.remote(num_cpus=1.0 if i == 0 else client_cpus)(Empty).remote() for i in range(n)]
-    ray.get([a.ping.remote() for a in actors])
+    actors = [ray.remote(num_cpus=server_cpus if i == 0 else client_cpus)(Empty).remote() for i in range(n)]
+    ray.get([a.ping.remote() for a in actors], timeout=timeout_s)
     t3 = time.perf_counter()
-    print(json.dumps({"outside_s": t1 - t0, "ray_init_s": t2 - t1, "startup_s": t3 - t2}), flush=True)
+    print(json.dumps({"import_s": t1 - t0, "ray_init_s": t2 - t1, "startup_s": t3 - t2}), flush=True)
     node = ray._private.worker._global_node  # as raymvc.runtime.cluster.stop_embedded does
     for info in node.all_processes.get("monitor", []):
         info.process.kill()

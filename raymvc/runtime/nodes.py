@@ -502,6 +502,9 @@ class ServerNode:
         the record says so, the protocol's best labels so far are kept where its server
         has them, and no client is asked for anything more.
         """
+        if self.deferred is not None:  # a round failed and the driver stopped before hearing of it
+            self.status, self.error = "failed", self.error or f"round {self.round} failed: {one_line(self.deferred)}"
+            self.deferred = None
         status = stopped or self.status
         end = RunEnd(status=status, error=self.error, virtual_s=self.clock, counts=self.counts,
                      disconnected=sorted(self.offline), client_errors=list(self.client_errors),
@@ -523,5 +526,6 @@ class ServerNode:
         end.compute_s = self.compute_s
         end.crashed = sorted(self.crashed)
         end.shared_bodies = getattr(self.transport, "shared_puts", 0)
-        end.unreported = [rec.to_dict() for rec in self.unreported]
+        if stopped is not None:  # the driver may not have received the latest batch
+            end.unreported = [rec.to_dict() for rec in self.unreported]
         return end

@@ -25,9 +25,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +38,7 @@ sys.path.insert(0, str(REPO))
 
 from raymvc.bench.floor import ray_alone  # noqa: E402
 from raymvc.bench.machine import cpu_model  # noqa: E402
+from raymvc.bench.timed import run_timed  # noqa: E402
 
 OUT_MD = REPO / "benchmarks" / "quickstart_process.md"
 TARGET_S = 6.0  # the quickstart as a process on Ray, idle 2-core machine
@@ -48,25 +49,14 @@ def one_run(scenario: Path, backend: str, out: Path, repo: Path = REPO, sets: li
     """One ``raymvc run`` process of the checkout ``repo`` (its own code first on the path)."""
     cmd = [sys.executable, "-m", "raymvc.cli", "run", str(scenario), "--json", "--out", str(out),
            "--set", f"runtime.backend={backend}", *(x for s in sets for x in ("--set", s))]
-    with tempfile.TemporaryFile(mode="w+") as err:  # the CLI's errors go to stderr
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=repo, env=dict(os.environ, PYTHONPATH=str(repo)), stdout=subprocess.PIPE,
-                                stderr=err, text=True)
-        line = ""  # the summary (indented JSON), printed once the results are on disk; it ends with "}" alone
-        for part in proc.stdout:
-            line += part
-            if part.rstrip("\n") == "}":
-                break
-        t_summary = time.perf_counter()
-        proc.stdout.read()  # whatever follows (nothing, normally) until the process ends
-        rc = proc.wait()
-        t_end = time.perf_counter()
-        if rc != 0 or not line.strip():
-            err.seek(0)
-            raise SystemExit(f"quickstart_process: {' '.join(cmd)} ended with {rc}: {err.read()[-600:]}")
-    summary = json.loads(line)
+    try:  # the summary (indented JSON) is printed once the results are on disk; it ends with "}" alone
+        run = run_timed(cmd, last_line=lambda line: line.rstrip("\n") == "}", cwd=repo,
+                        env=dict(os.environ, PYTHONPATH=str(repo)))
+    except RuntimeError as e:
+        raise SystemExit(f"quickstart_process: {e}") from None
+    summary = json.loads(run.answer)
     t = summary["timing"]
-    return {"process_s": t_end - t0, "exit_s": t_end - t_summary, "outside_s": (t_summary - t0) - t["wall_s"],
+    return {"process_s": run.process_s, "exit_s": run.exit_s, "outside_s": run.answer_s - t["wall_s"],
             "ray_init_s": t["ray_init_s"], "startup_s": t["startup_s"], "protocol_s": t["protocol_s"],
             "wall_s": t["wall_s"], "status": summary["status"], "nmi": summary["metrics"]["nmi"],
             "mb": summary["communication"]["mb_total"]}
@@ -101,9 +91,8 @@ def main() -> None:
 
         sc = load_scenario(args.scenario)
         n_clients = prepare(sc)[1].n_clients
-        n_actors = -(-n_clients // sc.runtime.clients_per_actor) + 1
-        alone = (n_actors, max(1, int(-(-cpus_needed(sc, n_clients) // 1))), sc.runtime.client_cpus,
-                 sc.runtime.server_cpus)
+        n_actors = math.ceil(n_clients / sc.runtime.clients_per_actor) + 1
+        alone = (n_actors, math.ceil(cpus_needed(sc, n_clients)), sc.runtime.client_cpus, sc.runtime.server_cpus)
         systems.append((f"Ray alone, {n_actors} empty actors", "alone", None, []))
     runs: dict[str, list[dict]] = {s[0]: [] for s in systems}
     with tempfile.TemporaryDirectory(prefix="quickstart-") as tmp:

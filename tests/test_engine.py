@@ -312,6 +312,15 @@ def test_server_knows_client_sizes(tmp_path, monkeypatch):
     assert len(set(seen.values())) > 1  # Dirichlet sizes differ
 
 
+def _echo(tmp_path, *, rounds: int, floats: int, n_clients: int, runtime: str) -> Path:
+    """A FedAvg-echo scenario file (raymvc.bench.fedavg_echo) on digits, split horizontally."""
+    path = tmp_path / "echo.yaml"
+    path.write_text(f"method: raymvc.bench.fedavg_echo\nparams: {{rounds: {rounds}, floats: {floats}}}\n"
+                    f"data: {{dataset: digits, partition: horizontal, n_clients: {n_clients}}}\n"
+                    f"runtime: {{{runtime}}}\n")
+    return path
+
+
 def test_a_broadcast_is_encoded_once_and_metered_per_recipient(tmp_path, monkeypatch):
     from raymvc.channel import link
 
@@ -323,9 +332,7 @@ def test_a_broadcast_is_encoded_once_and_metered_per_recipient(tmp_path, monkeyp
         return real(msg, *a, **k)
 
     monkeypatch.setattr(link.codec, "encode", counting)
-    echo = tmp_path / "echo.yaml"
-    echo.write_text("method: raymvc.bench.fedavg_echo\nparams: {rounds: 3, floats: 64}\n"
-                    "data: {dataset: digits, partition: horizontal, n_clients: 4}\nruntime: {backend: local}\n")
+    echo = _echo(tmp_path, rounds=3, floats=64, n_clients=4, runtime="backend: local")
     s = run_scenario(load_scenario(echo), tmp_path / "out", progress=lambda line: None)
     assert s["status"] == "completed"
     assert kinds.count("model") == 3  # one encoding per round, not one per client
@@ -397,10 +404,7 @@ def test_ray_transport_puts_a_shared_body_once():
 
 
 def test_ray_shares_broadcast_bodies_with_the_same_results(ray_session, tmp_path):
-    echo = tmp_path / "echo.yaml"
-    echo.write_text("method: raymvc.bench.fedavg_echo\nparams: {rounds: 3, floats: 20000}\n"
-                    "data: {dataset: digits, partition: horizontal, n_clients: 4}\n"
-                    "runtime: {client_cpus: 0.25, clients_per_actor: 2}\n")
+    echo = _echo(tmp_path, rounds=3, floats=20000, n_clients=4, runtime="client_cpus: 0.25, clients_per_actor: 2")
     runs = {b: run_scenario(load_scenario(echo, [f"runtime.backend={b}"]), tmp_path / b, progress=lambda line: None)
             for b in ("local", "ray")}
     assert runs["ray"]["status"] == runs["local"]["status"] == "completed"
@@ -414,9 +418,7 @@ def test_ray_shares_broadcast_bodies_with_the_same_results(ray_session, tmp_path
 def test_the_server_runs_fast_rounds_in_batches(tmp_path):
     from raymvc.runtime.engine import _spawn, prepare
 
-    echo = tmp_path / "echo.yaml"
-    echo.write_text("method: raymvc.bench.fedavg_echo\nparams: {rounds: 6, floats: 8}\n"
-                    "data: {dataset: digits, partition: horizontal, n_clients: 3}\nruntime: {backend: local}\n")
+    echo = _echo(tmp_path, rounds=6, floats=8, n_clients=3, runtime="backend: local")
     sc = load_scenario(echo)
     ds, part = prepare(sc)
     server, _ = _spawn(sc, part, ds)
@@ -443,9 +445,7 @@ def test_rounds_of_a_batch_reach_disk_when_a_later_round_raises(tmp_path, monkey
         return out
 
     monkeypatch.setattr(fedavg_echo.EchoServer, "_send", bad_at_round_3)
-    echo = tmp_path / "echo.yaml"
-    echo.write_text("method: raymvc.bench.fedavg_echo\nparams: {rounds: 6, floats: 8}\n"
-                    "data: {dataset: digits, partition: horizontal, n_clients: 3}\nruntime: {backend: local}\n")
+    echo = _echo(tmp_path, rounds=6, floats=8, n_clients=3, runtime="backend: local")
     s = run_scenario(load_scenario(echo), tmp_path / "out", progress=lambda line: None)
     assert s["status"] == "failed"
     lines = (Path(s["out_dir"]) / "rounds.jsonl").read_text().splitlines()

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from .timed import run_timed
 
 
 def ray_alone(n_actors: int, cpus: int, client_cpus: float, server_cpus: float, timeout_s: float = 300.0) -> dict:
@@ -28,22 +29,11 @@ def ray_alone(n_actors: int, cpus: int, client_cpus: float, server_cpus: float, 
     line) and ``process_s``."""
     root = Path(__file__).resolve().parents[2]  # this checkout first on the path
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    t0 = time.perf_counter()
-    with tempfile.TemporaryFile(mode="w+") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "raymvc.bench.floor", str(n_actors), str(cpus), str(client_cpus),
-                                 str(server_cpus), str(timeout_s)],
-                                stdout=subprocess.PIPE, stderr=err, text=True, cwd=tempfile.gettempdir(), env=env)
-        line = proc.stdout.readline()
-        t_line = time.perf_counter()
-        proc.stdout.read()
-        rc = proc.wait()
-        t_end = time.perf_counter()
-        if rc != 0 or not line.strip():
-            err.seek(0)
-            raise RuntimeError(f"the Ray-alone process ended with {rc}: {err.read()[-600:]}")
-    r = json.loads(line)
-    return {"outside_s": (t_line - t0) - r["ray_init_s"] - r["startup_s"], "ray_init_s": r["ray_init_s"],
-            "startup_s": r["startup_s"], "exit_s": t_end - t_line, "process_s": t_end - t0}
+    run = run_timed([sys.executable, "-m", "raymvc.bench.floor", str(n_actors), str(cpus), str(client_cpus),
+                     str(server_cpus), str(timeout_s)], last_line=lambda line: True, cwd=tempfile.gettempdir(), env=env)
+    r = json.loads(run.answer)
+    return {"outside_s": run.answer_s - r["ray_init_s"] - r["startup_s"], "ray_init_s": r["ray_init_s"],
+            "startup_s": r["startup_s"], "exit_s": run.exit_s, "process_s": run.process_s}
 
 
 def main(argv: list[str]) -> None:

@@ -181,13 +181,12 @@ class RayTransport:
         """Per actor: its frames, with every body that other actors' frames share (same
         object) and of at least :data:`SHARE_MIN_BYTES` replaced by an index into the
         call's extra arguments, which are object references put once for all actors."""
-        users: dict[int, set[int]] = {}
+        users: dict[int, tuple[bytes, set[int]]] = {}  # id(body) -> (body, actors whose frames hold it)
         for pid, group in groups.items():
             for _, body in group.values():
                 if len(body) >= SHARE_MIN_BYTES:
-                    users.setdefault(id(body), set()).add(pid)
-        bodies = {id(body): body for group in groups.values() for _, body in group.values()}
-        put = {key: self.ray.put(bodies[key]) for key, pids in users.items() if len(pids) > 1}
+                    users.setdefault(id(body), (body, set()))[1].add(pid)
+        put = {key: self.ray.put(body) for key, (body, pids) in users.items() if len(pids) > 1}
         self.shared_puts += len(put)
         calls = {}
         for pid, group in groups.items():

@@ -631,9 +631,9 @@ class CCFCClient(Client):
         C, _ = kmeans_capped(Z, self.ctx.n_clusters, self.ctx.rng_for("local_kmeans", step), self.config.kmeans_init)
         return C.astype(np.float32)
 
-    def predict(self) -> np.ndarray:
+    def predict(self) -> np.ndarray | None:
         if not self.have_global or self.C is None:
-            raise RuntimeError("ccfc client: no global model and centroids received")
+            return None  # no global model and centroids received: its rows stay unlabelled
         with _torch_mode(self.config.deterministic):
             return assign(embed(self.global_model, self.x), self.C).numpy().astype(np.int64)
 

@@ -257,9 +257,9 @@ class CeFMCServer(Server):
         self.info = {"members": list(self.members), "left_out": self.membership.left_out()}
         return self._outgoing()
 
-    def result(self) -> Done:
+    def result(self) -> Done | None:
         if self.y is None:
-            raise RuntimeError("cefmc: no consensus labels yet")
+            return None  # no consensus labels yet
         return Done(labels=self.y.copy(), info={"objective": self.prev_obj, "converged": False})
 
 

@@ -560,9 +560,9 @@ class EFIMVCServer(Server):
         return Done(labels=labels_array(self.labels()), info={"objective": self.obj, "converged": converged,
                                                               "objective_history": list(self.history)})
 
-    def result(self) -> Done:
+    def result(self) -> Done | None:
         if self.Z is None:
-            raise RuntimeError("efimvc: no anchor graphs yet")
+            return None  # no anchor graphs yet
         return self._done(converged=False)
 
 

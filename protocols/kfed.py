@@ -115,9 +115,9 @@ class KFedClient(Client):
             return Message("ack")
         raise ValueError(f"kfed client: unexpected message {msg.kind!r}")
 
-    def predict(self) -> np.ndarray:
+    def predict(self) -> np.ndarray | None:
         if self.C is None:
-            raise RuntimeError("kfed client: no global centroids received")
+            return None  # no global centroids received: its rows stay unlabelled
         return nearest(self.X, self.C)
 
 
@@ -171,9 +171,9 @@ class KFedServer(Server):
         out.update({c: Message("summarise", C=self.C) for c in ask})
         return out
 
-    def result(self) -> Done:
+    def result(self) -> Done | None:
         if self.C is None:
-            raise RuntimeError("kfed: no global centroids yet")
+            return None  # no global centroids yet
         return Done(labels=None, info={"global_centroids": int(len(self.C))})
 
 

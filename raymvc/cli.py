@@ -118,7 +118,7 @@ def cmd_run(args) -> int:
         if rp is not None:
             rp.close()
     print(json.dumps(summary, indent=2) if args.json else format_summary(summary), flush=True)
-    return {"failed": 1, "interrupted": 130}.get(summary["status"], 0)
+    return {"failed": 1, "error": 1, "interrupted": 130}.get(summary["status"], 0)
 
 
 def _default_run_dir(name: str, overrides: list[str]) -> Path:

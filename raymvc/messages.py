@@ -116,8 +116,13 @@ def labels_array(y: np.ndarray) -> np.ndarray:
     byte per sample for up to 256 clusters.
     """
     y = np.asarray(y)
+    if y.ndim != 1:
+        raise ValueError(f"labels must be a 1-d array, got shape {y.shape}")
+    if y.dtype.kind not in "iub":
+        if y.dtype.kind != "f" or not np.all(np.isfinite(y)) or np.any(y != np.round(y)):
+            raise ValueError(f"labels must be whole numbers, got {y.dtype} values such as {y.ravel()[:3].tolist()}")
     if y.size and y.min() < 0:
-        raise ValueError("labels must be non-negative")
+        raise ValueError(f"labels must be non-negative, got {y.min()}")
     top = int(y.max()) if y.size else 0
     for dt in (np.uint8, np.uint16, np.uint32, np.uint64):
         if top <= np.iinfo(dt).max:

@@ -55,11 +55,16 @@ def _lines(agg: list[dict], other: list[str]) -> dict[str, list[dict]]:
     return lines
 
 
+def _left_out(r: dict) -> int:
+    """Runs of an aggregate row that no mean includes: failed, error, interrupted."""
+    return sum(int(r.get(k) or 0) for k in ("failed", "error", "interrupted"))
+
+
 def _draw_panel(ax, m: str, lines: dict[str, list[dict]], xkey: str | None, pos: dict[str, float]) -> None:
     for name, rs in lines.items():
         rs = sorted(rs, key=lambda r: pos[str(r[xkey])] if xkey else 0)
         pts = [(pos[str(r[xkey])] if xkey else 0, _num(r.get(f"{m}_mean")), _num(r.get(f"{m}_std")) or 0.0,
-                int(r["failed"]), int(r["runs"])) for r in rs]
+                _left_out(r), int(r["runs"])) for r in rs]
         pts = [p for p in pts if p[1] is not None]
         if not pts:
             continue
@@ -70,17 +75,17 @@ def _draw_panel(ax, m: str, lines: dict[str, list[dict]], xkey: str | None, pos:
             if fi:  # a mean over fewer runs: an open ring and the count of failed runs
                 ax.plot([xi], [yi], marker="o", markersize=9, color=color, markerfacecolor="none",
                         markeredgecolor=color)
-                ax.annotate(f"{fi}/{ni} failed", (xi, yi), textcoords="offset points", xytext=(0, 9),
+                ax.annotate(f"{fi}/{ni} left out", (xi, yi), textcoords="offset points", xytext=(0, 9),
                             ha="center", fontsize=7, color=color)
 
 
 def _title(meta: dict, agg: list[dict], xkey: str | None) -> str:
     n_runs = sum(int(r["runs"]) for r in agg)
-    n_failed = sum(int(r["failed"]) for r in agg)
+    n_failed = sum(_left_out(r) for r in agg)
     seeds = meta.get("seeds")
     sub = f"mean ± std over seeds {','.join(map(str, seeds))}" if seeds else "mean ± std over seeds"
     if n_failed:
-        sub += f"; {n_failed} of {n_runs} runs failed and are left out of the means (open rings)"
+        sub += f"; {n_failed} of {n_runs} runs failed, raised an error or were interrupted: left out of the means (open rings)"
     return f"{xkey or 'runs'}: {sub}"
 
 

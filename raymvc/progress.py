@@ -131,10 +131,10 @@ class SweepProgress:
         score = f" ACC {m['acc']:.4f}" if m.get("acc") is not None else ""
         mb = (summary.get("communication") or {}).get("mb_total", 0.0)
         wall = (summary.get("timing") or {}).get("wall_s", 0.0)
-        err = f" ({summary['error']})" if summary.get("error") and st == "failed" else ""
+        err = f" ({summary['error']})" if summary.get("error") and st in ("failed", "error") else ""
         msg = f"{label}: {st}{score}, {mb:.3f} MB, {wall:.1f} s{err}"
         if self.line.live:
-            if st == "failed":
+            if st in ("failed", "error"):
                 self.line.log(f"[sweep] {msg}")
             self.line.show(f"{self.counter()} last: {msg}")
         else:

@@ -116,7 +116,10 @@ class Client:
     def handle(self, msg: Message) -> Message | None:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def predict(self) -> np.ndarray:  # pragma: no cover - interface
+    def predict(self) -> np.ndarray | None:  # pragma: no cover - interface
+        """One whole non-negative label per row this client holds, or ``None`` when it has
+        nothing to label them with (it missed the model, say): its rows stay -1. Raising,
+        or labels of the wrong length or kind, is this client's error."""
         raise NotImplementedError(f"{type(self).__name__} does not label its own samples")
 
 
@@ -136,8 +139,10 @@ class Server:
     ) -> dict[int, Message] | Done:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def result(self) -> Done:
-        """Best labels so far; called when a run must stop early (too few clients)."""
+    def result(self) -> Done | None:
+        """Best labels so far, or ``None`` if there are none yet; called when a run must stop
+        early (too few clients, a signal). Raising here is the server's error, like raising
+        in ``step``; the default says the method cannot report early results."""
         raise NotImplementedError(f"{type(self).__name__} cannot report early results")
 
 

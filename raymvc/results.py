@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-FINAL_STATUSES = ("completed", "degraded", "failed")
+FINAL_STATUSES = ("completed", "degraded", "failed", "error")
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]*")  # one path component, never "." or ".."
 
 
@@ -120,6 +120,10 @@ class RunWriter:
             fh.write("sample,cluster\n")
             fh.writelines(f"{i},{c}\n" for i, c in enumerate(y.tolist()))
         return path
+
+    def errors(self, text: str) -> None:
+        """``errors.log``: the full tracebacks of every party whose code raised."""
+        (self.dir / "errors.log").write_text(text)
 
     def messages(self, ledger) -> None:
         ledger.write_csv(self.dir / "messages.csv")

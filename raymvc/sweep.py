@@ -8,40 +8,52 @@ A dropout-robustness study of three methods side by side::
 Each ``--grid`` value list is read as one YAML list, so any value works
 (``--grid 'faults.crash=[[], [{client: 2, at_round: 2}]]'``); several ``--grid`` flags
 make a product. Every cell (scenario, grid point, seed) gets its own run folder, named
-after them, under the sweep folder. A cell whose ``summary.json`` already holds a final
-status is not run again, so an interrupted sweep resumes where it stopped.
+after them, under the sweep folder. A cell is identified by everything that determines
+its result (:func:`raymvc.provenance.fingerprint`: the resolved scenario after every
+``--set`` and grid value, the seed, a user data file's content and the code version). A
+cell whose folder holds a finished run with the same fingerprint is reused; one whose
+settings or code changed since is run again, so an old result is never reported for a
+new setting. Ctrl-C or SIGTERM stops the runs under way after their round, starts nothing
+more, and still writes the tables of what finished; the same command carries on.
 
 Written beside the run folders:
 
 * ``sweep.json`` -- what was swept (scenarios, grid keys and values, seeds);
 * ``sweep.csv`` -- one row per run: scenario, method, grid values, seed, status, acc,
-  nmi, ari, mb, rounds, wall, faults, run folder;
+  nmi, ari, mb, rounds, wall, faults, errors (how many times some party's code raised),
+  fingerprint, run folder;
 * ``aggregate.csv`` -- one row per scenario and grid point: mean and std over the seeds
-  of ACC/NMI/ARI/MB and the count of completed, degraded and failed runs. Failed runs
-  never enter a mean; their count is shown instead.
+  of ACC/NMI/ARI/MB and the count of runs by status. Only ``completed`` and ``degraded``
+  runs enter a mean; ``failed``, ``error`` and ``interrupted`` runs are counted instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import hashlib
 import itertools
 import json
 import math
+import os
 import re
 import shutil
+import signal
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from .results import FINAL_STATUSES, default_out_dir, read_summary, run_finished, short_value
+from .provenance import fingerprint
+from .results import FINAL_STATUSES, default_out_dir, read_summary, short_value
 from .scenario import ScenarioError, load_scenario, safe_yaml_load
 
 METRICS = ("acc", "nmi", "ari")
 RUN_FIELDS = ("seed", "status", "acc", "nmi", "ari", "mb", "rounds", "wall", "dropped_replies", "late_replies",
-              "crashed_clients", "run_dir")
+              "crashed_clients", "errors", "fingerprint", "run_dir")
+STATUSES = ("completed", "degraded", "failed", "error", "interrupted")
 
 
 # --------------------------------------------------------------------------- parsing
@@ -120,6 +132,7 @@ class Cell:
     run_dir: Path
     max_rounds: int | None = None
     extra: dict = field(default_factory=dict)
+    fingerprint: str = ""  # everything that determines the result (raymvc.provenance.fingerprint)
 
     @property
     def label(self) -> str:
@@ -166,7 +179,7 @@ def plan(scenarios: list[str], grid: list[tuple[str, list]], seeds: list[int] | 
                                   overrides=over + [f"seed={seed}"],
                                   run_dir=out / _run_dir_name(sc.name, point, seed),
                                   max_rounds=getattr(cfg, "max_rounds", None),
-                                  extra={"backend": sc.runtime.backend}))
+                                  extra={"backend": sc.runtime.backend}, fingerprint=fingerprint(sc)))
     dirs = [c.run_dir for c in cells]
     if len(set(dirs)) != len(dirs):
         dup = next(d for d in dirs if dirs.count(d) > 1)
@@ -209,57 +222,138 @@ def _run_cell(scenario: str, overrides: list[str], run_dir: str, progress=None) 
 def _failed_summary(cell: Cell, err: BaseException) -> dict:
     return {"name": cell.name, "method": cell.method, "seed": cell.seed, "status": "failed",
             "error": f"{type(err).__name__}: {err}", "rounds": 0, "metrics": None,
-            "communication": {"mb_total": 0.0}, "faults": {}, "timing": {}, "out_dir": str(cell.run_dir)}
+            "communication": {"mb_total": 0.0}, "faults": {}, "timing": {}, "out_dir": str(cell.run_dir),
+            "fingerprint": cell.fingerprint}
 
 
-def execute(cells: list[Cell], jobs: int = 1, quiet: bool = False, live: bool | None = None) -> tuple[int, int]:
-    """Run the cells not finished yet; returns (executed, skipped)."""
+def cell_state(cell: Cell) -> str:
+    """``reusable`` (finished by the same code with the same settings), ``stale`` (finished,
+    but something that determines its result changed since) or ``todo``."""
+    try:
+        s = read_summary(cell.run_dir)
+    except (OSError, ValueError):
+        return "todo"
+    if s.get("status") not in FINAL_STATUSES:
+        return "todo"
+    return "reusable" if s.get("fingerprint") == cell.fingerprint and cell.fingerprint else "stale"
+
+
+@dataclass
+class Outcome:
+    """What :func:`execute` did: runs executed, reused, re-run because they were stale, and
+    whether a signal stopped the sweep (then the cells not started are left for later)."""
+
+    executed: int = 0
+    reused: int = 0
+    stale: int = 0
+    interrupted: bool = False
+
+
+def execute(cells: list[Cell], jobs: int = 1, quiet: bool = False, live: bool | None = None) -> Outcome:
+    """Run every cell that has no reusable result. Ctrl-C/SIGTERM: the runs under way stop
+    (as ``interrupted``), nothing more starts, and the outcome says so."""
     from .progress import SweepProgress
 
-    todo = [c for c in cells if not run_finished(c.run_dir)]
-    skipped = len(cells) - len(todo)
-    prog = SweepProgress(len(cells), skipped=skipped, live=live, quiet=quiet)
-    if skipped and not quiet:
-        prog.line.log(f"[sweep] {skipped} of {len(cells)} runs finished before; running the other {len(todo)}")
+    states = {id(c): cell_state(c) for c in cells}
+    todo = [c for c in cells if states[id(c)] != "reusable"]
+    res = Outcome(reused=len(cells) - len(todo), stale=sum(states[id(c)] == "stale" for c in cells))
+    prog = SweepProgress(len(cells), skipped=res.reused, live=live, quiet=quiet)
+    if (res.reused or res.stale) and not quiet:
+        prog.line.log(f"[sweep] reusing {res.reused} of {len(cells)} finished runs; running {len(todo)}"
+                      + (f" ({res.stale} finished before with other settings or code, run again)" if res.stale else ""))
     parallel = jobs > 1 and len(todo) > 1 and all(c.extra.get("backend") == "local" for c in todo)
     if jobs > 1 and not parallel and todo and not quiet:
         prog.line.log("[sweep] --jobs applies to the local backend; Ray runs go one after another "
                       "(their clients already run in parallel)")
     try:
-        if parallel:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor, as_completed
-
-            ctx = multiprocessing.get_context("spawn")
-            pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx)
-            try:
-                futures = {pool.submit(_run_cell, c.scenario, c.overrides, str(c.run_dir)): c for c in todo}
-                for fut in as_completed(futures):
-                    cell = futures[fut]
+        with _stop_on_signals() as stop:
+            if parallel:
+                _execute_parallel(todo, jobs, prog, stop, res)
+            else:
+                for cell in todo:
+                    if stop.signal:
+                        break
+                    rp = prog.run(cell.label, cell.max_rounds)
                     try:
-                        summary = fut.result()
-                    except Exception as e:  # a worker that died: record it, go on
+                        summary = _run_cell(cell.scenario, cell.overrides, str(cell.run_dir), progress=rp)
+                    except Exception as e:
                         summary = _failed_summary(cell, e)
                         _write_failed(cell, summary)
+                    res.executed += 1
                     prog.finished(cell.label, summary)
                     if summary.get("status") == "interrupted":
-                        raise KeyboardInterrupt  # Ctrl-C reached the workers: stop the sweep
-            finally:  # on Ctrl-C, queued cells never start (a later run of the sweep resumes them)
-                pool.shutdown(wait=True, cancel_futures=True)
-        else:
-            for cell in todo:
-                rp = prog.run(cell.label, cell.max_rounds)
-                try:
-                    summary = _run_cell(cell.scenario, cell.overrides, str(cell.run_dir), progress=rp)
-                except Exception as e:
-                    summary = _failed_summary(cell, e)
-                    _write_failed(cell, summary)
-                prog.finished(cell.label, summary)
-                if summary.get("status") == "interrupted":
-                    raise KeyboardInterrupt  # the run stopped on Ctrl-C/SIGTERM: so does the sweep
+                        stop.signal = stop.signal or "SIGINT"  # the run stopped on a signal: so does the sweep
+            res.interrupted = bool(stop.signal)
     finally:
         prog.close()
-    return len(todo), skipped
+    return res
+
+
+class _SweepStop:
+    signal: str | None = None
+
+
+@contextlib.contextmanager
+def _stop_on_signals():
+    """While the sweep runs, SIGINT/SIGTERM only set a flag (a run under way installs its own
+    handler and stops after its current round): no new run starts after the signal."""
+    stop = _SweepStop()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def handler(signum, frame):
+        stop.signal = signal.Signals(signum).name
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _ignore_sigint() -> None:
+    """Workers ignore SIGINT between runs (each run handles it while it is on)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _execute_parallel(todo: list[Cell], jobs: int, prog, stop: _SweepStop, res: Outcome) -> None:
+    """At most ``jobs`` runs in worker processes; a new one starts only when one ends, and
+    none after a signal (which is passed on to the runs under way)."""
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    ctx = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_ignore_sigint)
+    queue, running = list(todo), {}
+    forwarded = False
+    try:
+        while queue or running:
+            while queue and len(running) < jobs and not stop.signal:
+                c = queue.pop(0)
+                running[pool.submit(_run_cell, c.scenario, c.overrides, str(c.run_dir))] = c
+            if stop.signal and not forwarded:
+                forwarded = True
+                for proc in list(getattr(pool, "_processes", {}).values()):  # runs under way stop after their round
+                    with contextlib.suppress(OSError):
+                        os.kill(proc.pid, signal.SIGINT)
+            if not running:
+                break
+            done, _ = wait(list(running), timeout=0.5, return_when=FIRST_COMPLETED)
+            for fut in done:
+                cell = running.pop(fut)
+                try:
+                    summary = fut.result()
+                except Exception as e:  # a worker that died: record it, go on
+                    summary = _failed_summary(cell, e)
+                    _write_failed(cell, summary)
+                res.executed += 1
+                prog.finished(cell.label, summary)
+                if summary.get("status") == "interrupted":
+                    stop.signal = stop.signal or "SIGINT"
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _write_failed(cell: Cell, summary: dict) -> None:
@@ -283,9 +377,9 @@ def collect(cells: list[Cell], out: Path) -> list[dict]:
 def summary_row(name: str, method: str, point: dict, seed: int, s: dict, run_dir: Path, out: Path) -> dict:
     m = s.get("metrics") or {}
     f = s.get("faults") or {}
-    status = s.get("status", "failed")
-    if status not in FINAL_STATUSES:
-        status = "failed" if status is None else status
+    status = s.get("status") or "failed"
+    if status not in STATUSES:
+        status = "failed"
     try:
         rel = str(Path(run_dir).relative_to(out))
     except ValueError:
@@ -295,7 +389,8 @@ def summary_row(name: str, method: str, point: dict, seed: int, s: dict, run_dir
     row.update(seed=seed, status=status, acc=m.get("acc"), nmi=m.get("nmi"), ari=m.get("ari"),
                mb=(s.get("communication") or {}).get("mb_total"), rounds=s.get("rounds"),
                wall=(s.get("timing") or {}).get("wall_s"), dropped_replies=f.get("dropped_replies"),
-               late_replies=f.get("late_replies"), crashed_clients=len(f.get("crashed_clients") or []), run_dir=rel)
+               late_replies=f.get("late_replies"), crashed_clients=len(f.get("crashed_clients") or []),
+               errors=len(s.get("errors") or []), fingerprint=s.get("fingerprint"), run_dir=rel)
     return row
 
 
@@ -319,10 +414,9 @@ def _mean_std(xs: list[float]) -> tuple[float | None, float | None]:
 
 
 def aggregate(rows: list[dict], keys: list[str]) -> list[dict]:
-    """Mean and std (over seeds, sample std) per scenario and grid point; failed runs excluded, counted.
-
-    A run counts as ``completed`` or ``degraded`` as its summary says; anything else
-    (``failed``, ``interrupted``, missing) counts as failed.
+    """Mean and std (over seeds, sample std) per scenario and grid point, of the runs that
+    ended ``completed`` or ``degraded``; runs that ended ``error`` (some party's code
+    raised), ``interrupted`` or ``failed`` (missing included) are counted, never averaged.
     """
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
@@ -333,8 +427,9 @@ def aggregate(rows: list[dict], keys: list[str]) -> list[dict]:
         agg = {"scenario": gkey[0], "method": gkey[1]}
         agg.update(zip(keys, gkey[2:]))
         agg.update(runs=len(rs), completed=sum(r["status"] == "completed" for r in rs),
-                   degraded=sum(r["status"] == "degraded" for r in rs))
-        agg["failed"] = agg["runs"] - agg["completed"] - agg["degraded"]
+                   degraded=sum(r["status"] == "degraded" for r in rs), error=sum(r["status"] == "error" for r in rs),
+                   interrupted=sum(r["status"] == "interrupted" for r in rs))
+        agg["failed"] = agg["runs"] - agg["completed"] - agg["degraded"] - agg["error"] - agg["interrupted"]
         for m in (*METRICS, "mb"):
             mean, std = _mean_std([x for r in ok if (x := _num(r[m])) is not None])
             agg[f"{m}_mean"], agg[f"{m}_std"] = mean, std
@@ -351,7 +446,7 @@ def write_csv(path: Path, rows: list[dict], fields: list[str]) -> None:
 
 
 def aggregate_fields(keys: list[str]) -> list[str]:
-    return ["scenario", "method", *keys, "runs", "completed", "degraded", "failed"] + \
+    return ["scenario", "method", *keys, "runs", "completed", "degraded", "failed", "error", "interrupted"] + \
         [f"{m}_{s}" for m in (*METRICS, "mb") for s in ("mean", "std")]
 
 
@@ -363,15 +458,18 @@ def format_aggregate(agg: list[dict], keys: list[str]) -> str:
             return "n/a"
         return f"{mean:.{digits}f} ± {std:.{digits}f}" if std is not None else f"{mean:.{digits}f}"
 
+    def counts(r) -> str:
+        extra = "".join(f" {n} {k}" for k in ("error", "interrupted") if (n := int(r.get(k) or 0)))
+        return f"{r['completed']}/{r['degraded']}/{r['failed']}{extra}"
+
     head = ["scenario", "method", *[short_key(k) for k in keys], "done/deg/fail", "ACC", "NMI", "ARI", "MB"]
-    body = [[str(r["scenario"]), str(r["method"]), *[str(r[k]) for k in keys],
-             f"{r['completed']}/{r['degraded']}/{r['failed']}", pm(r, "acc", 4), pm(r, "nmi", 4), pm(r, "ari", 4),
-             pm(r, "mb", 3)] for r in agg]
+    body = [[str(r["scenario"]), str(r["method"]), *[str(r[k]) for k in keys], counts(r), pm(r, "acc", 4),
+             pm(r, "nmi", 4), pm(r, "ari", 4), pm(r, "mb", 3)] for r in agg]
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
     lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)).rstrip() for b in body]
-    if any(int(r["failed"]) for r in agg):
-        lines.append("(failed runs are left out of every mean)")
+    if any(int(r["failed"]) + int(r.get("error") or 0) + int(r.get("interrupted") or 0) for r in agg):
+        lines.append("(runs that failed, raised an error or were interrupted are left out of every mean)")
     return "\n".join(lines)
 
 
@@ -420,14 +518,28 @@ def run_sweep(args) -> int:
             "seeds": seeds, "overrides": base, "runs": len(cells)}
     (out / "sweep.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
 
-    executed, skipped = execute(cells, jobs=args.jobs, quiet=args.quiet)
+    res = execute(cells, jobs=args.jobs, quiet=args.quiet)
 
-    rows = collect(cells, out)
+    # what finished, whether or not a signal stopped the sweep; cells never started are left out
+    started = [c for c in cells if _current(c)]
+    rows = collect(started, out)
     write_csv(out / "sweep.csv", rows, ["scenario", "method", *keys, *RUN_FIELDS])
     agg = aggregate(rows, keys)
     write_csv(out / "aggregate.csv", agg, aggregate_fields(keys))
     print(format_aggregate(agg, keys))
     if not args.quiet:
-        print(f"sweep: {executed} runs executed, {skipped} already finished; results in {out} "
+        stale = f" ({res.stale} of them finished before with other settings or code)" if res.stale else ""
+        print(f"sweep: {res.executed} runs executed{stale}, {res.reused} reused; results in {out} "
               f"(sweep.csv, aggregate.csv; plot with: raymvc plot {out})", file=sys.stderr)
-    return 0
+        if res.interrupted:
+            print(f"sweep: stopped by a signal; {len(cells) - len(started)} runs not started "
+                  "(the same command carries on)", file=sys.stderr)
+    return 130 if res.interrupted else 0
+
+
+def _current(cell: Cell) -> bool:
+    """Whether the cell's folder holds a result of its current settings and code (of any status)."""
+    try:
+        return bool(cell.fingerprint) and read_summary(cell.run_dir).get("fingerprint") == cell.fingerprint
+    except (OSError, ValueError):
+        return False

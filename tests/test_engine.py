@@ -259,10 +259,14 @@ def test_client_exception_is_recorded_and_run_goes_on(tmp_path, monkeypatch):
 
     monkeypatch.setattr(cefmc.CeFMCClient, "handle", flaky)
     s = run(tmp_path, "flaky")
-    assert s["status"] == "degraded" and s["metrics"]["acc"] > 0.9
+    # the run goes on without the client, but a client's code that raised is an error, not a fault
+    assert s["status"] == "error" and s["metrics"]["acc"] > 0.9
     errs = s["faults"]["client_errors"]
     assert len(errs) == 1 and errs[0]["client"] == 4 and errs[0]["round"] == 2
-    assert "FloatingPointError: boom" in errs[0]["error"]
+    assert "FloatingPointError: boom" in errs[0]["error"] and "\n" not in errs[0]["error"]
+    assert s["errors"] == ["client 4 protocol round 2: FloatingPointError: boom"]
+    log = (Path(s["out_dir"]) / "errors.log").read_text()
+    assert "Traceback" in log and "in flaky" in log and "FloatingPointError: boom" in log
 
 
 def test_a_dropout_is_sent_but_never_acted_on(tmp_path, monkeypatch):
@@ -447,7 +451,8 @@ def test_rounds_of_a_batch_reach_disk_when_a_later_round_raises(tmp_path, monkey
     monkeypatch.setattr(fedavg_echo.EchoServer, "_send", bad_at_round_3)
     echo = _echo(tmp_path, rounds=6, floats=8, n_clients=3, runtime="backend: local")
     s = run_scenario(load_scenario(echo), tmp_path / "out", progress=lambda line: None)
-    assert s["status"] == "failed"
+    assert s["status"] == "error" and len(s["errors"]) == 1
+    assert "Traceback" in (Path(s["out_dir"]) / "errors.log").read_text()
     lines = (Path(s["out_dir"]) / "rounds.jsonl").read_text().splitlines()
     assert [json.loads(x)["round"] for x in lines] == [0, 1, 2]
 

@@ -92,7 +92,7 @@ def test_an_unencodable_reply_is_that_clients_error(tmp_path, monkeypatch):
 
     monkeypatch.setattr(cefmc.CeFMCClient, "handle", bad)
     s = run(tmp_path, "bad-reply")
-    assert s["status"] == "degraded"
+    assert s["status"] == "error"
     errs = s["faults"]["client_errors"]
     assert [(e["round"], e["client"]) for e in errs] == [(2, 1)] and "unencodable reply" in errs[0]["error"]
     assert s["participation"][1]["missed"] == 1

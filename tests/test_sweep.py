@@ -65,9 +65,11 @@ def test_aggregate_excludes_failed_runs_and_counts_statuses():
         {"scenario": "s", "method": "m", "k": "0", "status": "degraded", "acc": 0.6, "nmi": 0.3, "ari": 0.2, "mb": 3.0},
         {"scenario": "s", "method": "m", "k": "0", "status": "failed", "acc": 0.1, "nmi": 0.0, "ari": 0.0, "mb": 9.0},
         {"scenario": "s", "method": "m", "k": "0", "status": "interrupted", "acc": "", "nmi": "", "ari": "", "mb": ""},
+        # a client raised: the run kept going on the others, but it is no measurement of the method
+        {"scenario": "s", "method": "m", "k": "0", "status": "error", "acc": 0.53, "nmi": 0.2, "ari": 0.1, "mb": 5.0},
     ]
     (a,) = aggregate(rows, ["k"])
-    assert (a["runs"], a["completed"], a["degraded"], a["failed"]) == (4, 1, 1, 2)
+    assert (a["runs"], a["completed"], a["degraded"], a["failed"], a["error"], a["interrupted"]) == (5, 1, 1, 1, 1, 1)
     assert a["acc_mean"] == pytest.approx(0.7) and a["mb_mean"] == pytest.approx(2.0)
     assert a["acc_std"] == pytest.approx(0.1414213, rel=1e-5)
     (b,) = aggregate(rows[2:3], ["k"])
@@ -84,7 +86,7 @@ def test_sweep_resumes_aggregates_plots_and_reports(tmp_path, capsys, monkeypatc
     assert main(argv) == 0
     assert len(calls) == 4
     table = capsys.readouterr().out
-    assert "done/deg/fail" in table and "0/0/2" in table and "failed runs are left out" in table
+    assert "done/deg/fail" in table and "0/0/2" in table and "raised an error or were interrupted are left out" in table
     rows = read_csv(out / "sweep.csv")
     assert list(rows[0])[:7] == ["scenario", "method", "faults.dropout.rate", "seed", "status", "acc", "nmi"]
     assert {(r["faults.dropout.rate"], r["seed"], r["status"]) for r in rows} == {

@@ -58,9 +58,9 @@ class LloydClient(Client):
             return Message("stats", sums=sums, counts=np.bincount(y, minlength=k).astype(np.int64))
         raise ValueError(f"fedlloyd client: unexpected message {msg.kind!r}")
 
-    def predict(self) -> np.ndarray:
+    def predict(self) -> np.ndarray | None:
         if self.C is None:
-            raise RuntimeError("fedlloyd client: no centroids received")
+            return None  # no centroids received: its rows stay unlabelled
         return nearest(self.X, self.C)
 
 

@@ -27,11 +27,13 @@ from ..data import load_dataset, normalize
 from ..data import partition as parts
 from ..metrics import clustering_scores, label_free_scores, preload
 from ..protocols import get
+from ..provenance import code_version, fingerprint
 from ..results import RunWriter, default_out_dir, format_summary
 from ..scenario import Scenario, ScenarioError
+from ..scenario import one_line as one_line_text
 from . import checkpoint
 from .cluster import ClusterError, init_ray
-from .nodes import ClientNode, ClientPool, ServerNode, one_line
+from .nodes import ClientNode, ClientPool, ServerNode, one_line, party_error
 from .records import RoundRecord, RunEnd
 from .threads import release_threads
 from .transport import RayPools
@@ -233,6 +235,7 @@ class _Run:
     def __init__(self, sc: Scenario, part, ds):
         self.sc, self.part, self.ds = sc, part, ds
         self.timing: dict = {"startup_s": 0.0, "protocol_s": 0.0}
+        self.t_rounds: float | None = None  # when the rounds began
         self.handles: list = []
         self.call: _Call | None = None
         self.last_round = -1  # the last round written to rounds.jsonl
@@ -255,7 +258,7 @@ class _Run:
             progress(f"[{sc.name}] resumed after round {logged - 1}")
         else:
             call("begin")
-        t0 = time.perf_counter()
+        t0 = self.t_rounds = time.perf_counter()
         per_call = 1 if sc.runtime.checkpoint else MAX_ROUNDS_PER_CALL  # a checkpoint follows every round
         done = False
         while not done:
@@ -281,10 +284,12 @@ class _Run:
         self.timing["protocol_s"] = time.perf_counter() - t0 - self.timing.get("checkpoint_s", 0.0)
         return end
 
-    def salvage(self, status: str, error: str, writer: RunWriter) -> RunEnd:
+    def salvage(self, status: str, error: str, writer: RunWriter, errors: list[dict] = ()) -> RunEnd:
         """The run so far from the server (ledger, rounds, counts), or an empty record; round
         records the server finished but the driver never received (it stopped waiting
-        mid-batch) are written to rounds.jsonl."""
+        mid-batch) are written to rounds.jsonl. ``errors``: what raised in the driver's call."""
+        if self.t_rounds is not None and not self.timing["protocol_s"]:
+            self.timing["protocol_s"] = time.perf_counter() - self.t_rounds - self.timing.get("checkpoint_s", 0.0)
         end = None
         if self.call is not None:
             try:
@@ -297,6 +302,7 @@ class _Run:
                 writer.round(rec)
                 self.last_round = rec["round"]
         end.status, end.error = status, end.error or error
+        end.errors = [*end.errors, *errors]
         return end
 
 
@@ -352,10 +358,13 @@ def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: C
         except (KeyboardInterrupt, RunInterrupted) as e:
             stop.saving = True
             interrupted = True
-            end = run.salvage("interrupted", f"interrupted ({e or type(e).__name__})", writer)
+            end = run.salvage("interrupted", str(e) or "SIGINT", writer)
         except Exception as e:  # keep whatever we have; the summary says what went wrong
             stop.saving = True
-            end = run.salvage("failed", one_line(e), writer)
+            if _is_failure(e):  # a party gone or out of reach: the run could not finish
+                end = run.salvage("failed", one_line(e), writer)
+            else:  # code raised (the protocol's, in setup or a round, or the engine's)
+                end = run.salvage("error", one_line(e), writer, [party_error("driver", "run", run.last_round + 1, e)])
         finally:
             _stop(run.handles)
             if sc.runtime.backend == "local":
@@ -372,6 +381,9 @@ def _write_results(sc, ds, part, end: RunEnd, timing: dict, ray_init_s: float, w
                    writer: RunWriter) -> dict:
     labels = _assemble_labels(part, end)
     writer.labels(labels, part.n_samples)
+    log = errors_log(end)
+    if log:
+        writer.errors(log)
     if end.ledger is not None:
         writer.messages(end.ledger)
     summary = _summarise(sc, ds, part, get(sc.method), end, labels, ray_init_s, timing["protocol_s"],
@@ -388,6 +400,23 @@ def _write_results(sc, ds, part, end: RunEnd, timing: dict, ray_init_s: float, w
     return summary
 
 
+def _is_failure(e: BaseException) -> bool:
+    """Whether an exception that reached the driver means a party was lost or out of reach
+    (the run could not finish), rather than code that raised."""
+    if isinstance(e, (TimeoutError, ClusterError)):
+        return True
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return False
+    from ray import exceptions as rex
+
+    if isinstance(e, rex.RayTaskError) or "creation task" in str(e):  # the remote code raised
+        return False
+    lost = tuple(getattr(rex, n) for n in ("RayActorError", "ObjectLostError", "NodeDiedError", "WorkerCrashedError",
+                                           "OwnerDiedError", "ActorUnavailableError") if hasattr(rex, n))
+    return isinstance(e, lost)
+
+
 def _stop(handles: list) -> None:
     if not handles:
         return
@@ -400,25 +429,86 @@ def _stop(handles: list) -> None:
             pass
 
 
+def _labels_problem(y, n: int) -> str | None:
+    """Why ``y`` cannot be ``n`` cluster labels (None if it can)."""
+    y = np.asarray(y)
+    if y.ndim != 1 or len(y) != n:
+        return f"{y.size if y.ndim != 1 else len(y)} labels (shape {y.shape}) for {n} samples"
+    if y.dtype.kind not in "iu":
+        return f"labels of type {y.dtype}, not integers"
+    if n and y.min() < 0:
+        return f"negative label {y.min()}"
+    return None
+
+
 def _assemble_labels(part, end: RunEnd) -> np.ndarray | None:
+    """The final labels, checked: a server's ``Done`` labels of the wrong length or kind are
+    the server's error (no labels), a client's wrong predictions that client's error (its
+    rows stay -1)."""
     if end.labels is not None:
-        return np.asarray(end.labels).astype(np.int64)
+        problem = _labels_problem(end.labels, part.n_samples)
+        if problem is None:
+            return np.asarray(end.labels).astype(np.int64)
+        end.errors.append({"party": "server", "phase": "eval", "round": end.rounds,
+                           "error": f"Done(labels=...): {problem}", "traceback": ""})
+        return None
     preds = end.predictions
     if not preds:
         return None
     y = np.full(part.n_samples, -1, dtype=np.int64)
-    for c, p in preds.items():
+    for c, p in sorted(preds.items()):
+        problem = _labels_problem(p, len(part.rows[c]))
+        if problem is not None:
+            end.client_errors.append({"round": end.rounds, "client": c, "path": "eval",
+                                      "error": f"predict(): {problem}"})
+            continue
         y[part.rows[c]] = np.asarray(p, dtype=np.int64)
     return y
 
 
+def code_errors(end: RunEnd) -> int:
+    """How many times some party's code raised (server, driver, clients in any phase)."""
+    return len(end.errors) + sum(not e.get("unreachable") for e in end.client_errors)
+
+
 def _final_status(end: RunEnd, labels: np.ndarray | None) -> str:
+    """``interrupted`` (stopped by a signal), ``error`` (some party's code raised, in any
+    phase), ``failed`` (the run could not finish), ``degraded`` (injected faults only) or
+    ``completed``."""
     if end.status == "interrupted":
         return "interrupted"
+    if end.status == "error" or code_errors(end):
+        return "error"
     if end.status == "failed" or labels is None:
         return "failed"
     troubled = end.crashed or end.disconnected or end.counts.any()
     return "degraded" if troubled else "completed"
+
+
+def errors_log(end: RunEnd) -> str:
+    """``errors.log``: every error of every party in full, in the order they happened."""
+    parts = []
+    for e in end.errors:
+        head = f"== {e['party']}, {e['phase']}, round {e['round']}: {e['error']}"
+        parts.append(head + ("\n" + e["traceback"].rstrip() if e.get("traceback") else ""))
+    for e in end.client_errors:
+        head = f"== client {e['client']}, {e['path']}, round {e['round']}: {_first_line(e['error'] or '', 10**4)}"
+        body = e.get("traceback") or (e["error"] if "\n" in (e["error"] or "") else "")
+        parts.append(head + ("\n" + body.rstrip() if body else ""))
+    return "\n\n".join(parts) + "\n" if parts else ""
+
+
+def _error_lines(end: RunEnd) -> list[str]:
+    """One bounded line per error, for ``summary.json``."""
+    lines = [f"{e['party']} {e['phase']} round {e['round']}: {e['error']}" for e in end.errors]
+    lines += [f"client {e['client']} {e['path']} round {e['round']}: {_first_line(e['error'] or '')}"
+              for e in end.client_errors if not e.get("unreachable")]
+    return [_first_line(x) for x in lines]
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    lines = str(text).strip().splitlines()
+    return one_line_text(lines[0] if lines else "", limit)
 
 
 def _participation(end: RunEnd) -> dict[int, dict]:
@@ -454,7 +544,10 @@ def _summarise(sc, ds, part, proto, end: RunEnd, labels, ray_init_s, protocol_s,
         "seed": sc.seed,
         "backend": sc.runtime.backend,
         "status": _final_status(end, labels),
-        "error": end.error,
+        "error": end.error or (_error_lines(end)[0] if code_errors(end) else None),
+        "errors": _error_lines(end),
+        "fingerprint": fingerprint(sc),
+        "code_version": code_version(sc.method),
         "rounds": end.rounds,
         "metrics": metrics,
         "unlabelled_samples": int(np.sum(labels < 0)) if labels is not None else part.n_samples,
@@ -472,7 +565,8 @@ def _summarise(sc, ds, part, proto, end: RunEnd, labels, ray_init_s, protocol_s,
             "rejected_messages": end.counts.rejected_messages,
             "disconnected_clients": list(end.disconnected),
             "evicted_clients": list(end.evicted),
-            "client_errors": list(end.client_errors),
+            "client_errors": [{k: (_first_line(v) if k == "error" else v) for k, v in e.items() if k != "traceback"}
+                              for e in end.client_errors],
         },
         "timing": {
             "wall_s": wall_s,

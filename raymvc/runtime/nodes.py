@@ -39,7 +39,7 @@ PROTOCOL_INPUTS = ("config", "shard", "ctx")  # rebuilt from the scenario, never
 _ROUND = struct.Struct("<q")
 # what a server checkpoint holds besides the protocol's server object
 _SERVER_STATE = ("round", "clock", "outgoing", "done", "status", "error", "crashed", "offline", "counts",
-                 "client_errors", "participation", "compute_s", "timeouts", "evicted", "ledger")
+                 "client_errors", "errors", "participation", "compute_s", "timeouts", "evicted", "ledger")
 EVAL_PREDICT = "eval.predict"  # engine-reserved kinds: the evaluation path
 EVAL_LABELS = "eval.labels"
 
@@ -62,12 +62,23 @@ def broadcast_key(msg: Message) -> tuple:
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
+def party_error(party: str, phase: str, r: int, e: BaseException) -> dict:
+    """One error of a party's code: a bounded line for the summary, the full traceback for ``errors.log``."""
+    return {"party": party, "phase": phase, "round": r, "error": one_line(e),
+            "traceback": "".join(traceback.format_exception(e))[-65536:]}
+
+
 def one_line(e: BaseException, limit: int = 300) -> str:
     """An exception as one plain line: type, first line of the message, no colour codes."""
     text = _ANSI.sub("", str(e)).strip().splitlines()
     first = text[0] if text else ""
     line = f"{type(e).__name__}: {first}" if first else type(e).__name__
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _unreachable(e: BaseException) -> bool:
+    """A party that did not answer in time (rather than one whose code raised)."""
+    return isinstance(e, TimeoutError)  # Ray's GetTimeoutError is one too
 
 
 # ---------------------------------------------------------------------------
@@ -118,7 +129,8 @@ class ClientNode:
         try:
             self.client.ctx.round = opened.round
             if opened.msg.kind == EVAL_PREDICT:
-                reply = Message(EVAL_LABELS, y=labels_array(self.client.predict()))
+                y = self.client.predict()  # None: nothing to label its rows with
+                reply = Message(EVAL_LABELS) if y is None else Message(EVAL_LABELS, y=labels_array(y))
             else:
                 reply = self.client.handle(opened.msg)
         except Exception as e:  # the client fails, the run goes on without it
@@ -229,6 +241,7 @@ class ServerNode:
         self.connected: list[int] = []
         self.counts = FaultCounts()
         self.client_errors: list[dict] = []  # every failure, in order: {round, client, path, error}
+        self.errors: list[dict] = []  # the server's own code raised: see party_error
         self.participation = {c: Participation() for c in self.client_ids}
         self.compute_s = 0.0
         self.unreported: list[RoundRecord] = []  # the rounds of the latest run_rounds call
@@ -252,8 +265,10 @@ class ServerNode:
             ckey = answers[cid]
             if isinstance(ckey, BaseException):
                 self.offline.add(cid)
-                self.client_errors.append({"round": -1, "client": cid, "path": "setup",
-                                           "error": f"could not connect: {one_line(ckey)}"})
+                entry = {"round": -1, "client": cid, "path": "setup", "error": f"could not connect: {one_line(ckey)}"}
+                if _unreachable(ckey):  # no answer in time: a failure to reach it, not its code raising
+                    entry["unreachable"] = True
+                self.client_errors.append(entry)
                 continue
             for src, dst in ((SERVER, peer), (peer, SERVER)):
                 self.ledger.record(round=-1, src=src, dst=dst, kind="handshake", path="setup", payload_bytes=0,
@@ -429,8 +444,9 @@ class ServerNode:
         try:
             result = self.server.step(r, st.replies, set(st.missing))
         except Exception as e:
-            self.status = "failed"
-            self.error = f"server step {r} failed: {type(e).__name__}: {e}"
+            self.status = "error"
+            self.errors.append(party_error(SERVER, "step", r, e))
+            self.error = f"server step {r} raised {one_line(e)}"
             return
         if isinstance(result, Done):
             self.done = result
@@ -455,7 +471,7 @@ class ServerNode:
             rejected=st.rejected, crashed=st.crashed, client_errors=sorted(st.errors), messages=len(rows),
             wire_bytes=sum(x.wire_bytes for x in rows), payload_bytes=sum(x.payload_bytes for x in rows),
             virtual_start_s=t0, virtual_end_s=self.clock, wall_s=time.perf_counter() - wall,
-            info=dict(self.server.info), done=self.status in ("finished", "failed"), error=self.error)
+            info=dict(self.server.info), done=self.status in ("finished", "failed", "error"), error=self.error)
         self.server.info = {}
         return record
 
@@ -493,7 +509,7 @@ class ServerNode:
         alive = [c for c in self.connected if c not in self.crashed]
         st, _ = self._exchange(self.round, {c: Message(EVAL_PREDICT) for c in alive}, "eval", Injector(None))
         self.crashed.update(st.crashed)
-        return {c: np.asarray(m["y"]) for c, m in st.replies.items()}
+        return {c: np.asarray(m["y"]) for c, m in st.replies.items() if "y" in m.fields}
 
     def finish(self, stopped: str | None = None) -> RunEnd:
         """Final labels (server-side, or collected from clients on the evaluation path).
@@ -507,22 +523,26 @@ class ServerNode:
             self.deferred = None
         status = stopped or self.status
         end = RunEnd(status=status, error=self.error, virtual_s=self.clock, counts=self.counts,
-                     disconnected=sorted(self.offline), client_errors=list(self.client_errors),
-                     participation=self.participation, ledger=self.ledger, evicted=list(self.evicted),
-                     rounds=self.round + (1 if self.status in ("finished", "failed") else 0))
+                     disconnected=sorted(self.offline), participation=self.participation, ledger=self.ledger,
+                     evicted=list(self.evicted),
+                     rounds=self.round + (1 if self.status in ("finished", "failed", "error") else 0))
         done = self.done
-        if done is None:
+        if done is None and self.status != "error":
             pin_threads(self.threads)
             try:
                 done = self.server.result()
+            except NotImplementedError:  # the method keeps no early result: not a fault of its code
+                done = None
             except Exception as e:
-                end.info["result_error"] = f"{type(e).__name__}: {e}"
+                self.errors.append(party_error(SERVER, "result", self.round, e))
         if done is not None:
             end.info.update(done.info)
             if done.labels is not None:
                 end.labels = np.asarray(done.labels)
-            elif stopped is None:
+            elif stopped is None and self.status in ("finished", "failed"):
                 end.predictions = self._collect_predictions()
+        # after the evaluation path, whose failures are client errors like any other
+        end.client_errors, end.errors = list(self.client_errors), list(self.errors)
         end.compute_s = self.compute_s
         end.crashed = sorted(self.crashed)
         end.shared_bodies = getattr(self.transport, "shared_puts", 0)

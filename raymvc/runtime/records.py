@@ -76,6 +76,8 @@ class RunEnd:
     crashed: list[int] = field(default_factory=list)
     disconnected: list[int] = field(default_factory=list)
     client_errors: list[dict[str, Any]] = field(default_factory=list)
+    # code that raised outside the clients' rounds: {party, phase, round, error (one line), traceback}
+    errors: list[dict[str, Any]] = field(default_factory=list)
     participation: dict[int, Participation] = field(default_factory=dict)
     evicted: list[int] = field(default_factory=list)
     ledger: Ledger | None = None

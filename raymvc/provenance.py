@@ -1,0 +1,79 @@
+"""What a run's result depends on, as digests: the code that ran and the resolved scenario.
+
+A sweep reuses a finished cell only when its ``fingerprint`` is unchanged, and a
+checkpoint is resumed only by the same code, so neither can report or continue a
+result that other code or other settings produced.
+
+* :func:`code_version` -- a digest of the engine (every file of the ``raymvc`` package,
+  its built-in data included) and of the method: the module that defines it and the
+  private helper modules (``_*.py``) beside it.
+* :func:`fingerprint` -- a digest of the resolved scenario (the YAML after every
+  ``--set`` and grid value, seed included), the content of a user data file it names,
+  and the code version.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import sys
+from pathlib import Path
+
+_ENGINE = Path(__file__).resolve().parent
+
+
+def _digest_files(files: list[Path], root: Path, h) -> None:
+    for f in sorted(files):
+        h.update(str(f.relative_to(root)).encode() + b"\0")
+        h.update(f.read_bytes())
+        h.update(b"\0")
+
+
+def _is_source(f: Path) -> bool:
+    return f.is_file() and "__pycache__" not in f.parts and f.suffix not in (".pyc", ".pyo")
+
+
+@functools.lru_cache(maxsize=1)
+def engine_version() -> str:
+    h = hashlib.sha256()
+    _digest_files([f for f in _ENGINE.rglob("*") if _is_source(f)], _ENGINE, h)
+    return h.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=64)
+def method_version(method: str) -> str:
+    """The digest of the module that defines ``method`` and of its package's private helpers."""
+    from .protocols import get
+
+    proto = get(method)
+    module = sys.modules.get(proto.server.__module__)
+    path = Path(getattr(module, "__file__", "") or "")
+    h = hashlib.sha256(method.encode() + b"\0")
+    if path.is_file():
+        files = [path] + [f for f in path.parent.glob("_*.py") if f.name != "__init__.py" and f != path]
+        _digest_files(files, path.parent, h)
+    return h.hexdigest()[:16]
+
+
+def code_version(method: str) -> str:
+    return f"{engine_version()}-{method_version(method)}"
+
+
+@functools.lru_cache(maxsize=64)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:16]
+
+
+def fingerprint(sc) -> str:
+    """A digest of everything that determines a run's result (see the module's docstring)."""
+    h = hashlib.sha256(sc.to_yaml().encode())
+    if sc.data.path is not None:
+        p = sc.data_path().resolve()
+        st = p.stat()
+        h.update(_file_digest(str(p), st.st_size, st.st_mtime_ns).encode())
+    h.update(code_version(sc.method).encode())
+    return h.hexdigest()[:24]

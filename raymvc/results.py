@@ -171,6 +171,10 @@ def format_summary(s: dict) -> str:
         f"  status    {s.get('status', '?')}" + (f" ({s['error']})" if s.get("error") else ""),
         f"  rounds    {s.get('rounds', '?')}",
     ]
+    errors = s.get("errors") or []
+    if errors:
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        lines.append(f"  errors    {errors[0]}{more}; full tracebacks in errors.log")
     if m:
         lines.append("  metrics   " + "  ".join(f"{k.upper()} {v:.4f}" for k, v in m.items() if v is not None))
     if s.get("metrics_labelled"):
@@ -206,14 +210,6 @@ def format_summary(s: dict) -> str:
     if s.get("out_dir"):
         lines.append(f"  results   {s['out_dir']}")
     return "\n".join(lines)
-
-
-def run_finished(out_dir: str | Path) -> bool:
-    """Whether ``out_dir`` holds a finished run (a summary with a final status)."""
-    try:
-        return read_summary(out_dir).get("status") in FINAL_STATUSES
-    except (OSError, ValueError):
-        return False
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:

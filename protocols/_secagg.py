@@ -41,13 +41,21 @@ policy applies.
 
 Keys across aggregations
 ------------------------
-The key pairs are made once, the pairwise seeds are derived afresh per aggregation
-(HKDF over the X25519 secret with ``k`` in the info string) and ``b_i`` is drawn anew
-for every aggregation, so nothing is reused. A dropped client's ``s_SK`` becomes known
-to the server when it is unmasked; from then on that key is *exposed*: the server stops
-listing the client as active and asks it to re-key (a fresh ``s`` pair and fresh
-shares, reply ``secagg.rekey``, sent instead of its masked input), after which it takes
-part again from the next aggregation. Peers refuse to reveal ``b_j`` for a client whose
+No mask secret is used in two aggregations. ``b_i`` is drawn anew for every
+aggregation, and so is the mask key pair: a client's masked input of aggregation ``k``
+carries, beside it, the public half of a fresh ``s`` pair and encrypted shares of its
+secret (``next_pk``, ``next_epoch``, ``next_to``, ``next_ct``), and the key used in
+``k`` is never used again. That matters because an aggregation reveals to the server
+``b_i`` of every survivor and ``s_SK`` of every dropped client: had client ``i`` kept
+its ``s`` pair, its ``b_i`` from an aggregation it survived and its ``s_SK`` from a later
+one it dropped out of would unmask its earlier input. With a fresh pair each time, a
+revealed ``s_SK`` only removes masks of the one aggregation whose ``b_i`` stays secret.
+The pairwise seeds are derived per aggregation as well (HKDF over the X25519 secret
+with ``k`` in the info string). A dropped client's ``s_SK`` becomes known to the server
+when it is unmasked; from then on that key is *exposed*: the server stops listing the
+client as active and asks it to re-key (a fresh ``s`` pair and fresh shares, reply
+``secagg.rekey``, sent instead of its masked input), after which it takes part again
+from the next aggregation. Peers refuse to reveal ``b_j`` for a client whose
 current mask key they have helped expose. A client that missed key advertisement stays
 out of secure aggregation for the run; one that missed step 2 joins through a re-key.
 
@@ -408,6 +416,11 @@ class SecAggServer:
                     self.pending.setdefault(dst, {})[(c, _B, self.k)] = bytes(ct)
         self.survivors = sorted(self.y)
         self.dropped = sorted(set(self.active) - set(self.y))
+        for c in self.survivors:  # each survivor's next mask key (this one's masks were snapshotted in active_pk)
+            m = replies[c]
+            if "next_pk" in m:
+                self._on_shares({c: Message(REKEY, s_pk=m["next_pk"], epoch=m["next_epoch"], to=m["next_to"],
+                                            ct=m["next_ct"])})
         if len(self.survivors) < self.t:
             return self._fail(f"{len(self.survivors)} masked inputs, threshold {self.t}")
         self.phase = "unmask"
@@ -472,6 +485,8 @@ class SecAggServer:
 # ---------------------------------------------------------------------------
 class SecAggClient:
     """One client's side: its key pairs, the shares it holds, and its refusals."""
+
+    _rotate = True  # a fresh mask key pair after every input; off only to show the attack it prevents
 
     def __init__(self, client_id: int, params: SecAggParams | None = None):
         self.id = int(client_id)
@@ -584,7 +599,13 @@ class SecAggClient:
         cts = [seal_share(self.c_sk, self.c_pk[c], self.id, c, _B, k, sh[c + 1]) for c in peers]
         self.last_k = k
         self.masked_with[k] = {c: (self.s_pk[c], self.peer_epoch[c]) for c in peers}
-        return Message(MASKED, k=k, y=y, to=_ids(peers), ct=_rows(cts, CT_BYTES))
+        # the mask key of this aggregation is never used again: shares of a fresh one travel
+        # with the input, so a key revealed later (this client dropping) unmasks no earlier input
+        if not self._rotate:  # the weakened variant the tests attack
+            return Message(MASKED, k=k, y=y, to=_ids(peers), ct=_rows(cts, CT_BYTES))
+        nxt = self._rekey()
+        return Message(MASKED, k=k, y=y, to=_ids(peers), ct=_rows(cts, CT_BYTES), next_pk=nxt["s_pk"],
+                       next_epoch=nxt["epoch"], next_to=nxt["to"], next_ct=nxt["ct"])
 
     # -- unmasking ------------------------------------------------------------
     def _on_unmask(self, msg: Message) -> Message:

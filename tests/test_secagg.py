@@ -111,9 +111,13 @@ class Net:
         self.server = sa.SecAggServer(range(n), self.params)
         self.clients = {c: sa.SecAggClient(c, self.params) for c in range(n)}
         self.inbox: list[Message] = []  # everything the server received
+        self.senders: list[int] = []  # who sent each message of the inbox
         self.rounds = 0
 
-    def exchange(self, out: dict[int, Message], drop: set[int] = frozenset(), x=None, w=None):
+    def exchange(self, out: dict[int, Message], drop: set[int] = frozenset(), x=None, w=None,
+                 late: set[int] = frozenset()):
+        """``drop``: never acted on; ``late``: acted on, the reply reached the server's inbox
+        but after the deadline, so the protocol treats it as missing."""
         self.rounds += 1
         replies = {}
         for c, msg in out.items():
@@ -125,7 +129,9 @@ class Net:
             if rep is not None:
                 rep = codec.decode(codec.encode(rep))
                 self.inbox.append(rep)
-                replies[c] = rep
+                self.senders.append(c)
+                if c not in late:
+                    replies[c] = rep
         missing = set(out) - set(replies)
         return replies, missing
 
@@ -136,9 +142,9 @@ class Net:
         res = self.server.step(replies, missing)
         assert res.send is None and self.server.ready
 
-    def aggregate(self, x, w, drop_input=frozenset(), drop_unmask=frozenset()) -> sa.Outcome:
+    def aggregate(self, x, w, drop_input=frozenset(), drop_unmask=frozenset(), late=frozenset()) -> sa.Outcome:
         req = self.server.input_requests("model", {}, self.clients)
-        replies, missing = self.exchange(req, drop_input, x, w)
+        replies, missing = self.exchange(req, drop_input, x, w, late)
         out = self.server.step(replies, missing)
         if out.send is None:
             return out
@@ -212,6 +218,68 @@ def test_dropped_client_rekeys_and_rejoins():
     out = net.aggregate(x, w, drop_input={3})  # 1 is back; 3 drops and its dangling masks are rebuilt
     assert out.contributors == [0, 1, 2, 4]
     np.testing.assert_allclose(out.total, _plain(x, w, [0, 1, 2, 4])[0], atol=1e-5)
+
+
+def _curious_server(net: Net, peers_pk: dict[int, dict[int, bytes]]) -> list[tuple[int, int]]:
+    """An honest-but-curious server with its whole inbox over several aggregations: for every
+    masked input it holds, it tries the self-mask seed revealed in that aggregation with every
+    mask secret key revealed in any aggregation. Returns the (client, aggregation) whose input
+    it read; ``peers_pk[k]`` are the mask public keys the server listed for aggregation ``k``."""
+    p = net.params
+    b_sh: dict[tuple[int, int], dict[int, int]] = {}
+    s_sh: dict[tuple[int, int], dict[int, int]] = {}
+    masked: dict[tuple[int, int], np.ndarray] = {}
+    for c, m in zip(net.senders, net.inbox):
+        if m.kind == sa.MASKED:
+            masked[(c, int(m["k"]))] = np.asarray(m["y"])
+        elif m.kind == sa.REVEAL:
+            for ids, sh, into in (("b_ids", "b_sh", b_sh), ("s_ids", "s_sh", s_sh)):
+                for j, row in zip(np.asarray(m[ids]).tolist(), np.asarray(m[sh])):
+                    into.setdefault((j, int(m["k"])), {})[c + 1] = int.from_bytes(bytes(row), "big")
+    b = {key: sa.shamir_reconstruct(sh, net.server.t) for key, sh in b_sh.items() if len(sh) >= net.server.t}
+    keys = [(j, sa._sk_from_int(sa.shamir_reconstruct(sh, net.server.t)))
+            for (j, _), sh in s_sh.items() if len(sh) >= net.server.t]
+    read = []
+    for (i, k), y in masked.items():
+        if (i, k) not in b:
+            continue
+        bare = y - sa.prg(sa.self_seed(b[(i, k)], k), len(y), p.ring_bits)
+        for j, sk in keys:
+            if j != i:
+                continue
+            v = bare.copy()
+            for peer, pk in peers_pk[k].items():
+                if peer != i:
+                    mask = sa.prg(sa.pairwise_seed(sk, pk, i, peer, k), len(y), p.ring_bits)
+                    v = v - mask if sa._sign_mask(i, peer) > 0 else v + mask
+            vals = sa.decode_fixed(v, p.frac_bits, p.ring_bits)
+            if np.all(np.abs(vals) < 1e6):  # masks removed: a plausible w * x, not ring noise
+                read.append((i, k))
+    return sorted(set(read))
+
+
+@pytest.mark.parametrize("rotate", [True, False])
+def test_a_curious_server_reads_no_input_across_aggregations(rotate, monkeypatch):
+    """Aggregation 1: everybody contributes (the survivors reveal each b_2); aggregation 2:
+    client 2 drops (they reveal its s_SK); aggregation 3: client 3's input arrives late. With
+    one mask key per aggregation nothing combines; with a key kept across aggregations (the
+    weakened variant) b_2 of 1 and s_SK of 2 unmask client 2's first input."""
+    monkeypatch.setattr(sa.SecAggClient, "_rotate", rotate)
+    n = 5
+    net = Net(n)
+    net.setup()
+    x, w = _inputs(n, 16)
+    peers_pk = {}
+    for k, (drop, late) in enumerate([(set(), set()), ({2}, set()), (set(), {3}), (set(), set())], start=1):
+        out = net.aggregate(x, w, drop_input=drop, late=late)
+        peers_pk[k] = dict(net.server.active_pk)
+        assert out.failed is None and out.contributors == sorted(set(net.server.active) - drop - late)
+        np.testing.assert_allclose(out.total, _plain(x, w, out.contributors)[0], atol=1e-5)
+    read = _curious_server(net, peers_pk)
+    if rotate:
+        assert read == []
+    else:
+        assert (2, 1) in read  # the attack works on keys kept across aggregations
 
 
 def test_missed_share_round_joins_through_rekey():

@@ -224,6 +224,24 @@ def test_method_by_import_path_from_the_current_directory(tmp_path, capsys, monk
     assert s["method"] == "fedlloyd" and s["status"] == "completed" and s["metrics"]["acc"] > 0.3
     assert main(["params", "fedlloyd"]) == 0
     assert "Lloyd rounds after the start" in capsys.readouterr().out
+    # the example users copy keeps its word: what a client sends at the start is local
+    # centroids and counts, never rows of its own data
+    import fedlloyd
+
+    from raymvc.messages import Message
+    from raymvc.protocol import ClientContext
+    from raymvc.runtime import prepare
+    from raymvc.scenario import load_scenario
+
+    _, part = prepare(load_scenario("fedlloyd.yaml", ["runtime.backend=local"]))
+    for cid, shard in enumerate(part.shards[:3]):
+        ctx = ClientContext(client_id=cid, n_clients=part.n_clients, n_clusters=10, seed=0)
+        reply = fedlloyd.LloydClient(fedlloyd.Config(), shard, ctx).handle(Message("candidates"))
+        X, C = np.asarray(shard.X), np.asarray(reply["C"])
+        assert set(reply.fields) == {"C", "counts"} and int(reply["counts"].sum()) == len(X)
+        singletons = np.flatnonzero(reply["counts"] == 1)
+        rows = {r.tobytes() for r in X}
+        assert [i for i in range(len(C)) if C[i].tobytes() in rows and i not in singletons] == []
 
 
 def test_method_from_an_entry_point(monkeypatch):

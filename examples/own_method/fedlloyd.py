@@ -6,9 +6,10 @@ Run it (from this folder, so that ``fedlloyd`` is importable)::
 
 Horizontal split: client ``l`` holds rows ``X_l``; ``k`` clusters.
 
-* round 0: every client sends ``k`` of its rows picked at random as candidate
-  centroids; the server keeps ``k`` of the pooled candidates by farthest-point
-  selection (a deterministic start, no data row ever reaches another client).
+* round 0: every client runs k-means on its own rows and sends the ``k`` local
+  centroids (means of its rows, never the rows themselves -- though a local cluster of
+  one row has that row as its mean) with their counts; the server keeps ``k`` of the
+  pooled candidates by farthest-point selection, starting from the most populous.
 * round r >= 1: the server sends the centroids ``C``; each client assigns its rows to
   the nearest centroid and answers with the per-cluster sums and counts; the server
   sets ``C = sums / counts`` (an empty cluster keeps its centroid) and stops when no
@@ -26,7 +27,7 @@ import numpy as np
 from pydantic import Field
 
 from raymvc.messages import Done, Message
-from raymvc.protocol import Client, Protocol, ProtocolConfig, Server
+from raymvc.protocol import Client, Protocol, ProtocolConfig, Server, seed_from
 
 
 class Config(ProtocolConfig):
@@ -48,8 +49,11 @@ class LloydClient(Client):
     def handle(self, msg: Message) -> Message | None:
         k = self.ctx.n_clusters
         if msg.kind == "candidates":
-            rows = self.ctx.rng_for("candidates").choice(len(self.X), size=min(k, len(self.X)), replace=False)
-            return Message("candidates", X=self.X[rows])
+            from sklearn.cluster import KMeans
+
+            km = KMeans(min(k, len(self.X)), n_init=1, random_state=seed_from(self.ctx.rng_for("candidates")))
+            y = km.fit_predict(self.X)
+            return Message("candidates", C=km.cluster_centers_, counts=np.bincount(y, minlength=km.n_clusters))
         if msg.kind == "centroids":
             self.C = np.asarray(msg["C"], dtype=np.float64)
             y = nearest(self.X, self.C)
@@ -75,8 +79,9 @@ class LloydServer(Server):
     def step(self, round: int, replies: Mapping[int, Message], missing: set[int]) -> dict[int, Message] | Done:
         k = self.ctx.n_clusters
         if round == 0:
-            pool = np.vstack([np.asarray(replies[c]["X"]) for c in sorted(replies)])
-            picked = [0]
+            pool = np.vstack([np.asarray(replies[c]["C"]) for c in sorted(replies)])
+            counts = np.concatenate([np.asarray(replies[c]["counts"]) for c in sorted(replies)])
+            picked = [int(np.argmax(counts))]
             for _ in range(1, k):  # farthest-point selection over the candidates
                 d = np.min(((pool[:, None, :] - pool[picked][None, :, :]) ** 2).sum(-1), axis=1)
                 picked.append(int(np.argmax(d)))

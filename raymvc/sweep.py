@@ -29,14 +29,13 @@ import itertools
 import json
 import math
 import re
-import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from .results import FINAL_STATUSES, default_out_dir, read_summary, run_finished, short_value
+from .results import FINAL_STATUSES, OutputFolder, default_out_dir, read_summary, run_finished, short_value, write_file
 from .scenario import ScenarioError, load_scenario, safe_yaml_load
 
 METRICS = ("acc", "nmi", "ari")
@@ -195,15 +194,13 @@ def _run_cell(scenario: str, overrides: list[str], run_dir: str, progress=None) 
     from .runtime import run_scenario
 
     sc = load_scenario(scenario, overrides)
-    rd = Path(run_dir)
-    if rd.exists():  # an unfinished earlier attempt: a run folder never mixes two runs
-        shutil.rmtree(rd)
     kw = {}
     if progress is not None:
         kw = {"progress": progress.text, "on_round": progress.round}
     else:
         kw = {"progress": lambda line: None}
-    return run_scenario(sc, rd, overwrite=True, **kw)  # only unfinished cells get here: start them afresh
+    # only unfinished cells get here: start them afresh (the earlier attempt's files are removed)
+    return run_scenario(sc, Path(run_dir), overwrite=True, **kw)
 
 
 def _failed_summary(cell: Cell, err: BaseException) -> dict:
@@ -263,8 +260,8 @@ def execute(cells: list[Cell], jobs: int = 1, quiet: bool = False, live: bool | 
 
 
 def _write_failed(cell: Cell, summary: dict) -> None:
-    cell.run_dir.mkdir(parents=True, exist_ok=True)
-    (cell.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    with OutputFolder(cell.run_dir, "run", overwrite=True):
+        write_file(cell.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
 
 
 # --------------------------------------------------------------------------- tables
@@ -415,17 +412,15 @@ def run_sweep(args) -> int:
     names = [load_scenario(p, base).name for p in args.scenario]
     out = Path(args.out) if args.out else default_out_dir("sweep-" + "-".join(dict.fromkeys(names))[:60])
     cells = plan(list(args.scenario), grid, seeds, base, out)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"scenarios": list(args.scenario), "grid_keys": keys, "grid": {k: v for k, v in grid},
-            "seeds": seeds, "overrides": base, "runs": len(cells)}
-    (out / "sweep.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
-
-    executed, skipped = execute(cells, jobs=args.jobs, quiet=args.quiet)
-
-    rows = collect(cells, out)
-    write_csv(out / "sweep.csv", rows, ["scenario", "method", *keys, *RUN_FIELDS])
-    agg = aggregate(rows, keys)
-    write_csv(out / "aggregate.csv", agg, aggregate_fields(keys))
+    with OutputFolder(out, "sweep"):  # one sweep at a time, never into a run folder
+        meta = {"scenarios": list(args.scenario), "grid_keys": keys, "grid": {k: v for k, v in grid},
+                "seeds": seeds, "overrides": base, "runs": len(cells)}
+        (out / "sweep.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+        executed, skipped = execute(cells, jobs=args.jobs, quiet=args.quiet)
+        rows = collect(cells, out)
+        write_csv(out / "sweep.csv", rows, ["scenario", "method", *keys, *RUN_FIELDS])
+        agg = aggregate(rows, keys)
+        write_csv(out / "aggregate.csv", agg, aggregate_fields(keys))
     print(format_aggregate(agg, keys))
     if not args.quiet:
         print(f"sweep: {executed} runs executed, {skipped} already finished; results in {out} "

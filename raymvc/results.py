@@ -217,6 +217,8 @@ class OutputFolder:
         self.path, self.kind = Path(path), kind
         self._fd: int | None = None
         p = self.path
+        if resume and not (p.is_dir() or p.is_symlink()):
+            raise ResultsError(f"{p}: no such folder")
         check_out_dir(p)  # no link, creatable, writable
         created = self._lock()
         try:

@@ -415,7 +415,7 @@ def run_sweep(args) -> int:
     with OutputFolder(out, "sweep"):  # one sweep at a time, never into a run folder
         meta = {"scenarios": list(args.scenario), "grid_keys": keys, "grid": {k: v for k, v in grid},
                 "seeds": seeds, "overrides": base, "runs": len(cells)}
-        (out / "sweep.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
+        write_file(out / "sweep.json", json.dumps(meta, indent=2, default=str) + "\n")
         executed, skipped = execute(cells, jobs=args.jobs, quiet=args.quiet)
         rows = collect(cells, out)
         write_csv(out / "sweep.csv", rows, ["scenario", "method", *keys, *RUN_FIELDS])

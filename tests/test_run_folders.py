@@ -28,7 +28,7 @@ from raymvc.messages import Message
 from raymvc.results import LOCK, MARKER, OutputFolder, ResultsError, RunWriter, folder_kind
 from raymvc.runtime import run_scenario
 from raymvc.runtime.state import StateError, dump_state, load_state
-from raymvc.scenario import load_scenario
+from raymvc.scenario import ScenarioError, load_scenario
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK = REPO / "scenarios" / "hw-cefmc.yaml"
@@ -125,7 +125,7 @@ def test_a_second_run_during_a_run_is_refused_before_anything(tmp_path):
 
     def during(record):
         if record["round"] == 0:
-            with pytest.raises(Exception) as e:
+            with pytest.raises(ScenarioError) as e:
                 run_scenario(sc, out, progress=lambda line: None, overwrite=True)
             second.append(str(e.value))
 
@@ -327,3 +327,6 @@ def test_output_folder_leaves_a_refused_folder_as_it_was(tmp_path):
             OutputFolder(p, "sweep")
     with OutputFolder(tmp_path / "new", "sweep"):  # released
         pass
+    with pytest.raises(ResultsError, match="no such folder"):
+        OutputFolder(tmp_path / "gone", "run", resume=True)
+    assert not (tmp_path / "gone").exists()

@@ -335,10 +335,13 @@ class RunWriter:
 
 
 def read_summary(out_dir: str | Path) -> dict:
-    """The ``summary.json`` of a run folder; :class:`ResultsError` if it is missing or corrupt."""
+    """The ``summary.json`` of a run folder; :class:`ResultsError` if it is missing, corrupt or a link."""
     path = Path(out_dir) / "summary.json"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with os.fdopen(_open_nofollow(path, os.O_RDONLY), "rb") as fh:  # a link is a ResultsError
+            data = json.loads(fh.read().decode("utf-8"))
+    except ResultsError:
+        raise
     except FileNotFoundError:
         raise ResultsError(f"{path}: not found (the run never started or was removed)") from None
     except OSError as e:

@@ -174,6 +174,10 @@ def test_resume_replaces_a_linked_result_file_instead_of_writing_through_it(tmp_
     assert outside.read_text() == "precious"
     assert not (out / "labels.csv").is_symlink() and (out / "labels.csv").read_text().startswith("sample,cluster")
     assert json.loads((out / "summary.json").read_text())["status"] == "completed"
+    (out / "summary.json").rename(tmp_path / "summary.json")
+    (out / "summary.json").symlink_to(tmp_path / "summary.json")
+    err = one_line_error(capsys, ["report", str(out)])
+    assert "summary.json: is a symbolic link" in err
 
 
 def test_resume_refuses_linked_checkpoint_files_and_rounds(tmp_path, capsys):

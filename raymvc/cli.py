@@ -75,6 +75,8 @@ def cmd_run(args) -> int:
             return _fail(f"--resume {resume}: the run's own scenario.yaml is used; "
                          "give no scenario, --set, --seed or --out")
         args.scenario, args.out = str(Path(resume) / "scenario.yaml"), resume
+        if Path(args.scenario).is_symlink():
+            return _fail(f"--resume {resume}: scenario.yaml is a symbolic link; raymvc never follows a link in its folders")
         if not Path(args.scenario).is_file():
             return _fail(f"--resume {resume}: not a run folder (no scenario.yaml)")
     elif not args.scenario:
@@ -100,7 +102,7 @@ def cmd_run(args) -> int:
     except ResultsError as e:
         if rp is not None:
             rp.close()
-        return _fail(f"--out {e}" if args.out else str(e))
+        return _fail((f"--resume {e}" if resume else f"--out {e}") if args.out else str(e))
     result = sys.stdout
     sys.stdout = sys.stderr  # stdout carries the summary alone: Ray's and the methods' own prints go to stderr
     if args.json:
@@ -111,7 +113,7 @@ def cmd_run(args) -> int:
         summary = run_scenario(sc, out, prepared=prepared, overwrite=args.overwrite, resume=bool(resume), **kw)
     except ClusterError as e:
         return _fail(f"{args.scenario}: {e}")
-    except ScenarioError as e:
+    except (ScenarioError, ResultsError) as e:  # ResultsError: a result file could not be written
         return _fail(str(e))
     finally:
         sys.stdout = result

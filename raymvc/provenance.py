@@ -5,8 +5,8 @@ checkpoint is resumed only by the same code, so neither can report or continue a
 result that other code or other settings produced.
 
 * :func:`code_version` -- a digest of the engine (every file of the ``raymvc`` package,
-  its built-in data included) and of the method: the module that defines it and the
-  private helper modules (``_*.py``) beside it.
+  its built-in data included) and of the method: the modules that define its client,
+  server and config and the private helper modules (``_*.py``) beside them.
 * :func:`fingerprint` -- a digest of the resolved scenario (the YAML after every
   ``--set`` and grid value, seed included), the content of a user data file it names,
   and the code version.
@@ -42,16 +42,19 @@ def engine_version() -> str:
 
 @functools.lru_cache(maxsize=64)
 def method_version(method: str) -> str:
-    """The digest of the module that defines ``method`` and of its package's private helpers."""
+    """The digest of the modules that define ``method`` (its client, server and config) and
+    of the private helper modules (``_*.py``) beside them."""
     from .protocols import get
 
     proto = get(method)
-    module = sys.modules.get(proto.server.__module__)
-    path = Path(getattr(module, "__file__", "") or "")
+    files: set[Path] = set()
+    for cls in (proto.client, proto.server, proto.config):
+        path = Path(getattr(sys.modules.get(cls.__module__), "__file__", "") or "")
+        if path.is_file():
+            files |= {path.resolve(), *(f.resolve() for f in path.parent.glob("_*.py") if f.name != "__init__.py")}
     h = hashlib.sha256(method.encode() + b"\0")
-    if path.is_file():
-        files = [path] + [f for f in path.parent.glob("_*.py") if f.name != "__init__.py" and f != path]
-        _digest_files(files, path.parent, h)
+    for f in sorted(files):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()[:16]
 
 

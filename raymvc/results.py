@@ -3,19 +3,32 @@
 
 ``rounds.jsonl`` gets one line per round as the round ends (flushed), so a long run
 can be watched with ``tail -f`` and a crash mid-run still leaves every finished round.
+Every other file is written whole to a temporary name in the folder and renamed over
+the old one (:func:`write_file`), so a failed write (a full disk) leaves the previous
+file as it was, and a link in the folder is replaced, never written through.
 
 Paths are checked, not trusted: a run folder's default name comes from the scenario's
 ``name`` (letters, digits, ``.``, ``_``, ``-`` only, so it never leaves ``runs/``), a
 chosen folder must be creatable and writable (:func:`check_out_dir`), and reading a
 missing or corrupt ``summary.json`` raises :class:`ResultsError` with one line.
+
+A run or sweep holds its folder for its whole length (:class:`OutputFolder`): a lock
+file in it keeps a second run or sweep out, and a marker file says that raymvc made
+the folder and for what. Only a folder with the marker is ever emptied, and then only
+of the files raymvc writes there.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import hashlib
 import json
 import math
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -62,10 +75,12 @@ def default_out_dir(name: str, root: str | Path = "runs") -> Path:
 def check_out_dir(path: str | Path, create: bool = True) -> Path:
     """Make sure ``path`` can be a results folder: create it (``create``) and check it is writable.
 
-    Raises :class:`ResultsError` with one line saying why not (a file is in the way, a
-    parent cannot be created, no permission).
+    Raises :class:`ResultsError` with one line saying why not (a file or a link is in
+    the way, a parent cannot be created, no permission).
     """
     p = Path(path)
+    if p.is_symlink():
+        raise ResultsError(f"{p}: is a symbolic link; give the folder itself")
     if p.exists() and not p.is_dir():
         raise ResultsError(f"{p}: exists and is not a folder")
     if create:
@@ -75,7 +90,8 @@ def check_out_dir(path: str | Path, create: bool = True) -> Path:
             raise ResultsError(f"{p}: cannot create the folder ({e.strerror or e})") from None
         probe = p / f".raymvc-write-test-{os.getpid()}"
         try:
-            probe.write_bytes(b"")
+            probe.unlink(missing_ok=True)
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
             probe.unlink()
         except OSError as e:
             raise ResultsError(f"{p}: cannot write in the folder ({e.strerror or e})") from None
@@ -90,6 +106,190 @@ def check_out_dir(path: str | Path, create: bool = True) -> Path:
     return p
 
 
+# --------------------------------------------------------------------------- files
+def _write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd`` (the one place a result file's bytes reach the disk)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def write_file(path: str | Path, data: str | bytes) -> Path:
+    """Write ``path`` whole: to a temporary name beside it, then renamed over it.
+
+    A link at ``path`` is replaced, never written through; a failed write (a full
+    disk) leaves the file that was there. Raises :class:`ResultsError` with one line.
+    """
+    path = Path(path)
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            _write_all(fd, raw)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise ResultsError(f"{path}: cannot write ({e.strerror or e}); the file there before is kept") from None
+    return path
+
+
+def _open_nofollow(path: Path, flags: int) -> int:
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ResultsError(f"{path}: is a symbolic link; raymvc never follows a link in its folders") from None
+        raise
+
+
+def read_file(path: str | Path, limit: int | None = None) -> bytes:
+    """The bytes of ``path``, refusing a link (:class:`ResultsError`); ``limit``: at most that many."""
+    path = Path(path)
+    try:
+        fd = _open_nofollow(path, os.O_RDONLY)
+    except OSError as e:
+        raise ResultsError(f"{path}: cannot read ({e.strerror or e})") from None
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            return fh.read() if limit is None else fh.read(limit)
+        except OSError as e:
+            raise ResultsError(f"{path}: cannot read ({e.strerror or e})") from None
+
+
+def sha256_file(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# --------------------------------------------------------------------------- folders
+MARKER = ".raymvc"  # "raymvc run" or "raymvc sweep": raymvc made this folder, for that
+LOCK = ".raymvc.lock"  # flock'ed by the run or sweep writing into the folder
+RUN_FILES = ("summary.json", "rounds.jsonl", "messages.csv", "scenario.yaml", "labels.csv", "errors.log",
+             "checkpoint.json")
+# what else a run writes: checkpoint folders and the temporary names of files being written
+_RUN_EXTRAS = re.compile(r"\.checkpoint-\d+|\.(?:%s)\.\d+\.tmp|\.raymvc-write-test-\d+"
+                         % "|".join(re.escape(f) for f in (*RUN_FILES, MARKER)))
+KINDS = ("run", "sweep")
+
+
+def folder_kind(path: str | Path) -> str | None:
+    """``"run"`` or ``"sweep"`` for a folder raymvc made (its marker says which), else ``None``."""
+    try:
+        text = read_file(Path(path) / MARKER, limit=64).decode("ascii", "replace").split()
+    except (OSError, ResultsError):
+        return None
+    return text[1] if len(text) == 2 and text[0] == "raymvc" and text[1] in KINDS else None
+
+
+def _remove(path: Path) -> None:
+    """Remove one of raymvc's own entries; a link is removed itself, never what it points to."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+class OutputFolder:
+    """Hold a run or sweep folder for as long as the ``with`` block (or until :meth:`release`).
+
+    Creates the folder if needed and takes the lock first (``fcntl.flock`` on
+    ``.raymvc.lock``; the system drops it if the process dies), so that of two runs
+    into one folder the second is refused at once. Then the folder must be one raymvc
+    can use:
+
+    - empty (but for the lock), or marked by raymvc as a folder of this ``kind``;
+    - a run folder already used needs ``overwrite`` (its run files are removed, nothing
+      else) or ``resume`` (kept as they are);
+    - a sweep folder is reused as it is (a sweep carries on where it stopped).
+
+    Anything else is a :class:`ResultsError` with one line, and the folder is left as
+    it was. The marker is written into a folder that lacks it.
+    """
+
+    def __init__(self, path: str | Path, kind: str, *, overwrite: bool = False, resume: bool = False):
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        self.path, self.kind = Path(path), kind
+        self._fd: int | None = None
+        p = self.path
+        if resume and not (p.is_dir() or p.is_symlink()):
+            raise ResultsError(f"{p}: no such folder")
+        check_out_dir(p)  # no link, creatable, writable
+        created = self._lock()
+        try:
+            self._check(overwrite, resume)
+        except BaseException:
+            if created:  # refused: leave the folder as it was found
+                with contextlib.suppress(OSError):
+                    (p / LOCK).unlink()
+            self.release()
+            raise
+
+    def _lock(self) -> bool:
+        lock = self.path / LOCK
+        for _ in range(3):  # the file may vanish between the two opens (a refused attempt removes its own)
+            try:
+                try:
+                    fd, created = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644), True
+                except FileExistsError:
+                    fd, created = _open_nofollow(lock, os.O_RDWR), False
+                break
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                raise ResultsError(f"{self.path}: cannot create the lock file {LOCK} ({e.strerror or e})") from None
+        else:
+            raise ResultsError(f"{self.path}: cannot create the lock file {LOCK}")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise ResultsError(f"{self.path}: another raymvc run or sweep is writing into this folder") from None
+            raise ResultsError(f"{self.path}: cannot lock the folder ({e.strerror or e})") from None
+        self._fd = fd
+        return created
+
+    def _check(self, overwrite: bool, resume: bool) -> None:
+        p, kind = self.path, self.kind
+        found = folder_kind(p)
+        entries = [e for e in os.listdir(p) if e not in (LOCK, MARKER)]
+        if found is None and resume:
+            raise ResultsError(f"{p}: not a raymvc run folder (no {MARKER} marker)")
+        if found is None and (entries or (p / MARKER).is_symlink()):
+            raise ResultsError(f"{p}: not a {kind} folder (not empty, and no {MARKER} marker); "
+                               "raymvc writes only into an empty folder or one it made")
+        if found is not None and found != kind:
+            raise ResultsError(f"{p}: is a raymvc {found} folder; a {kind} needs a folder of its own")
+        if kind == "run" and entries and not resume:
+            if not overwrite:
+                raise ResultsError(f"{p}: the folder is not empty; choose another or pass --overwrite")
+            for name in entries:  # only what a run writes; anything else stays
+                if name in RUN_FILES or _RUN_EXTRAS.fullmatch(name):
+                    try:
+                        _remove(p / name)
+                    except OSError as e:
+                        raise ResultsError(f"{p / name}: cannot remove ({e.strerror or e})") from None
+        if found is None:
+            write_file(p / MARKER, f"raymvc {kind}\n")
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)  # closing drops the lock
+
+    def __enter__(self) -> Path:
+        return self.path
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
 class RunWriter:
     """Writes one run's files as the run goes."""
 
@@ -98,51 +298,57 @@ class RunWriter:
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / "rounds.jsonl"
-        if keep_rounds is not None:
-            kept = path.read_text().splitlines(keepends=True)[:keep_rounds] if path.exists() else []
-            path.write_text("".join(kept))
-            self._rounds = open(path, "a")
-        else:
-            self._rounds = open(path, "w")
+        kept = b""
+        if keep_rounds is not None and (path.exists() or path.is_symlink()):
+            kept = b"".join(read_file(path).splitlines(keepends=True)[:keep_rounds])
+        write_file(path, kept)
+        try:
+            self._rounds = os.fdopen(_open_nofollow(path, os.O_WRONLY | os.O_APPEND), "a", encoding="utf-8")
+        except OSError as e:
+            raise ResultsError(f"{path}: cannot open ({e.strerror or e})") from None
 
     def scenario(self, text: str) -> None:
-        (self.dir / "scenario.yaml").write_text(text)
+        write_file(self.dir / "scenario.yaml", text)
 
     def round(self, record: dict) -> None:
-        self._rounds.write(json.dumps(_jsonable(record)) + "\n")
-        self._rounds.flush()
+        try:
+            self._rounds.write(json.dumps(_jsonable(record)) + "\n")
+            self._rounds.flush()
+        except OSError as e:
+            raise ResultsError(f"{self.dir / 'rounds.jsonl'}: cannot write ({e.strerror or e})") from None
 
     def labels(self, labels, n_samples: int) -> Path:
         """``labels.csv``: ``sample,cluster``, one row per sample, -1 where nothing labelled it."""
         y = np.full(n_samples, -1, dtype=np.int64) if labels is None else np.asarray(labels, dtype=np.int64).ravel()
-        path = self.dir / "labels.csv"
-        with open(path, "w") as fh:
-            fh.write("sample,cluster\n")
-            fh.writelines(f"{i},{c}\n" for i, c in enumerate(y.tolist()))
-        return path
+        return write_file(self.dir / "labels.csv", "sample,cluster\n" + "".join(f"{i},{c}\n" for i, c in enumerate(y.tolist())))
 
     def errors(self, text: str) -> None:
-        """``errors.log``: the full tracebacks of every party whose code raised."""
-        (self.dir / "errors.log").write_text(text)
+        """``errors.log``: the full tracebacks of every party whose code raised (none: no file)."""
+        if text:
+            write_file(self.dir / "errors.log", text)
+        else:
+            (self.dir / "errors.log").unlink(missing_ok=True)  # a resumed run's earlier attempt
 
     def messages(self, ledger) -> None:
-        ledger.write_csv(self.dir / "messages.csv")
+        write_file(self.dir / "messages.csv", ledger.csv_text())
 
     def summary(self, summary: dict) -> Path:
-        path = self.dir / "summary.json"
-        path.write_text(json.dumps(_jsonable(summary), indent=2) + "\n")
-        return path
+        return write_file(self.dir / "summary.json", json.dumps(_jsonable(summary), indent=2) + "\n")
 
     def close(self) -> None:
         if not self._rounds.closed:
-            self._rounds.close()
+            with contextlib.suppress(OSError):
+                self._rounds.close()
 
 
 def read_summary(out_dir: str | Path) -> dict:
-    """The ``summary.json`` of a run folder; :class:`ResultsError` if it is missing or corrupt."""
+    """The ``summary.json`` of a run folder; :class:`ResultsError` if it is missing, corrupt or a link."""
     path = Path(out_dir) / "summary.json"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        with os.fdopen(_open_nofollow(path, os.O_RDONLY), "rb") as fh:  # a link is a ResultsError
+            data = json.loads(fh.read().decode("utf-8"))
+    except ResultsError:
+        raise
     except FileNotFoundError:
         raise ResultsError(f"{path}: not found (the run never started or was removed)") from None
     except OSError as e:

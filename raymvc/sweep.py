@@ -32,12 +32,12 @@ from __future__ import annotations
 import contextlib
 import csv
 import hashlib
+import io
 import itertools
 import json
 import math
 import os
 import re
-import shutil
 import signal
 import sys
 import threading
@@ -47,7 +47,7 @@ from pathlib import Path
 import yaml
 
 from .provenance import fingerprint
-from .results import FINAL_STATUSES, default_out_dir, read_summary, short_value
+from .results import FINAL_STATUSES, OutputFolder, default_out_dir, read_summary, short_value, write_file
 from .scenario import ScenarioError, load_scenario, safe_yaml_load
 
 METRICS = ("acc", "nmi", "ari")
@@ -208,15 +208,13 @@ def _run_cell(scenario: str, overrides: list[str], run_dir: str, progress=None) 
     from .runtime import run_scenario
 
     sc = load_scenario(scenario, overrides)
-    rd = Path(run_dir)
-    if rd.exists():  # an unfinished earlier attempt: a run folder never mixes two runs
-        shutil.rmtree(rd)
     kw = {}
     if progress is not None:
         kw = {"progress": progress.text, "on_round": progress.round}
     else:
         kw = {"progress": lambda line: None}
-    return run_scenario(sc, rd, overwrite=True, **kw)  # only unfinished cells get here: start them afresh
+    # only unfinished cells get here: start them afresh (the earlier attempt's files are removed)
+    return run_scenario(sc, Path(run_dir), overwrite=True, **kw)
 
 
 def _failed_summary(cell: Cell, err: BaseException) -> dict:
@@ -357,8 +355,8 @@ def _execute_parallel(todo: list[Cell], jobs: int, prog, stop: _SweepStop, res: 
 
 
 def _write_failed(cell: Cell, summary: dict) -> None:
-    cell.run_dir.mkdir(parents=True, exist_ok=True)
-    (cell.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    with OutputFolder(cell.run_dir, "run", overwrite=True):
+        write_file(cell.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
 
 
 # --------------------------------------------------------------------------- tables
@@ -438,11 +436,13 @@ def aggregate(rows: list[dict], keys: list[str]) -> list[dict]:
 
 
 def write_csv(path: Path, rows: list[dict], fields: list[str]) -> None:
-    with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in fields})
+    """Written whole to a temporary name and renamed (a link there is replaced, never followed)."""
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in fields})
+    write_file(path, buf.getvalue())
 
 
 def aggregate_fields(keys: list[str]) -> list[str]:
@@ -513,19 +513,17 @@ def run_sweep(args) -> int:
     names = [load_scenario(p, base).name for p in args.scenario]
     out = Path(args.out) if args.out else default_out_dir("sweep-" + "-".join(dict.fromkeys(names))[:60])
     cells = plan(list(args.scenario), grid, seeds, base, out)
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"scenarios": list(args.scenario), "grid_keys": keys, "grid": {k: v for k, v in grid},
-            "seeds": seeds, "overrides": base, "runs": len(cells)}
-    (out / "sweep.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
-
-    res = execute(cells, jobs=args.jobs, quiet=args.quiet)
-
-    # what finished, whether or not a signal stopped the sweep; cells never started are left out
-    started = [c for c in cells if _current(c)]
-    rows = collect(started, out)
-    write_csv(out / "sweep.csv", rows, ["scenario", "method", *keys, *RUN_FIELDS])
-    agg = aggregate(rows, keys)
-    write_csv(out / "aggregate.csv", agg, aggregate_fields(keys))
+    with OutputFolder(out, "sweep"):  # one sweep at a time, never into a run folder
+        meta = {"scenarios": list(args.scenario), "grid_keys": keys, "grid": {k: v for k, v in grid},
+                "seeds": seeds, "overrides": base, "runs": len(cells)}
+        write_file(out / "sweep.json", json.dumps(meta, indent=2, default=str) + "\n")
+        res = execute(cells, jobs=args.jobs, quiet=args.quiet)
+        # what finished, whether or not a signal stopped the sweep; cells never started are left out
+        started = [c for c in cells if _current(c)]
+        rows = collect(started, out)
+        write_csv(out / "sweep.csv", rows, ["scenario", "method", *keys, *RUN_FIELDS])
+        agg = aggregate(rows, keys)
+        write_csv(out / "aggregate.csv", agg, aggregate_fields(keys))
     print(format_aggregate(agg, keys))
     if not args.quiet:
         stale = f" ({res.stale} of them finished before with other settings or code)" if res.stale else ""

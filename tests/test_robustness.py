@@ -43,9 +43,11 @@ def test_a_used_out_folder_is_refused_or_emptied(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("error: --out") and "--overwrite" in err
     assert json.loads((out / "summary.json").read_text())["seed"] == 0  # untouched
+    (out / "errors.log").write_text("from the run before")  # a file raymvc writes: removed by --overwrite
     assert main(["run", str(QUICK), "--backend", "local", "--out", str(out), "--quiet", "--set", "seed=7",
                  "--overwrite"]) == 0
-    assert not (out / "stray.txt").exists()
+    assert (out / "stray.txt").read_text() == "from another run"  # raymvc deletes only what it writes
+    assert not (out / "errors.log").exists()
     assert json.loads((out / "summary.json").read_text())["seed"] == 7
     assert "seed: 7" in (out / "scenario.yaml").read_text()
 

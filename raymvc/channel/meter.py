@@ -9,6 +9,7 @@ bytes sent by the server. MB means 10**6 bytes.
 from __future__ import annotations
 
 import csv
+import io
 import re
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
@@ -128,10 +129,16 @@ class Ledger:
         """Rows as plain dicts, in recording order."""
         return [asdict(r) for r in self.rows]
 
+    def csv_text(self) -> str:
+        """All rows as CSV text with a header row; ``None`` becomes empty."""
+        buf = io.StringIO(newline="")
+        writer = csv.DictWriter(buf, fieldnames=FIELD_NAMES)
+        writer.writeheader()
+        for d in self.to_dicts():
+            writer.writerow({k: ("" if v is None else v) for k, v in d.items()})
+        return buf.getvalue()
+
     def write_csv(self, path: str) -> None:
-        """Write all rows to ``path`` as CSV with a header row; ``None`` becomes empty."""
+        """Write all rows to ``path`` as CSV (:meth:`csv_text`)."""
         with open(path, "w", newline="", encoding="utf-8") as fh:
-            writer = csv.DictWriter(fh, fieldnames=FIELD_NAMES)
-            writer.writeheader()
-            for d in self.to_dicts():
-                writer.writerow({k: ("" if v is None else v) for k, v in d.items()})
+            fh.write(self.csv_text())

@@ -5,49 +5,105 @@ live client's as codec frames (see :mod:`raymvc.runtime.state`); they are writte
 ``DIR/.checkpoint-<rounds>/`` and ``DIR/checkpoint.json`` is then replaced atomically to
 point at that folder, so a run killed at any moment -- SIGKILL included -- leaves one
 complete checkpoint. A run that ends normally removes its checkpoints.
+
+``checkpoint.json`` also records the code version that wrote it (a digest of raymvc's
+sources and the method's modules) and the SHA-256 of every file: :func:`load` refuses a
+checkpoint of other code, a changed file, or a link in place of a file, with one line
+(:class:`CheckpointError`).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
+import re
 from pathlib import Path
 
+from ..results import ResultsError, _remove, read_file, sha256_file, write_file
+
 POINTER = "checkpoint.json"
+_FOLDER = re.compile(r"\.checkpoint-\d+")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+MAX_POINTER_BYTES = 1 << 20
 
 
-def save(out: Path, ck: dict, rounds_logged: int) -> None:
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed from; the message is one line."""
+
+
+def save(out: Path, ck: dict, rounds_logged: int, version: str) -> None:
     folder = out / f".checkpoint-{rounds_logged}"
-    shutil.rmtree(folder, ignore_errors=True)
+    if folder.exists() or folder.is_symlink():
+        _remove(folder)
     folder.mkdir()
-    (folder / "node.bin").write_bytes(ck["node"])
-    (folder / "server.bin").write_bytes(ck["server"])
-    for cid, data in ck["clients"].items():
-        (folder / f"client-{int(cid)}.bin").write_bytes(data)
-    meta = {"folder": folder.name, "rounds_logged": rounds_logged, "clients": sorted(int(c) for c in ck["clients"])}
-    tmp = out / (POINTER + ".tmp")
-    tmp.write_text(json.dumps(meta))
-    os.replace(tmp, out / POINTER)
+    files = {"node.bin": ck["node"], "server.bin": ck["server"],
+             **{f"client-{int(cid)}.bin": data for cid, data in ck["clients"].items()}}
+    for name, data in files.items():
+        write_file(folder / name, data)
+    meta = {"folder": folder.name, "rounds_logged": rounds_logged, "clients": sorted(int(c) for c in ck["clients"]),
+            "code_version": version, "sha256": {name: sha256_file(data) for name, data in files.items()}}
+    write_file(out / POINTER, json.dumps(meta))
     for old in out.glob(".checkpoint-*"):
         if old.name != folder.name:
-            shutil.rmtree(old, ignore_errors=True)
+            try:
+                _remove(old)
+            except OSError:
+                pass
 
 
-def load(out: Path) -> tuple[dict, int]:
-    """The last checkpoint of ``out`` and how many lines of ``rounds.jsonl`` it covers."""
-    meta = json.loads((out / POINTER).read_text())
-    folder = out / Path(meta["folder"]).name
-    ck = {"node": (folder / "node.bin").read_bytes(), "server": (folder / "server.bin").read_bytes(),
-          "clients": {c: (folder / f"client-{c}.bin").read_bytes() for c in meta["clients"]}}
-    return ck, int(meta["rounds_logged"])
+def _meta(out: Path) -> dict:
+    try:
+        meta = json.loads(read_file(out / POINTER, limit=MAX_POINTER_BYTES))
+    except ResultsError as e:
+        raise CheckpointError(str(e)) from None
+    except ValueError:
+        raise CheckpointError(f"{POINTER}: corrupt (not valid JSON)") from None
+    ok = (isinstance(meta, dict) and isinstance(meta.get("folder"), str) and _FOLDER.fullmatch(meta["folder"])
+          and type(meta.get("rounds_logged")) is int and meta["rounds_logged"] >= 0
+          and isinstance(meta.get("clients"), list) and all(type(c) is int and c >= 0 for c in meta["clients"])
+          and isinstance(meta.get("sha256"), dict)
+          and all(isinstance(v, str) and _SHA256.fullmatch(v) for v in meta["sha256"].values()))
+    if not ok:
+        raise CheckpointError(f"{POINTER}: corrupt (not a checkpoint description of this version of raymvc)")
+    return meta
+
+
+def load(out: Path, version: str) -> tuple[dict, int]:
+    """The last checkpoint of ``out`` and how many lines of ``rounds.jsonl`` it covers.
+
+    ``version``: :func:`raymvc.provenance.code_version` of the method; a checkpoint written by other code,
+    a file that changed since it was written, or a link is a :class:`CheckpointError`.
+    """
+    meta = _meta(out)
+    if meta.get("code_version") != version:
+        raise CheckpointError("the checkpoint was written by another version of raymvc or of the method; "
+                              "run the scenario again from the start")
+    folder = out / meta["folder"]
+    if folder.is_symlink() or not folder.is_dir():
+        raise CheckpointError(f"{meta['folder']}: missing, or not a folder")
+    names = ["node.bin", "server.bin", *(f"client-{c}.bin" for c in meta["clients"])]
+    if sorted(meta["sha256"]) != sorted(names):
+        raise CheckpointError(f"{POINTER}: its checksums do not name the checkpoint's files")
+    data = {}
+    for name in names:
+        try:
+            data[name] = read_file(folder / name)
+        except ResultsError as e:
+            raise CheckpointError(str(e)) from None
+        if sha256_file(data[name]) != meta["sha256"][name]:
+            raise CheckpointError(f"{meta['folder']}/{name}: changed since the run wrote it (its SHA-256 differs "
+                                  f"from the one in {POINTER})")
+    ck = {"node": data["node.bin"], "server": data["server.bin"],
+          "clients": {c: data[f"client-{c}.bin"] for c in meta["clients"]}}
+    return ck, meta["rounds_logged"]
 
 
 def exists(out: Path) -> bool:
-    return (out / POINTER).is_file()
+    return (out / POINTER).is_file() or (out / POINTER).is_symlink()
 
 
 def clear(out: Path) -> None:
-    (out / POINTER).unlink(missing_ok=True)
-    for old in out.glob(".checkpoint-*"):
-        shutil.rmtree(old, ignore_errors=True)
+    for old in [out / POINTER, *out.glob(".checkpoint-*")]:
+        try:
+            _remove(old)
+        except OSError:
+            pass

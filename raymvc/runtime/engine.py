@@ -11,7 +11,6 @@ written, with ``status`` saying what happened.
 from __future__ import annotations
 
 import contextlib
-import shutil
 import signal
 import sys
 import threading
@@ -28,7 +27,7 @@ from ..data import partition as parts
 from ..metrics import clustering_scores, label_free_scores, preload
 from ..protocols import get
 from ..provenance import code_version, fingerprint
-from ..results import RunWriter, default_out_dir, format_summary
+from ..results import OutputFolder, ResultsError, RunWriter, default_out_dir, format_summary
 from ..scenario import Scenario, ScenarioError
 from ..scenario import one_line as one_line_text
 from . import checkpoint
@@ -273,7 +272,7 @@ class _Run:
                     t = time.perf_counter()
                     ck = call("checkpoint")
                     if ck is not None:  # None: a client is still busy with a call that timed out
-                        checkpoint.save(writer.dir, ck, logged)
+                        checkpoint.save(writer.dir, ck, logged, code_version(sc.method))
                     self.timing["checkpoint_s"] = self.timing.get("checkpoint_s", 0.0) + time.perf_counter() - t
                 if on_round is not None:
                     on_round(rec.to_dict())
@@ -306,19 +305,22 @@ class _Run:
         return end
 
 
-RUN_FILES = ("summary.json", "scenario.yaml", "rounds.jsonl")
-
-
-def _out_dir(sc: Scenario, out_dir, overwrite: bool) -> Path:
+def _out_dir(sc: Scenario, out_dir, overwrite: bool, resume: bool = False) -> OutputFolder:
+    """The run folder, held for the run (see :class:`~raymvc.results.OutputFolder`); one-line errors."""
     out = Path(out_dir) if out_dir else default_out_dir(sc.name)
-    if out.exists() and out.is_dir() and any(out.iterdir()):
-        if not overwrite:
-            raise ScenarioError(f"--out {out}: the folder is not empty; choose another or pass --overwrite")
-        if not any((out / f).exists() for f in RUN_FILES):
-            raise ScenarioError(f"--out {out}: not a run folder (no {', '.join(RUN_FILES)}); "
-                                "--overwrite only empties run folders")
-        shutil.rmtree(out)  # a run folder never mixes files of two runs
-    return out
+    try:
+        return OutputFolder(out, "run", overwrite=overwrite, resume=resume)
+    except ResultsError as e:
+        raise ScenarioError(f"{'--resume' if resume else '--out'} {e}") from None
+
+
+def _load_checkpoint(sc: Scenario, out: Path) -> tuple[dict, int]:
+    if not checkpoint.exists(out):
+        raise ScenarioError(f"--resume {out}: no checkpoint there (runs save them with runtime.checkpoint: true)")
+    try:
+        return checkpoint.load(out, code_version(sc.method))
+    except checkpoint.CheckpointError as e:
+        raise ScenarioError(f"--resume {out}: {e}") from None
 
 
 def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: Callable[[str], None] | None = None,
@@ -327,8 +329,10 @@ def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: C
     """Run one scenario end to end and return its summary (also written to disk).
 
     ``on_round(record)``, if given, receives every round's record instead of the
-    round's progress line (the command line draws its own progress from it). A
-    non-empty ``out_dir`` is refused unless ``overwrite`` (then it is emptied first).
+    round's progress line (the command line draws its own progress from it). The
+    folder is held (locked) from before Ray starts until its files are written; a
+    second run into it is refused, and so is a non-empty folder unless raymvc made it
+    and ``overwrite`` is given (then raymvc's own files in it are removed first).
     Whatever stops the run -- a failure, SIGINT or SIGTERM -- ``summary.json``,
     ``messages.csv`` and ``labels.csv`` are written with what the run has so far
     (``status`` ``failed`` or ``interrupted``). With ``resume``, ``out_dir`` is a run
@@ -338,13 +342,14 @@ def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: C
     progress = progress or _progress_default
     wall0 = time.perf_counter()
     ds, part = prepared or prepare(sc)
-    if resume:
-        out = Path(out_dir)
-        if not checkpoint.exists(out):
-            raise ScenarioError(f"--resume {out}: no checkpoint there (runs save them with runtime.checkpoint: true)")
-        ck = checkpoint.load(out)
-    else:
-        out, ck = _out_dir(sc, out_dir, overwrite), None
+    if resume and not out_dir:
+        raise ScenarioError("--resume: give the run folder")
+    with _out_dir(sc, out_dir, overwrite, resume) as out:  # held before Ray starts, until the files are written
+        ck = _load_checkpoint(sc, out) if resume else None
+        return _run_in(sc, out, ck, ds, part, wall0, progress, on_round)
+
+
+def _run_in(sc: Scenario, out: Path, ck, ds, part, wall0: float, progress, on_round) -> dict:
     if sc.runtime.backend == "ray":
         preload()  # the driver mostly waits while Ray and the actors start
     ray_init_s = init_ray(sc, part.n_clients) if sc.runtime.backend == "ray" else 0.0
@@ -379,11 +384,17 @@ def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: C
 
 def _write_results(sc, ds, part, end: RunEnd, timing: dict, ray_init_s: float, wall0: float, out: Path,
                    writer: RunWriter) -> dict:
+    try:  # a file that cannot be written (a full disk) is a ResultsError; the files before it stay
+        return _write_files(sc, ds, part, end, timing, ray_init_s, wall0, out, writer)
+    finally:
+        writer.close()
+
+
+def _write_files(sc, ds, part, end: RunEnd, timing: dict, ray_init_s: float, wall0: float, out: Path,
+                 writer: RunWriter) -> dict:
     labels = _assemble_labels(part, end)
     writer.labels(labels, part.n_samples)
-    log = errors_log(end)
-    if log:
-        writer.errors(log)
+    writer.errors(errors_log(end))
     if end.ledger is not None:
         writer.messages(end.ledger)
     summary = _summarise(sc, ds, part, get(sc.method), end, labels, ray_init_s, timing["protocol_s"],
@@ -396,14 +407,15 @@ def _write_results(sc, ds, part, end: RunEnd, timing: dict, ray_init_s: float, w
                             "nodes": sorted(set(clients.values())), "server_node": where.get("server"),
                             "client_node": clients, "shared_bodies": end.shared_bodies}
     writer.summary(summary)
-    writer.close()
     return summary
 
 
 def _is_failure(e: BaseException) -> bool:
     """Whether an exception that reached the driver means a party was lost or out of reach
     (the run could not finish), rather than code that raised."""
-    if isinstance(e, (TimeoutError, ClusterError)):
+    from .state import StateError
+
+    if isinstance(e, (TimeoutError, ClusterError, StateError)):  # StateError: a checkpoint refused on resume
         return True
     ray = sys.modules.get("ray")
     if ray is None:

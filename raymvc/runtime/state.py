@@ -6,17 +6,19 @@ protocol's own module, torch tensors, modules, optimisers and generators, numpy
 generators, :class:`~raymvc.messages.Message` and :class:`~raymvc.messages.Done`) and
 encodes the tree as one message: a JSON description in a string field plus one array
 field per array. :func:`load_state` puts such a tree back into a freshly built object
-of the same kind: torch modules and optimisers are loaded in place, objects are filled
-attribute by attribute, and only classes from raymvc (or the module that defines the
-object being restored) are ever instantiated. Anything else is a :class:`StateError`
-naming the attribute, so a method that keeps, say, a fitted scikit-learn estimator
-between rounds simply cannot be checkpointed (and says so) rather than being pickled.
+of the same kind, and builds nothing by a name read from the checkpoint: an object is
+restored only into the object the fresh party already holds at that place, of exactly
+the recorded class (filled attribute by attribute; torch modules and optimisers are
+loaded in place), or, where it holds none (a row of a list), as an instance of a
+dataclass of plain data registered in code (:func:`register_plain_data`: the ledger's
+rows, the engine's counters). Anything else is a :class:`StateError`, so a method that
+keeps, say, a fitted scikit-learn estimator between rounds simply cannot be
+checkpointed (and says so) rather than being pickled.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import math
 import sys
@@ -25,13 +27,39 @@ from typing import Any
 import numpy as np
 
 from ..channel import codec
+from ..channel.meter import LedgerRow
 from ..messages import Done, Message
+from .records import FaultCounts, Participation
 
 _BIT_GENERATORS = ("PCG64", "PCG64DXSM", "Philox", "SFC64", "MT19937")
 
 
 class StateError(ValueError):
     """A state that cannot be checkpointed or restored."""
+
+
+def _class_name(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+# dataclasses of plain data a checkpoint may hold where the fresh party holds no object
+_PLAIN_DATA: dict[str, type] = {}
+
+
+def register_plain_data(cls: type) -> type:
+    """Let checkpoints hold instances of the dataclass ``cls`` anywhere (e.g. in a list).
+
+    The instance is rebuilt by calling ``cls`` with its restored fields, which must be
+    plain data themselves. Usable as a class decorator.
+    """
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        raise TypeError(f"only dataclasses can be registered as plain data, not {cls!r}")
+    _PLAIN_DATA[_class_name(cls)] = cls
+    return cls
+
+
+for _cls in (LedgerRow, FaultCounts, Participation):
+    register_plain_data(_cls)
 
 
 def _is_torch(v: Any, name: str) -> bool:
@@ -103,9 +131,8 @@ class _Encoder:
 
 
 class _Decoder:
-    def __init__(self, arrays: dict[str, np.ndarray], allowed: tuple[str, ...]):
+    def __init__(self, arrays: dict[str, np.ndarray]):
         self.arrays = arrays
-        self.allowed = allowed
 
     def __call__(self, node: Any, current: Any = None) -> Any:
         if node is None or isinstance(node, (bool, str)):
@@ -167,20 +194,36 @@ class _Decoder:
         return current
 
     def _object(self, node: dict, current: Any) -> Any:
-        module, _, qualname = node["obj"].partition(":")
-        if not module.startswith(self.allowed):
-            raise StateError(f"refusing to build a {module}.{qualname} from a checkpoint")
-        cls: Any = importlib.import_module(module)
-        for part in qualname.split("."):
-            cls = getattr(cls, part)
-        obj = current if type(current) is cls else cls.__new__(cls)
-        restore_attrs(obj, node["attrs"], self)
+        name, attrs = node["obj"], node["attrs"]
+        if not isinstance(name, str):
+            raise StateError("malformed state node: an object without a class name")
+        if current is not None and _class_name(type(current)) == name:
+            restore_attrs(current, attrs, self)  # into the object the fresh party built
+            return current
+        cls = _PLAIN_DATA.get(name)
+        if cls is None:
+            raise StateError(f"refusing to build a {name[:80]} from a checkpoint: objects are only restored into "
+                             "those the party built afresh, or as registered plain data")
+        values = {_attr_name(self(k)): self(v) for k, v in attrs["dict"]}
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        if set(values) != set(fields):
+            raise StateError(f"a {name[:80]} in the checkpoint does not have its fields")
+        obj = cls(**{k: v for k, v in values.items() if fields[k].init})
+        for k, v in values.items():
+            if not fields[k].init:
+                object.__setattr__(obj, k, v)
         return obj
+
+
+def _attr_name(name: Any) -> str:
+    if not isinstance(name, str) or not name.isidentifier() or name.startswith("__"):
+        raise StateError(f"malformed state: {str(name)[:40]!r} is not an attribute name")
+    return name
 
 
 def restore_attrs(obj: Any, attrs_node: dict, dec: _Decoder) -> None:
     for key_node, value_node in attrs_node["dict"]:
-        name = dec(key_node)
+        name = _attr_name(dec(key_node))
         object.__setattr__(obj, name, dec(value_node, getattr(obj, name, None)))
 
 
@@ -199,5 +242,9 @@ def load_state(obj: Any, data: bytes) -> None:
     if msg.kind != "state" or not isinstance(msg.get("tree"), str):
         raise StateError("not a state checkpoint")
     arrays = {k: v for k, v in msg.fields.items() if isinstance(v, np.ndarray)}
-    dec = _Decoder(arrays, ("raymvc.", type(obj).__module__))
-    restore_attrs(obj, json.loads(msg["tree"]), dec)
+    try:
+        restore_attrs(obj, json.loads(msg["tree"]), _Decoder(arrays))
+    except StateError:
+        raise
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, RecursionError) as e:
+        raise StateError(f"malformed state checkpoint ({type(e).__name__}: {str(e)[:80]})") from None

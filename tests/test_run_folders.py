@@ -1,0 +1,336 @@
+"""Run and sweep folders that are safe, and checkpoints that are plain data.
+
+raymvc holds a folder for the whole run or sweep (a lock), writes a marker into the
+folders it makes, deletes only the files it writes, never writes through a link, writes
+every result file whole (a full disk keeps the file before), and resumes only from a
+checkpoint of the same code whose files are unchanged, building no object by a name
+read from it.
+"""
+
+from __future__ import annotations
+
+import errno
+import gc
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from raymvc import results
+from raymvc.channel import codec
+from raymvc.channel.meter import Ledger, LedgerRow
+from raymvc.cli import main
+from raymvc.messages import Message
+from raymvc.results import LOCK, MARKER, OutputFolder, ResultsError, RunWriter, folder_kind
+from raymvc.runtime import run_scenario
+from raymvc.runtime.state import StateError, dump_state, load_state
+from raymvc.scenario import ScenarioError, load_scenario
+
+REPO = Path(__file__).resolve().parents[1]
+QUICK = REPO / "scenarios" / "hw-cefmc.yaml"
+LOCAL = ["--backend", "local", "--quiet", "--set", "params.max_rounds=4"]
+
+
+def one_line_error(capsys, argv: list[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def stopped_run(out: Path) -> Path:
+    """A run with checkpoints, stopped (like Ctrl-C) after its second round."""
+    sc = load_scenario(str(QUICK), ["runtime.backend=local", "runtime.checkpoint=true", "params.max_rounds=6",
+                                    "params.tol=0"])
+
+    def stop(record):
+        if record["round"] == 1:
+            raise KeyboardInterrupt
+
+    assert run_scenario(sc, out, progress=lambda line: None, on_round=stop)["status"] == "interrupted"
+    assert (out / "checkpoint.json").is_file()
+    return out
+
+
+def checkpoint_file(out: Path, name: str) -> Path:
+    return out / json.loads((out / "checkpoint.json").read_text())["folder"] / name
+
+
+# --------------------------------------------------------------------------- deleting only what raymvc wrote
+def test_overwrite_never_empties_a_folder_raymvc_did_not_make(tmp_path, capsys):
+    proj = tmp_path / "proj"
+    (proj / "src").mkdir(parents=True)
+    (proj / "notes.txt").write_text("notes")
+    (proj / "src" / "code.py").write_text("print(1)")
+    (proj / "scenario.yaml").write_text("x: 1")  # looks like a run folder, but raymvc did not make it
+    before = files(proj)
+    err = one_line_error(capsys, ["run", str(QUICK), *LOCAL, "--out", str(proj), "--overwrite"])
+    assert f"--out {proj}: not a run folder" in err
+    assert files(proj) == before and not (proj / LOCK).exists() and not (proj / MARKER).exists()
+
+
+def test_overwrite_removes_only_the_files_a_run_writes(tmp_path):
+    out = stopped_run(tmp_path / "r")
+    (out / "notes.txt").write_text("mine")
+    (out / "errors.log").write_text("of the run before")
+    assert folder_kind(out) == "run"
+    assert main(["run", str(QUICK), *LOCAL, "--set", "seed=5", "--out", str(out), "--overwrite"]) == 0
+    assert (out / "notes.txt").read_text() == "mine"
+    assert not (out / "errors.log").exists() and not (out / "checkpoint.json").exists()
+    assert not list(out.glob(".checkpoint-*"))
+    assert json.loads((out / "summary.json").read_text())["seed"] == 5
+
+
+# --------------------------------------------------------------------------- one run or sweep per folder
+HOLD = """
+import sys
+from raymvc.results import OutputFolder
+with OutputFolder(sys.argv[1], sys.argv[2]):
+    print("held", flush=True)
+    sys.stdin.read()  # until the test closes our stdin
+"""
+
+
+@pytest.mark.parametrize("kind", ["run", "sweep"])
+def test_a_folder_held_by_another_process_is_refused_at_once(tmp_path, capsys, kind):
+    out = tmp_path / "busy"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(out), kind], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        cmd = (["run", str(QUICK), *LOCAL, "--out", str(out), "--overwrite"] if kind == "run"
+               else ["sweep", str(QUICK), *LOCAL, "--out", str(out)])
+        err = one_line_error(capsys, cmd)
+        assert "another raymvc run or sweep is writing into this folder" in err
+        assert sorted(os.listdir(out)) == sorted([LOCK, MARKER])  # the second one wrote nothing
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    assert main(["run", str(QUICK), *LOCAL, "--out", str(out)] if kind == "run"
+                else ["sweep", str(QUICK), *LOCAL, "--out", str(out)]) == 0  # free again once released
+
+
+def test_a_second_run_during_a_run_is_refused_before_anything(tmp_path):
+    out = tmp_path / "r"
+    sc = load_scenario(str(QUICK), ["runtime.backend=local", "params.max_rounds=3"])
+    second: list[str] = []
+
+    def during(record):
+        if record["round"] == 0:
+            with pytest.raises(ScenarioError) as e:
+                run_scenario(sc, out, progress=lambda line: None, overwrite=True)
+            second.append(str(e.value))
+
+    assert run_scenario(sc, out, progress=lambda line: None, on_round=during)["status"] == "completed"
+    assert second and "another raymvc run or sweep is writing into this folder" in second[0]
+
+
+def test_sweep_and_run_folders_are_not_interchangeable(tmp_path, capsys):
+    run_dir = tmp_path / "run1"
+    assert main(["run", str(QUICK), *LOCAL, "--out", str(run_dir)]) == 0
+    before = files(run_dir)
+    err = one_line_error(capsys, ["sweep", str(QUICK), *LOCAL, "--out", str(run_dir)])
+    assert "is a raymvc run folder; a sweep needs a folder of its own" in err
+    assert files(run_dir) == before
+    sweep_dir = tmp_path / "sw"
+    assert main(["sweep", str(QUICK), *LOCAL, "--out", str(sweep_dir)]) == 0
+    capsys.readouterr()
+    before = files(sweep_dir)
+    err = one_line_error(capsys, ["run", str(QUICK), *LOCAL, "--out", str(sweep_dir), "--overwrite"])
+    assert "is a raymvc sweep folder; a run needs a folder of its own" in err
+    assert files(sweep_dir) == before
+
+
+# --------------------------------------------------------------------------- links
+def test_a_linked_out_folder_is_one_line(tmp_path, capsys):
+    real = tmp_path / "real"
+    assert main(["run", str(QUICK), *LOCAL, "--out", str(real)]) == 0
+    before = files(real)
+    (tmp_path / "link").symlink_to(real)
+    err = one_line_error(capsys, ["run", str(QUICK), *LOCAL, "--out", str(tmp_path / "link"), "--overwrite"])
+    assert "is a symbolic link" in err
+    err = one_line_error(capsys, ["sweep", str(QUICK), *LOCAL, "--out", str(tmp_path / "link")])
+    assert "is a symbolic link" in err
+    assert files(real) == before
+
+
+def test_resume_replaces_a_linked_result_file_instead_of_writing_through_it(tmp_path, capsys):
+    out = stopped_run(tmp_path / "r")
+    outside = tmp_path / "outside.txt"
+    outside.write_text("precious")
+    (out / "labels.csv").unlink()
+    (out / "labels.csv").symlink_to(outside)
+    (out / "summary.json").unlink()
+    (out / "summary.json").symlink_to(outside)
+    assert main(["run", "--resume", str(out), "--quiet"]) == 0
+    assert outside.read_text() == "precious"
+    assert not (out / "labels.csv").is_symlink() and (out / "labels.csv").read_text().startswith("sample,cluster")
+    assert json.loads((out / "summary.json").read_text())["status"] == "completed"
+    (out / "summary.json").rename(tmp_path / "summary.json")
+    (out / "summary.json").symlink_to(tmp_path / "summary.json")
+    err = one_line_error(capsys, ["report", str(out)])
+    assert "summary.json: is a symbolic link" in err
+
+
+def test_resume_refuses_linked_checkpoint_files_and_rounds(tmp_path, capsys):
+    out = stopped_run(tmp_path / "r")
+    node = checkpoint_file(out, "node.bin")
+    copy = tmp_path / "node-copy.bin"
+    copy.write_bytes(node.read_bytes())  # same bytes, so the checksum alone would pass
+    node.unlink()
+    node.symlink_to(copy)
+    err = one_line_error(capsys, ["run", "--resume", str(out), "--quiet"])
+    assert err.startswith(f"error: --resume {out}: ") and "node.bin: is a symbolic link" in err
+    node.unlink()
+    copy.rename(node)
+    rounds = (out / "rounds.jsonl").read_text()
+    elsewhere = tmp_path / "rounds-elsewhere.jsonl"
+    elsewhere.write_text(rounds)
+    (out / "rounds.jsonl").unlink()
+    (out / "rounds.jsonl").symlink_to(elsewhere)
+    err = one_line_error(capsys, ["run", "--resume", str(out), "--quiet"])
+    assert "rounds.jsonl: is a symbolic link" in err
+    assert elsewhere.read_text() == rounds
+
+
+# --------------------------------------------------------------------------- checkpoints: plain data, checked
+CLOSER = "raymvc.bench.timed:tempfile._TemporaryFileCloser"  # deletes the file it names when collected
+
+
+def _closer(file, name, delete) -> dict:
+    return {"obj": CLOSER, "attrs": {"dict": [["file", file], ["name", name], ["delete", delete]]}}
+
+
+def _plant(data: bytes, victim: Path) -> bytes:
+    """A state frame with an extra attribute naming an object that deletes ``victim``."""
+    msg = codec.decode(data)
+    tree = json.loads(msg["tree"])
+    tree["dict"].append(["evil", _closer(_closer(None, "x", False), str(victim), True)])
+    return codec.encode(Message("state", {**msg.fields, "tree": json.dumps(tree)}))
+
+
+def test_a_tampered_checkpoint_is_refused_and_builds_nothing(tmp_path, capsys):
+    out = stopped_run(tmp_path / "r")
+    victim = tmp_path / "outside.txt"
+    victim.write_text("keep me")
+    node = checkpoint_file(out, "node.bin")
+    node.write_bytes(_plant(node.read_bytes(), victim))
+    err = one_line_error(capsys, ["run", "--resume", str(out), "--quiet"])
+    assert err.startswith(f"error: --resume {out}: ") and "node.bin: changed since the run wrote it" in err
+    assert victim.exists()
+    # with the checksum rewritten too, the object is still never built
+    pointer = out / "checkpoint.json"
+    meta = json.loads(pointer.read_text())
+    meta["sha256"]["node.bin"] = hashlib.sha256(node.read_bytes()).hexdigest()
+    pointer.write_text(json.dumps(meta))
+    assert main(["run", "--resume", str(out), "--quiet"]) == 1
+    gc.collect()
+    assert victim.read_text() == "keep me"
+    s = json.loads((out / "summary.json").read_text())
+    assert s["status"] == "failed" and f"refusing to build a {CLOSER}" in s["error"]
+
+
+def test_a_checkpoint_of_other_code_is_refused(tmp_path, capsys):
+    out = stopped_run(tmp_path / "r")
+    pointer = out / "checkpoint.json"
+    meta = json.loads(pointer.read_text())
+    meta["code_version"] = "0" * 64
+    pointer.write_text(json.dumps(meta))
+    err = one_line_error(capsys, ["run", "--resume", str(out), "--quiet"])
+    assert err.startswith(f"error: --resume {out}: ") and "another version of raymvc or of the method" in err
+    pointer.write_text("{not json")
+    err = one_line_error(capsys, ["run", "--resume", str(out), "--quiet"])
+    assert "checkpoint.json: corrupt" in err
+
+
+class _Party:
+    def __init__(self):
+        self.ledger = Ledger()
+        self.ledger.record(round=0, src="server", dst="client:0", kind="m", path="protocol", payload_bytes=3,
+                           wire_bytes=5, send_t=0.0)
+        self.rows = [LedgerRow(1, "client:0", "server", "r", "protocol", 1, 2, 0.5)]
+        self.sizes = {0: 3}
+
+
+def test_state_objects_come_back_only_into_fresh_objects_or_as_registered_plain_data(tmp_path):
+    data = dump_state(_Party())
+    fresh = _Party.__new__(_Party)
+    fresh.ledger = Ledger()
+    load_state(fresh, data)
+    assert fresh.ledger.rows == _Party().ledger.rows and fresh.rows == _Party().rows and fresh.sizes == {0: 3}
+    victim = tmp_path / "outside.txt"
+    victim.write_text("keep me")
+    with pytest.raises(StateError, match="refusing to build"):
+        load_state(_Party(), _plant(data, victim))
+    gc.collect()
+    assert victim.exists()
+    msg = codec.decode(data)
+    tree = json.loads(msg["tree"])
+    tree["dict"].append(["__class__", None])
+    with pytest.raises(StateError, match="not an attribute name"):
+        load_state(_Party(), codec.encode(Message("state", {**msg.fields, "tree": json.dumps(tree)})))
+
+
+# --------------------------------------------------------------------------- a full disk
+def _full_disk_for(marker: bytes):
+    """A low-level writer that writes half of a file starting with ``marker``, then fails: disk full."""
+    real = results._write_all
+
+    def write_all(fd: int, data: bytes) -> None:
+        if data.startswith(marker):
+            os.write(fd, data[: len(data) // 2])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(fd, data)
+
+    return write_all
+
+
+def test_a_full_disk_keeps_the_file_before(tmp_path, monkeypatch):
+    w = RunWriter(tmp_path / "r")
+    w.summary({"status": "interrupted", "rounds": 2})
+    before = (tmp_path / "r" / "summary.json").read_bytes()
+    monkeypatch.setattr(results, "_write_all", _full_disk_for(b"{"))
+    with pytest.raises(ResultsError, match="summary.json: cannot write \\(No space left on device\\)"):
+        w.summary({"status": "completed", "rounds": 9})
+    w.close()
+    assert (tmp_path / "r" / "summary.json").read_bytes() == before
+    assert sorted(os.listdir(tmp_path / "r")) == ["rounds.jsonl", "summary.json"]  # no temporary file left
+
+
+def test_a_full_disk_at_the_end_of_a_run_is_one_line_and_keeps_the_summary_before(tmp_path, capsys, monkeypatch):
+    out = stopped_run(tmp_path / "r")
+    before = (out / "summary.json").read_bytes()
+    monkeypatch.setattr(results, "_write_all", _full_disk_for(b'{\n  "name"'))  # the summary
+    err = one_line_error(capsys, ["run", "--resume", str(out), "--quiet"])
+    assert "summary.json: cannot write (No space left on device)" in err
+    assert (out / "summary.json").read_bytes() == before
+    assert (out / "checkpoint.json").exists()  # not finished: it can still be resumed
+    monkeypatch.undo()
+    assert main(["run", "--resume", str(out), "--quiet"]) == 0
+    assert json.loads((out / "summary.json").read_text())["status"] == "completed"
+
+
+def test_output_folder_leaves_a_refused_folder_as_it_was(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "x").write_text("x")
+    with pytest.raises(ResultsError, match="not a sweep folder"):
+        OutputFolder(d, "sweep")
+    assert os.listdir(d) == ["x"]
+    with OutputFolder(tmp_path / "new", "sweep") as p:
+        assert folder_kind(p) == "sweep"
+        with pytest.raises(ResultsError, match="another raymvc run or sweep"):
+            OutputFolder(p, "sweep")
+    with OutputFolder(tmp_path / "new", "sweep"):  # released
+        pass
+    with pytest.raises(ResultsError, match="no such folder"):
+        OutputFolder(tmp_path / "gone", "run", resume=True)
+    assert not (tmp_path / "gone").exists()

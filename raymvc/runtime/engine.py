@@ -34,7 +34,7 @@ from .cluster import ClusterError, init_ray
 from .nodes import ClientNode, ClientPool, ServerNode, one_line
 from .records import RoundRecord, RunEnd
 from .threads import release_threads
-from .transport import RayPools
+from .transport import Interruption, RayPools
 
 
 def _err(sc: Scenario, key: str, msg: str) -> ScenarioError:
@@ -176,8 +176,9 @@ class _Call:
         return getattr(self.node, name)(*args)
 
 
-class RunInterrupted(BaseException):
-    """SIGTERM (or SIGINT) reached the driver: stop, and keep what the run has so far."""
+class RunInterrupted(Interruption):
+    """SIGTERM (or SIGINT) reached the driver: stop, and keep what the run has so far (raised
+    inside a client's code on the in-process backend, it passes through as the driver's)."""
 
 
 class _StopRequest:
@@ -472,7 +473,7 @@ def _summarise(sc, ds, part, proto, end: RunEnd, labels, ray_init_s, protocol_s,
             "rejected_messages": end.counts.rejected_messages,
             "disconnected_clients": list(end.disconnected),
             "evicted_clients": list(end.evicted),
-            "client_errors": list(end.client_errors),
+            "client_errors": [{k: v for k, v in e.items() if k != "traceback"} for e in end.client_errors],
         },
         "timing": {
             "wall_s": wall_s,

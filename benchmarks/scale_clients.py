@@ -2,6 +2,7 @@
 
     python benchmarks/scale_clients.py                       # k-FED 10/100/1000, CCFC 10/100
     python benchmarks/scale_clients.py --kfed 10 100 --ccfc 10
+    python benchmarks/scale_clients.py --memory 10 1000 10000  # only: peak memory of validate, 10^6 samples
 
 * k-FED: ``scenarios/digits-kfed.yaml`` but on the ``synthetic`` data set (100,000
   samples, one view of 20 features, k = 5), horizontal, IID.
@@ -16,7 +17,13 @@ every actor fits on the embedded Ray instance (``init_ray`` sizes it for them an
 Reported: ``timing.ray_init_s`` and ``timing.startup_s`` (actors up + key agreement),
 seconds per round (mean ``wall_s`` of ``rounds.jsonl``), ``protocol_s``, total wall time
 of the process, peak memory, and whether ``labels.csv`` is byte-identical between the
-Ray and the in-process run. Peak memory is the largest sum, over the run's process tree
+Ray and the in-process run. ``--memory N ...`` measures instead the peak memory of ``raymvc validate`` (load the data
+and split it, no run) of the k-FED scenario on 10^6 synthetic samples (20 features, k = 5)
+over N clients, one fresh process each, written to ``scale_clients_memory.md``: memory
+that grows with the number of clients rather than the data shows there. A process whose
+memory passes ``--mem-limit-mb`` is killed and reported as ``over limit``.
+
+Peak memory is the largest sum, over the run's process tree
 (the driver, Ray's GCS/raylet and every worker), of the resident set (``/proc/<pid>/statm``),
 sampled every 0.25 s; RSS counts shared pages (Ray's object store, shared libraries)
 once per process, so it overstates the true footprint of many workers.
@@ -25,11 +32,13 @@ once per process, so it overstates the true footprint of many workers.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import filecmp
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,6 +48,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 OUT_MD = REPO / "benchmarks" / "scale_clients.md"
+OUT_MEMORY_MD = REPO / "benchmarks" / "scale_clients_memory.md"
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 MAX_ACTORS = 8
 
@@ -47,6 +57,8 @@ KFED = ["data.dataset=synthetic", "data.synthetic.n_samples=100000", "data.synth
 CCFC = ["params.warmup_rounds=1", "params.cluster_rounds=1", "params.local_epochs=1", "params.batch_size=64",
         "params.channels=[4, 8, 8]", "params.proj_hidden=8", "params.latent_dim=8", "params.pred_dim=4",
         "params.kmeans_init=1", "params.server_kmeans_init=2", "name=ccfc-scale"]
+MEMORY = ["data.dataset=synthetic", "data.synthetic.n_samples=1000000", "data.synthetic.n_views=1",
+          "data.synthetic.dims=20", "data.synthetic.n_clusters=5", "data.normalize=none", "name=kfed-memory"]
 SCEN = {"kfed": (REPO / "scenarios" / "digits-kfed.yaml", KFED),
         "ccfc": (REPO / "scenarios" / "digits-ccfc.yaml", CCFC)}
 
@@ -83,10 +95,13 @@ def _rss(pids: list[int]) -> int:
 
 
 class PeakMemory(threading.Thread):
-    def __init__(self, pid: int, every_s: float = 0.25):
+    """Samples the process tree's RSS; kills the tree once it passes ``limit`` bytes (if given)."""
+
+    def __init__(self, pid: int, every_s: float = 0.25, limit: int | None = None):
         super().__init__(daemon=True)
-        self.pid, self.every_s = pid, every_s
+        self.pid, self.every_s, self.limit = pid, every_s, limit
         self.peak, self.peak_procs = 0, 0
+        self.over = False
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -95,6 +110,12 @@ class PeakMemory(threading.Thread):
             rss = _rss(pids)
             if rss > self.peak:
                 self.peak, self.peak_procs = rss, len(pids)
+            if self.limit is not None and rss > self.limit:
+                self.over = True
+                for p in pids:
+                    with contextlib.suppress(OSError):
+                        os.kill(p, signal.SIGKILL)
+                return
             self.stop.wait(self.every_s)
 
 
@@ -145,6 +166,57 @@ def run_one(method: str, n: int, backend: str, tmp: Path, timeout_s: float) -> d
     return res
 
 
+def validate_one(n: int, timeout_s: float, limit_mb: float) -> dict:
+    """Peak memory and wall time of ``raymvc validate`` of the memory scenario over ``n`` clients."""
+    yml = SCEN["kfed"][0]
+    cmd = [sys.executable, "-m", "raymvc.cli", "validate", str(yml)]
+    for x in [*MEMORY, f"data.n_clients={n}"]:
+        cmd += ["--set", x]
+    t = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    mon = PeakMemory(p.pid, every_s=0.05, limit=int(limit_mb * 2**20))
+    mon.start()
+    try:
+        _, err = p.communicate(timeout=timeout_s)
+        status = "over limit" if mon.over else ("ok" if p.returncode == 0 else f"rc {p.returncode}: {err.strip()[-200:]}")
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        status = "timeout"
+    mon.stop.set()
+    mon.join()
+    return {"n": n, "status": status, "wall": time.perf_counter() - t, "peak_mb": mon.peak / 2**20}
+
+
+def memory_main(sizes: list[int], timeout_s: float, limit_mb: float, write: bool) -> None:
+    from raymvc.bench.machine import cpu_model
+
+    rows = []
+    for n in sizes:
+        r = validate_one(n, timeout_s, limit_mb)
+        print(f"  validate n={n}: {r['status']} {r['wall']:.1f} s, peak {r['peak_mb']:.0f} MB", file=sys.stderr, flush=True)
+        rows.append(f"| {n:,} | {r['status']} | {r['wall']:.1f} | {r['peak_mb']:.0f} |")
+    cmd = "python " + " ".join([os.path.relpath(__file__, REPO), *sys.argv[1:]])
+    text = "\n".join([
+        "# Memory against the number of clients: `raymvc validate`, 10^6 samples",
+        "",
+        f"- command: `{cmd}`",
+        f"- machine: {os.cpu_count()} cores ({cpu_model()}), "
+        f"{os.sysconf('SC_PHYS_PAGES') * PAGE / 2**30:.0f} GiB RAM; shared with other work",
+        f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
+        "- k-FED scenario on synthetic data: 1,000,000 samples x 20 features (160 MB of float64), k = 5, "
+        "horizontal IID; the data are loaded and split over the clients, nothing is run",
+        f"- peak MB: largest RSS of the process, 0.05 s samples; killed past {limit_mb:.0f} MB",
+        "",
+        "| clients | status | wall s | peak MB |",
+        "|---|---|---|---|",
+        *rows,
+    ]) + "\n"
+    print(text)
+    if write:
+        OUT_MEMORY_MD.write_text(text)
+
+
 def _row(r: dict, same: str) -> str:
     if "timing" not in r:
         return (f"| {r['method']} | {r['n']:,} | {r['backend']} | {r.get('per') or '-'} | {r['actors'] or '-'} "
@@ -163,7 +235,12 @@ def main() -> None:
     ap.add_argument("--ccfc", type=int, nargs="*", default=[10, 100], help="client counts for CCFC")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--memory", type=int, nargs="+", help="only measure raymvc validate's memory for these client counts")
+    ap.add_argument("--mem-limit-mb", type=float, default=8000.0, help="kill a --memory process past this RSS")
     args = ap.parse_args()
+    if args.memory:
+        memory_main(args.memory, args.timeout, args.mem_limit_mb, not args.no_write)
+        return
     rows, results = [], []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)

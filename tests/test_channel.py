@@ -506,3 +506,59 @@ def test_ledger_meters_sealed_frames():
     tot = led.totals()
     assert tot["messages"] == 3 and tot["bytes_down"] == tot["wire_bytes"]
     assert led.per_client()[2]["down"] == tot["wire_bytes"]
+
+
+# ------------------------------------------------------------------------ bounded decoding
+
+
+def _zlib_frame(server: Endpoint, chunks) -> bytes:
+    """A frame whose body is the zlib stream of ``chunks`` (compressed piece by piece)."""
+    frame = server.seal("client:2", 1, Message("x")).frame
+    pos = link_mod._parse_frame(frame)[-1]
+    z = zlib.compressobj(9)
+    return frame[:pos] + b"".join(z.compress(c) for c in chunks) + z.flush()
+
+
+def _prefix(hlen: int) -> bytes:
+    return b"RMVC" + bytes([1]) + struct.pack("<I", hlen)
+
+
+def test_header_bomb_is_refused_before_it_is_inflated():
+    """A small compressed frame whose JSON header inflates to 64 MB (under the 256 MB cap)."""
+    server, cli = _pair("none", "zlib")
+    size = 64 << 20
+    head, tail = b'{"kind":"k","scalars":{"s":"', b'"},"arrays":[]}'
+    mb = b"a" * (1 << 20)
+    chunks = [_prefix(len(head) + size + len(tail)), head, *([mb] * 64), tail]
+    frame = _zlib_frame(server, chunks)
+    assert len(frame) < 1_000_000
+    err = _expect(cli, frame, "oversized")
+    assert "header of" in err.detail and "limit" in err.detail
+
+
+def test_millions_of_empty_arrays_are_refused():
+    server, cli = _pair("none", "zlib")
+    entries = b",".join(b'["%x","bool",[0],0]' % i for i in range(200_000))  # 4 MB of header
+    header = b'{"kind":"k","scalars":{},"arrays":[' + entries + b"]}"
+    err = _expect(cli, _zlib_frame(server, [_prefix(len(header)), header]), "oversized")
+    assert "header of" in err.detail
+    with pytest.raises(CodecError, match="header of"):  # the same without compression
+        decode(_prefix(len(header)) + header)
+
+
+def test_too_many_fields_are_refused_within_the_header_limit():
+    from raymvc.channel.codec import MAX_FIELDS, MAX_HEADER_BYTES, CodecLimit
+
+    n = MAX_FIELDS + 1
+    header = json.dumps({"kind": "k", "scalars": {f"{i:x}": 0 for i in range(n)}, "arrays": []},
+                        separators=(",", ":")).encode()
+    assert len(header) <= MAX_HEADER_BYTES
+    with pytest.raises(CodecLimit, match="fields"):
+        decode(_prefix(len(header)) + header)
+    server, cli = _pair("none", "zlib")
+    err = _expect(cli, _zlib_frame(server, [_prefix(len(header)), header]), "oversized")
+    assert "fields" in err.detail
+    with pytest.raises(CodecLimit, match="fields"):
+        encode(Message("k", {f"{i:x}": 0 for i in range(n)}))
+    with pytest.raises(CodecLimit, match="header of"):
+        encode(Message("k", s="a" * (MAX_HEADER_BYTES + 1)))

@@ -437,3 +437,50 @@ def test_unalign():
     assert np.all(unalign(part, 0.0, rng(1)).shards[2].meta["aligned"])
     with pytest.raises(ValueError):
         unalign(horizontal(ds, 2, rng(0)), 0.5, rng(0))
+
+
+# --------------------------------------------------------------------------- memory per client
+
+
+def _owns(a: np.ndarray, *parents: np.ndarray) -> bool:
+    return a.base is None and not any(np.shares_memory(a, p) for p in parents)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.5, 1.0])
+def test_horizontal_shards_own_their_rows(p):
+    r = rng(3)
+    X = r.normal(size=(400, 3))
+    ds = MultiViewDataset(name="m", views=[X], labels=r.integers(0, 4, 400))
+    part = horizontal(ds, 40, rng(), heterogeneity=p)
+    for shard, rows in zip(part.shards, part.rows):
+        assert _owns(shard.X, X) and _owns(rows)
+
+
+def test_vertical_and_unaligned_shards_own_their_rows():
+    r = rng(4)
+    views = [r.normal(size=(60, 2)), r.normal(size=(60, 3))]
+    ds = MultiViewDataset(name="m", views=views, labels=r.integers(0, 3, 60))
+    mask = missing_mask(60, 2, 0.3, "point", rng())
+    for part in (vertical(ds, rng(), missing=mask), unalign(vertical(ds, rng(), missing=mask), 0.5, rng())):
+        for shard, rows in zip(part.shards, part.rows):
+            assert _owns(shard.X, *views) and _owns(rows)
+            assert shard.present[0] is None or _owns(shard.present[0], mask)
+
+
+def test_horizontal_memory_grows_with_the_data_not_the_clients():
+    """Building many clients' shards holds about the data once more, not a class's worth
+    of indices per client (an empty slice kept its parent array alive)."""
+    import tracemalloc
+
+    r = rng(5)
+    n = 20_000
+    X = r.normal(size=(n, 2))
+    ds = MultiViewDataset(name="m", views=[X], labels=r.integers(0, 2, n))
+    tracemalloc.start()
+    try:
+        part = horizontal(ds, 2_000, rng())
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    held = sum(s.X.nbytes for s in part.shards) + sum(x.nbytes for x in part.rows)
+    assert peak < 2 * held + 32 * n * 8, (peak, held)  # a class of indices per client: 80 times more

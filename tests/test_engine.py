@@ -373,7 +373,8 @@ class _FakePool:
         pool = self
 
         class _Method:
-            def remote(self, frames, *shared):
+            def remote(self, frames, deadline_s, *shared):
+                assert deadline_s == 5.0  # the transport's reply_timeout_s, per client
                 pool.calls.append((frames, shared))
                 resolved = [r.value for r in shared]  # what Ray hands the actor: the bytes
                 return _FakeRay.Ref({c: ("ok", bytes(resolved[b]) if isinstance(b, int) else b, None, 0.0)

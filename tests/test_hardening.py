@@ -458,16 +458,16 @@ def test_server_rejects_replies_from_another_client_or_round(scenario_path, tmp_
     original = nodes.ClientNode.deliver
 
     def deliver(self, frame):
-        status, reply, detail, compute = original(self, frame)
+        status, reply, detail, compute, tb = original(self, frame)
         if reply is None or self.cid not in (0, 1):
-            return status, reply, detail, compute
+            return status, reply, detail, compute, tb
         _, src, dst, rnd, seq, pos = link_mod._parse_frame(reply)
         if self.cid == 0:  # client 0's answer arrives under client 1's name
             impostor = Endpoint("client:1")
             impostor.add_peer("server", None)
-            return status, impostor.seal("server", rnd, Message("summary", x=1)).frame, detail, compute
+            return status, impostor.seal("server", rnd, Message("summary", x=1)).frame, detail, compute, tb
         head = reply[:pos - link_mod._ROUND_SEQ.size]  # client 1 answers with an old round number
-        return status, head + link_mod._ROUND_SEQ.pack(rnd - 1, seq) + reply[pos:], detail, compute
+        return status, head + link_mod._ROUND_SEQ.pack(rnd - 1, seq) + reply[pos:], detail, compute, tb
 
     monkeypatch.setattr(nodes.ClientNode, "deliver", deliver)
     summary, kinds = _local_run(scenario_path, tmp_path)

@@ -221,3 +221,136 @@ def test_pooled_clients_match_unpooled_and_crash_alone(ray_session, tmp_path):
     assert runs["ray5"]["placement"]["clients_per_actor"] == 5
     crashed_rows = [r for r in rows(tmp_path / "ray5" / "labels.csv") if r["cluster"] == "-1"]
     assert 0 < len(crashed_rows) < runs["ray5"]["n_samples"] / 10  # only client 3's samples lack a label
+
+
+# --------------------------------------------------------------------------- a client isolated from the driver
+
+
+class _NoRepr:
+    def __repr__(self):
+        raise RuntimeError("no repr for you")
+
+    def __str__(self):
+        raise RuntimeError("no str either")
+
+
+class _Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("no str")
+
+
+@pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt(), _Unprintable(),
+                                 ValueError("x" * 10_000 + "\n" + "more\n" * 12)])
+def test_whatever_a_client_raises_is_its_error_in_process(tmp_path, monkeypatch, exc):
+    """SystemExit and KeyboardInterrupt from client code end neither the driver nor the run;
+    summary.json keeps one bounded line, the traceback travels apart in RunEnd."""
+    from raymvc.runtime.nodes import ServerNode
+
+    real, real_finish = cefmc.CeFMCClient.handle, ServerNode.finish
+    ends = []
+
+    def bad(self, msg):
+        if self.ctx.client_id == 1 and self.ctx.round == 1:
+            raise exc
+        return real(self, msg)
+
+    def finish(self, *a, **k):
+        ends.append(real_finish(self, *a, **k))
+        return ends[-1]
+
+    monkeypatch.setattr(cefmc.CeFMCClient, "handle", bad)
+    monkeypatch.setattr(ServerNode, "finish", finish)
+    s = run(tmp_path, "raises")
+    assert s["status"] == "error"  # the client's code raised: an error, not an injected fault
+    (err,) = s["faults"]["client_errors"]
+    assert (err["round"], err["client"]) == (1, 1) and set(err) == {"round", "client", "path", "error"}
+    assert err["error"].startswith(type(exc).__name__) and "\n" not in err["error"] and len(err["error"]) <= 300
+    (record,) = ends[0].client_errors
+    assert "Traceback" in record["traceback"] and "in bad" in record["traceback"]
+    assert len(record["traceback"]) <= 64_000
+    assert len(json.dumps(s["faults"])) < 1_000
+    assert "in bad" in (Path(s["out_dir"]) / "errors.log").read_text()
+
+
+def test_a_reply_whose_repr_raises_is_that_clients_error(tmp_path, monkeypatch):
+    real = cefmc.CeFMCClient.handle
+
+    def bad(self, msg):
+        reply = real(self, msg)
+        if self.ctx.client_id == 2 and self.ctx.round == 1:
+            reply.fields["junk"] = _NoRepr()  # neither repr, str nor the codec can take it
+        return reply
+
+    monkeypatch.setattr(cefmc.CeFMCClient, "handle", bad)
+    s = run(tmp_path, "norepr")
+    assert s["status"] == "error"
+    (err,) = s["faults"]["client_errors"]
+    assert (err["round"], err["client"]) == (1, 2)
+    assert err["error"].startswith("unencodable reply (Message 'labels'): CodecError") and len(err["error"]) <= 300
+
+
+def _pool(monkeypatch, behave):
+    """A pool of clients 0 and 1 (FedAvg echo) and frames for them; ``behave(cid)`` runs in
+    every client call first."""
+    from raymvc.bench import fedavg_echo
+    from raymvc.channel import Endpoint
+    from raymvc.data.types import Shard
+    from raymvc.runtime.nodes import SERVER, ClientPool, client_party
+
+    real = fedavg_echo.EchoClient.handle
+
+    def handle(self, msg):
+        behave(self.ctx.client_id)
+        return real(self, msg)
+
+    monkeypatch.setattr(fedavg_echo.EchoClient, "handle", handle)
+    shards = {c: Shard(views=[np.zeros((3, 2))]) for c in (0, 1)}
+    pool = ClientPool(shards, "raymvc.bench.fedavg_echo", {"floats": 4}, n_clients=2, n_clusters=2,
+                      channel={}, seed=0)
+    server = Endpoint(SERVER)
+    keys = pool.hello_all(None)
+    for c in keys:
+        server.add_peer(client_party(c), None)
+    rnd = iter(range(100))
+
+    def frames():
+        r = next(rnd)
+        return {c: server.seal(client_party(c), r, Message("model", w=np.ones(4))).parts for c in (0, 1)}
+
+    return pool, frames
+
+
+def test_a_hung_pooled_client_times_out_alone(monkeypatch):
+    release = __import__("threading").Event()
+    hang = {0}
+
+    def behave(cid):
+        if cid in hang:
+            release.wait()
+
+    pool, frames = _pool(monkeypatch, behave)
+    try:
+        out = pool.deliver(frames(), 0.2)
+        assert [out[c][0] for c in (0, 1)] == ["timeout", "ok"]
+        out = pool.deliver(frames(), 0.2)  # still busy with the first call: late at once
+        assert [out[c][0] for c in (0, 1)] == ["timeout", "ok"] and "still busy" in out[0][2]
+        hang.clear()
+    finally:
+        release.set()
+    pool.busy[0].done.wait(10)
+    out = pool.deliver(frames(), 10)
+    assert [out[c][0] for c in (0, 1)] == ["ok", "ok"]  # back once its abandoned call returned
+    pool.kill(0)
+    assert pool.deliver(frames(), 10)[0][0] == "crashed"
+
+
+@pytest.mark.parametrize("exc", [SystemExit, KeyboardInterrupt])
+def test_an_exit_in_a_pooled_client_is_its_error_alone(monkeypatch, exc):
+    def behave(cid):
+        if cid == 0:
+            raise exc(5)
+
+    pool, frames = _pool(monkeypatch, behave)
+    out = pool.deliver(frames(), 10)
+    assert out[0][0] == "error" and out[0][2].startswith(exc.__name__) and "Traceback" in out[0][4]
+    assert out[1][0] == "ok"

@@ -11,6 +11,11 @@ C-contiguous and little-endian. Scalars keep their JSON type (``true`` stays a b
 ``{"f": "inf"}`` or ``{"f": "-inf"}`` because JSON has no literal for them.
 
 :func:`decode` trusts nothing: every structural problem raises :class:`CodecError`.
+Its work is bounded before anything is allocated for a header: the header may be at
+most :data:`MAX_HEADER_BYTES` long and name at most :data:`MAX_FIELDS` fields
+(:class:`CodecLimit` otherwise), so a small frame cannot make the receiver parse
+hundreds of megabytes of JSON or build millions of empty arrays. :func:`encode` refuses
+messages over the same limits.
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ from ..messages import Message
 MAGIC = b"RMVC"
 VERSION = 1
 _PREFIX = struct.Struct("<4sBI")  # magic, version, header length
+PREFIX_BYTES = _PREFIX.size
+MAX_HEADER_BYTES = 1 << 20  # a real header is a few hundred bytes per field
+MAX_FIELDS = 65_536
 
 ALLOWED_DTYPES = frozenset(
     ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -40,6 +48,11 @@ _NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 class CodecError(ValueError):
     """Raised when a message cannot be encoded or bytes are not a valid encoding."""
+
+
+class CodecLimit(CodecError):
+    """An encoding over the codec's limits: a header longer than :data:`MAX_HEADER_BYTES`
+    or more than :data:`MAX_FIELDS` fields."""
 
 
 # --------------------------------------------------------------------------- encode
@@ -76,6 +89,8 @@ def encode(msg: Message, float_dtype: str = "float64") -> bytes:
         raise ValueError(f"float_dtype must be one of {FLOAT_DTYPES}, got {float_dtype!r}")
     if not isinstance(msg, Message):
         raise CodecError(f"expected a Message, got {type(msg).__name__}")
+    if len(msg.fields) > MAX_FIELDS:
+        raise CodecLimit(f"{len(msg.fields)} fields, more than the limit of {MAX_FIELDS}")
     scalars: dict[str, Any] = {}
     arrays: list[list[Any]] = []
     buffers: list[bytes] = []
@@ -94,6 +109,8 @@ def encode(msg: Message, float_dtype: str = "float64") -> bytes:
                             separators=(",", ":")).encode("utf-8")
     except UnicodeEncodeError as exc:  # a lone surrogate in a name or a string
         raise CodecError(f"a name or string is not valid Unicode text: {exc.reason}") from None
+    if len(hbytes) > MAX_HEADER_BYTES:
+        raise CodecLimit(f"header of {len(hbytes)} bytes is longer than the limit of {MAX_HEADER_BYTES} bytes")
     return b"".join([_PREFIX.pack(MAGIC, VERSION, len(hbytes)), hbytes, *buffers])
 
 
@@ -190,6 +207,34 @@ def _parse_array_entry(entry: Any) -> tuple[Any, str, tuple[int, ...], int]:
     return name, dtype_name, tuple(shape), nbytes
 
 
+def check_prefix(prefix: bytes, size: int) -> int:
+    """Check the fixed prefix of an encoding of ``size`` bytes; return its header length.
+
+    Raises :class:`CodecError` for a bad magic, version or a header running past the end,
+    and :class:`CodecLimit` for a header over :data:`MAX_HEADER_BYTES`, before any of
+    the header is read.
+    """
+    if len(prefix) < _PREFIX.size or size < _PREFIX.size:
+        raise CodecError("truncated data: shorter than the fixed prefix")
+    magic, version, hlen = _PREFIX.unpack_from(prefix, 0)
+    if magic != MAGIC:
+        raise CodecError("bad magic: not an encoded message")
+    if version != VERSION:
+        raise CodecError(f"unsupported codec version {version}")
+    check_header_length(prefix)
+    if hlen > size - _PREFIX.size:
+        raise CodecError("truncated data: header runs past the end")
+    return hlen
+
+
+def check_header_length(prefix: bytes) -> None:
+    """Raise :class:`CodecLimit` if the prefix announces a header over :data:`MAX_HEADER_BYTES`."""
+    if len(prefix) >= _PREFIX.size:
+        hlen = _PREFIX.unpack_from(prefix, 0)[2]
+        if hlen > MAX_HEADER_BYTES:
+            raise CodecLimit(f"header of {hlen} bytes is longer than the limit of {MAX_HEADER_BYTES} bytes")
+
+
 def decode(data: bytes) -> Message:
     """Decode bytes made by :func:`encode`; raise :class:`CodecError` on any defect.
 
@@ -198,18 +243,13 @@ def decode(data: bytes) -> Message:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise CodecError(f"expected bytes, got {type(data).__name__}")
     data = bytes(data)
-    if len(data) < _PREFIX.size:
-        raise CodecError("truncated data: shorter than the fixed prefix")
-    magic, version, hlen = _PREFIX.unpack_from(data, 0)
-    if magic != MAGIC:
-        raise CodecError("bad magic: not an encoded message")
-    if version != VERSION:
-        raise CodecError(f"unsupported codec version {version}")
+    hlen = check_prefix(data[:_PREFIX.size], len(data))
     pos = _PREFIX.size
-    if hlen > len(data) - pos:
-        raise CodecError("truncated data: header runs past the end")
     header = _parse_header(data[pos:pos + hlen])
     pos += hlen
+    n_fields = len(header["scalars"]) + len(header["arrays"])
+    if n_fields > MAX_FIELDS:
+        raise CodecLimit(f"{n_fields} fields, more than the limit of {MAX_FIELDS}")
 
     seen: set[str] = set()
     fields: dict[str, Any] = {}

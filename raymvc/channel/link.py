@@ -20,7 +20,10 @@ one body object, which the Ray transport puts in the object store once.
 :class:`RejectedMessage` with a ``reason`` and counts it in ``Endpoint.rejected``.
 Every frame is bounded: one longer than ``max_message_bytes`` on the wire, or whose
 compressed body would inflate past it, is rejected as ``oversized`` without being
-inflated (the decompressor stops at the cap). A receiver that knows whom it asked and
+inflated (the decompressor stops at the cap); so is one whose codec header is over the
+codec's limits (:data:`~raymvc.channel.codec.MAX_HEADER_BYTES`,
+:data:`~raymvc.channel.codec.MAX_FIELDS`), checked on a compressed body's first
+inflated bytes. A receiver that knows whom it asked and
 in which round (the server) passes ``expect_src`` and ``expect_round``; an answer
 from another party is ``misrouted`` and one from another round ``stale-round``.
 """
@@ -172,7 +175,10 @@ def _nbytes(part) -> int:
 
 
 def _inflate(body: bytes, limit: int) -> bytes:
-    """Inflate ``body``, producing at most ``limit + 1`` bytes whatever it claims."""
+    """Inflate ``body``, producing at most ``limit + 1`` bytes whatever it claims; the
+    codec prefix is inflated and checked first, so a header over the codec's limit is
+    refused before the rest is inflated."""
+    codec.check_header_length(zlib.decompressobj().decompress(body, codec.PREFIX_BYTES))
     d = zlib.decompressobj()
     out = d.decompress(body, limit + 1)
     if len(out) > limit or d.unconsumed_tail:
@@ -337,7 +343,7 @@ class Endpoint:
             if flags & FLAG_COMPRESSED:
                 body = _inflate(body, self.max_payload_bytes)
             msg = codec.decode(body)
-        except _Oversized as exc:
+        except (_Oversized, codec.CodecLimit) as exc:
             raise self._reject("oversized", str(exc)) from None
         except (ValueError, zlib.error) as exc:  # CodecError is a ValueError
             raise self._reject("malformed", str(exc)) from None

@@ -204,8 +204,10 @@ def horizontal(
     by_class = [rng.permutation(np.flatnonzero((y == c) & eligible)) for c in range(k)]
     own = []  # phase 1: every client's share of its own class
     for l, size in enumerate(sizes):
+        count = min(int(round(heterogeneity * size)), int(size))
         cand = by_class[l % k]
-        take = cand[available[cand]][: min(int(round(heterogeneity * size)), int(size))]
+        # a copy: a slice would keep the whole class's candidates alive for every client
+        take = cand[available[cand]][:count].copy() if count else np.empty(0, dtype=np.int64)
         available[take] = False
         own.append(take)
     X = ds.views[view]

@@ -35,7 +35,7 @@ from .cluster import ClusterError, init_ray
 from .nodes import ClientNode, ClientPool, ServerNode, one_line, party_error
 from .records import RoundRecord, RunEnd
 from .threads import release_threads
-from .transport import RayPools
+from .transport import Interruption, RayPools
 
 
 def _err(sc: Scenario, key: str, msg: str) -> ScenarioError:
@@ -177,8 +177,9 @@ class _Call:
         return getattr(self.node, name)(*args)
 
 
-class RunInterrupted(BaseException):
-    """SIGTERM (or SIGINT) reached the driver: stop, and keep what the run has so far."""
+class RunInterrupted(Interruption):
+    """SIGTERM (or SIGINT) reached the driver: stop, and keep what the run has so far (raised
+    inside a client's code on the in-process backend, it passes through as the driver's)."""
 
 
 class _StopRequest:
@@ -577,8 +578,7 @@ def _summarise(sc, ds, part, proto, end: RunEnd, labels, ray_init_s, protocol_s,
             "rejected_messages": end.counts.rejected_messages,
             "disconnected_clients": list(end.disconnected),
             "evicted_clients": list(end.evicted),
-            "client_errors": [{k: (_first_line(v) if k == "error" else v) for k, v in e.items() if k != "traceback"}
-                              for e in end.client_errors],
+            "client_errors": [{k: v for k, v in e.items() if k != "traceback"} for e in end.client_errors],
         },
         "timing": {
             "wall_s": wall_s,

@@ -16,8 +16,10 @@ handed to the next ``Server.step`` as a reply or as missing.
 
 from __future__ import annotations
 
+import queue
 import re
 import struct
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -32,7 +34,7 @@ from .faults import FaultPlan, Injector, Network
 from .records import FaultCounts, Participation, RoundRecord, RunEnd
 from .state import dump_state, load_state
 from .threads import pin_threads
-from .transport import LocalTransport, Outcome, make_transport
+from .transport import Interruption, LocalTransport, Outcome, make_transport
 
 SERVER = "server"
 PROTOCOL_INPUTS = ("config", "shard", "ctx")  # rebuilt from the scenario, never checkpointed
@@ -60,20 +62,55 @@ def broadcast_key(msg: Message) -> tuple:
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+LINE_LIMIT = 300  # characters of a client error in summary.json
+TRACEBACK_LIMIT = 64_000  # characters of its traceback (errors.log)
+
+
+def _cut(line: str, limit: int = LINE_LIMIT) -> str:
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _str(e: BaseException) -> str:
+    """``str(e)``, which is client code for a client's exception: it may raise, or be huge."""
+    try:
+        return str(e)[:100_000]
+    except BaseException:
+        return "(its message could not be printed)"
 
 
 def party_error(party: str, phase: str, r: int, e: BaseException) -> dict:
     """One error of a party's code: a bounded line for the summary, the full traceback for ``errors.log``."""
-    return {"party": party, "phase": phase, "round": r, "error": one_line(e),
-            "traceback": "".join(traceback.format_exception(e))[-65536:]}
+    return {"party": party, "phase": phase, "round": r, "error": one_line(e), "traceback": traceback_text(e)}
 
 
-def one_line(e: BaseException, limit: int = 300) -> str:
+def one_line(e: BaseException, limit: int = LINE_LIMIT) -> str:
     """An exception as one plain line: type, first line of the message, no colour codes."""
-    text = _ANSI.sub("", str(e)).strip().splitlines()
+    text = _ANSI.sub("", _str(e)).strip().splitlines()
     first = text[0] if text else ""
     line = f"{type(e).__name__}: {first}" if first else type(e).__name__
-    return line if len(line) <= limit else line[: limit - 3] + "..."
+    return _cut(line, limit)
+
+
+def traceback_text(e: BaseException, limit: int = TRACEBACK_LIMIT) -> str:
+    """The exception's traceback, at most ``limit`` characters (its start and its end)."""
+    try:
+        text = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    except BaseException:
+        text = one_line(e)
+    if len(text) <= limit:
+        return text
+    half = (limit - 40) // 2
+    return f"{text[:half]}\n... ({len(text) - 2 * half} characters cut) ...\n{text[-half:]}"
+
+
+def _reply_name(reply: object) -> str:
+    """What a reply is, without its ``repr`` (client code, which may raise or be huge)."""
+    name = type(reply).__name__
+    try:
+        kind = reply.kind if isinstance(reply, Message) else None
+        return f"{name} {kind[:60]!r}" if type(kind) is str else name
+    except BaseException:
+        return name
 
 
 def _unreachable(e: BaseException) -> bool:
@@ -114,16 +151,19 @@ class ClientNode:
         load_state(self.client, data[:-_ROUND.size])
         (self.client.ctx.round,) = _ROUND.unpack(data[-_ROUND.size:])
 
-    def deliver(self, frame: bytes | tuple[bytes, bytes]) -> tuple[str, bytes | None, str | None, float]:
+    def deliver(self, frame: bytes | tuple[bytes, bytes]) -> tuple[str, bytes | None, str | None, float, str | None]:
         """Open a frame (bytes or ``(header, body)``), run the protocol, seal the reply.
 
-        Returns ``(status, reply_frame, detail, compute_s)`` with status ``"ok"``,
-        ``"rejected"`` (detail = reason) or ``"error"`` (detail = the exception).
+        Returns ``(status, reply_frame, detail, compute_s, traceback)`` with status
+        ``"ok"``, ``"rejected"`` (detail = reason) or ``"error"`` (detail = the exception
+        in one line, traceback = its traceback). Whatever the client's code raises --
+        ``SystemExit`` and ``KeyboardInterrupt`` included -- is that client's error; only
+        an :class:`~raymvc.runtime.transport.Interruption` from outside passes through.
         """
         try:
             opened = self.endpoint.open(frame)
         except RejectedMessage as e:
-            return "rejected", None, e.reason, 0.0
+            return "rejected", None, e.reason, 0.0, None
         pin_threads(self.threads)
         t = time.perf_counter()
         try:
@@ -133,17 +173,50 @@ class ClientNode:
                 reply = Message(EVAL_LABELS) if y is None else Message(EVAL_LABELS, y=labels_array(y))
             else:
                 reply = self.client.handle(opened.msg)
-        except Exception as e:  # the client fails, the run goes on without it
-            detail = f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"
-            return "error", None, detail, time.perf_counter() - t
+        except Interruption:
+            raise
+        except BaseException as e:  # the client fails, the run goes on without it
+            return "error", None, one_line(e), time.perf_counter() - t, traceback_text(e)
         compute = time.perf_counter() - t
         if reply is None:
-            return "ok", None, None, compute
+            return "ok", None, None, compute, None
         try:
             sealed = self.endpoint.seal(SERVER, opened.round, reply)
-        except Exception as e:  # e.g. a string that is not valid UTF-8: the client's fault, not the run's
-            return "error", None, f"unencodable reply {reply!r}: {type(e).__name__}: {e}", compute
-        return "ok", sealed.frame, None, compute
+        except Interruption:
+            raise
+        except BaseException as e:  # e.g. a string that is not valid UTF-8: the client's fault, not the run's
+            return "error", None, _cut(f"unencodable reply ({_reply_name(reply)}): {one_line(e)}"), compute, \
+                traceback_text(e)
+        return "ok", sealed.frame, None, compute, None
+
+
+class _Job:
+    """One client call, run on a worker thread; ``done`` is set when it has returned."""
+
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+        self.result: tuple | None = None
+        self.done = threading.Event()
+
+    def __call__(self) -> None:
+        try:
+            self.result = self.fn(*self.args)
+        except BaseException as e:  # ClientNode.deliver keeps client code's exceptions; this is the rest
+            self.result = ("error", None, one_line(e), 0.0, traceback_text(e))
+        finally:
+            self.done.set()
+
+
+class _Worker:
+    """A daemon thread running jobs one after another, until it is given ``None``."""
+
+    def __init__(self):
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._loop, name="raymvc-clients", daemon=True).start()
+
+    def _loop(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            job()
 
 
 class ClientPool:
@@ -151,26 +224,48 @@ class ClientPool:
 
     Each logical client is a full :class:`ClientNode` with its own protocol state, keys,
     fault stream and ledger rows; a crash fault kills one logical client, not its
-    neighbours. Frames for the pool's clients arrive in one call.
+    neighbours. Frames for the pool's clients arrive in one call; the clients run one
+    after another on a worker thread, each within its own deadline. A client that
+    overruns it is answered ``timeout`` alone: its call is left running on that thread
+    (abandoned), a fresh thread serves the others, and its later frames are ``timeout``
+    at once until the abandoned call returns.
     """
 
     def __init__(self, shards: dict[int, object], method: str, params: dict, **common):
         self.nodes = {cid: ClientNode(cid, method, params, shard, **common) for cid, shard in shards.items()}
         self.dead: set[int] = set()
+        self.busy: dict[int, _Job] = {}  # clients whose call overran its deadline and still runs
+        self.worker: _Worker | None = None
 
     def hello_all(self, server_key: bytes | None) -> dict[int, bytes | None]:
         return {cid: node.hello(server_key) for cid, node in self.nodes.items()}
 
-    def deliver(self, frames: dict[int, tuple], *shared: bytes) -> dict[int, tuple]:
-        """Deliver ``{client: (header, body)}``; a body given as an int is ``shared[i]``, a
-        broadcast body the transport put in Ray's object store once (Ray passes it here as bytes)."""
+    def deliver(self, frames: dict[int, tuple], deadline_s: float | None = None, *shared: bytes) -> dict[int, tuple]:
+        """Deliver ``{client: (header, body)}``, each client's call limited to ``deadline_s`` of
+        wall time (``None``: no limit); a body given as an int is ``shared[i]``, a broadcast body
+        the transport put in Ray's object store once (Ray passes it here as bytes)."""
         out = {}
         for cid, (header, body) in frames.items():
             if cid in self.dead:
-                out[cid] = ("crashed", None, "logical client killed", 0.0)
-                continue
-            out[cid] = self.nodes[cid].deliver((header, shared[body] if isinstance(body, int) else body))
+                out[cid] = ("crashed", None, "logical client killed", 0.0, None)
+            elif cid in self.busy and not self.busy[cid].done.is_set():
+                out[cid] = ("timeout", None, "still busy with a call that overran its deadline", 0.0, None)
+            else:
+                self.busy.pop(cid, None)
+                out[cid] = self._run(cid, (header, shared[body] if isinstance(body, int) else body), deadline_s)
         return out
+
+    def _run(self, cid: int, frame: tuple, deadline_s: float | None) -> tuple:
+        if self.worker is None:
+            self.worker = _Worker()
+        job = _Job(self.nodes[cid].deliver, frame)
+        self.worker.jobs.put(job)
+        if job.done.wait(deadline_s):
+            return job.result
+        self.busy[cid] = job  # abandoned: its thread ends once the call returns
+        self.worker.jobs.put(None)
+        self.worker = None
+        return ("timeout", None, f"no reply within {deadline_s} s wall time", 0.0, None)
 
     def kill(self, cid: int) -> None:
         self.dead.add(cid)
@@ -367,8 +462,11 @@ class ServerNode:
             row.status, row.kind = "rejected", f"rejected:{out.detail}"
             st.rejected.append(cid)
         else:
-            st.errors[cid] = out.detail or "error"
-            self.client_errors.append({"round": r, "client": cid, "path": path, "error": st.errors[cid]})
+            st.errors[cid] = _cut((out.detail or "error").split("\n", 1)[0])
+            record = {"round": r, "client": cid, "path": path, "error": st.errors[cid]}
+            if out.traceback:
+                record["traceback"] = out.traceback[:TRACEBACK_LIMIT]  # for errors.log, not summary.json
+            self.client_errors.append(record)
 
     def _receive(self, r: int, cid: int, out: Outcome, row: LedgerRow, path: str, faults: Injector,
                  st: RoundState, t0: float) -> float | None:

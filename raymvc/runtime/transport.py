@@ -18,6 +18,9 @@ import signal
 import threading
 from dataclasses import dataclass, field
 
+# what a pooled actor may take beyond its clients' deadlines before the whole actor counts as hung
+POOL_GRACE_S = 5.0
+
 
 @dataclass
 class Outcome:
@@ -25,8 +28,9 @@ class Outcome:
 
     status: str  # ok | rejected | error | crashed | timeout
     frame: bytes | None = None
-    detail: str | None = None
+    detail: str | None = None  # one line
     compute_s: float = 0.0
+    traceback: str | None = None  # an error's full traceback (bounded)
 
 
 # below this Ray passes arguments inline with the call (its own limit is 100 KiB), where a
@@ -34,7 +38,12 @@ class Outcome:
 SHARE_MIN_BYTES = 100 * 1024
 
 
-class _Hung(BaseException):
+class Interruption(BaseException):
+    """Raised into client code from outside it (a wall-clock limit, the driver's stop): it
+    passes through the client's call instead of becoming that client's error."""
+
+
+class _Hung(Interruption):
     """Raised inside a client call that outlived ``runtime.reply_timeout_s`` (in-process backend)."""
 
 
@@ -162,14 +171,18 @@ class RayTransport:
                 continue
             groups.setdefault(self.pools.owner[cid], {})[cid] = frame
         calls = self._share_bodies(groups)
-        refs = {pid: self.pools.handles[pid].deliver.remote(group, *shared) for pid, (group, shared) in calls.items()}
-        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=self.timeout_s) if refs else ([], [])
+        refs = {pid: self.pools.handles[pid].deliver.remote(group, self.timeout_s, *shared)
+                for pid, (group, shared) in calls.items()}
+        # a pool gives each of its clients, one after another, up to timeout_s and answers for
+        # the one that overran itself; past this the actor as a whole is stuck (e.g. in native code)
+        limit = self.timeout_s * max((len(g) for g in groups.values()), default=1) + POOL_GRACE_S
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=limit) if refs else ([], [])
         ready = set(ready)
         for pid, ref in refs.items():
             if ref not in ready:
                 ray.cancel(ref, force=False)
                 for cid in groups[pid]:
-                    out[cid] = Outcome("timeout", detail=f"no reply within {self.timeout_s} s wall time")
+                    out[cid] = Outcome("timeout", detail=f"no reply within {limit} s wall time")
                 continue
             try:
                 out.update({cid: Outcome(*res) for cid, res in ray.get(ref).items()})

@@ -175,3 +175,19 @@ def test_a_run_naming_a_cluster_does_not_reuse_the_embedded_instance(isolated_en
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.startswith("ClusterError False runtime.address: cannot join the Ray cluster at "
                                f"127.0.0.1:{port}"), r.stdout
+
+
+def test_placement_timeout_is_validated_like_the_other_runtime_keys(capsys):
+    from raymvc.cli import main
+
+    assert main(["validate", str(REPO / "scenarios" / "hw-cefmc.yaml"), "--set", "runtime.placement_timeout_s=0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "runtime.placement_timeout_s" in err[0]
+
+
+def test_the_unplaced_count_packs_bundles_node_by_node():
+    from raymvc.runtime.placement import _fits
+
+    assert _fits([0.5, 2.0, 2.0], 1.25, 3) == 2  # no bundle straddles two nodes
+    assert _fits([1.0, 2.0, 2.0], 0.5, 6) == 6
+    assert _fits([0.0], 0.5, 2) == 0

@@ -84,9 +84,7 @@ def reserve(sc: Scenario, n_clients: int) -> Seats:
 def _free_per_node(ray) -> list[tuple[float, float]]:
     """(free, total) CPUs of every live node; [] when Ray does not say per node."""
     try:
-        from ray._private.state import available_resources_per_node  # private: guarded
-
-        free = available_resources_per_node()
+        free = ray._private.state.available_resources_per_node()  # private: guarded
         return [(free.get(n["NodeID"], {}).get("CPU", 0.0), n["Resources"].get("CPU", 0.0))
                 for n in ray.nodes() if n.get("Alive")]
     except Exception:

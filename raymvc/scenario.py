@@ -236,6 +236,7 @@ class RuntimeCfg(_Strict):
     evict_after: int = Field(default=3, ge=1)  # consecutive reply timeouts before a client is evicted
     clients_per_actor: int = Field(default=1, ge=1)  # logical clients hosted by one Ray actor
     placement: Literal["default", "spread"] = "default"  # spread: client actors over the cluster's nodes
+    placement_timeout_s: float = Field(default=60.0, gt=0.0)  # waiting for the cluster to place the actors
 
 
 class Scenario(_Strict):

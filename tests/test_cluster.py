@@ -175,3 +175,48 @@ def test_a_run_naming_a_cluster_does_not_reuse_the_embedded_instance(isolated_en
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.startswith("ClusterError False runtime.address: cannot join the Ray cluster at "
                                f"127.0.0.1:{port}"), r.stdout
+
+
+def test_placement_timeout_is_validated_like_the_other_runtime_keys(capsys):
+    from raymvc.cli import main
+
+    assert main(["validate", str(REPO / "scenarios" / "hw-cefmc.yaml"), "--set", "runtime.placement_timeout_s=0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "runtime.placement_timeout_s" in err[0]
+
+
+def test_the_unplaced_count_packs_bundles_node_by_node():
+    from raymvc.runtime.placement import _fits
+
+    assert _fits([0.5, 2.0, 2.0], 1.25, 3) == 2  # no bundle straddles two nodes
+    assert _fits([1.0, 2.0, 2.0], 0.5, 6) == 6
+    assert _fits([0.0], 0.5, 2) == 0
+
+
+class _FakeRay:
+    """What the placement error reads from Ray: live nodes with their total and free CPUs."""
+
+    def __init__(self, nodes: dict[str, tuple[float, float]]):
+        self._nodes = nodes  # node id -> (free, total)
+        self._private = type("P", (), {"state": type("S", (), {"available_resources_per_node": self._free})})
+
+    def _free(self):
+        return {n: {"CPU": f} for n, (f, _) in self._nodes.items()}
+
+    def nodes(self):
+        return [{"NodeID": n, "Alive": True, "Resources": {"CPU": t}} for n, (_, t) in self._nodes.items()]
+
+
+def test_the_placement_error_names_what_could_not_be_placed(scenario_path):
+    from raymvc.runtime.placement import _unplaced
+    from raymvc.scenario import load_scenario
+
+    sc = load_scenario(scenario_path("hw-cefmc.yaml"), ["runtime.server_cpus=1"])
+    busy = _FakeRay({"a": (0.5, 1.0), "b": (0.5, 2.0)})  # another job holds most of the CPUs
+    msg = _unplaced(busy, sc, 6, server_placed=False)
+    assert msg.startswith("runtime: the server (1 CPU) and 4 of 6 client actors (0.5 CPU each) could not be placed "
+                          "within 60 s (runtime.placement_timeout_s); the cluster has 1 of 3 CPUs free "
+                          "(per node, free/total: 0.5/1, 0.5/2)"), msg
+    assert _unplaced(busy, sc, 2, server_placed=False).startswith("runtime: the server (1 CPU) could not be placed")
+    # the bundles look as if they fit, yet Ray placed none: all of them are named
+    assert "runtime: 2 client actors (0.5 CPU each) could not" in _unplaced(busy, sc, 2, server_placed=True)

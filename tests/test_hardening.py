@@ -4,7 +4,6 @@ the codec, the link and the partitions (Hypothesis)."""
 from __future__ import annotations
 
 import math
-import time
 import tracemalloc
 import zlib
 
@@ -67,15 +66,13 @@ def test_billion_laughs_fails_fast_in_one_line_and_small_memory(tmp_path):
     f = tmp_path / "bomb.yaml"
     f.write_text(BILLION_LAUGHS)
     tracemalloc.start()
-    t = time.perf_counter()
     with pytest.raises(ScenarioError) as exc:
         load_scenario(f)
-    elapsed = time.perf_counter() - t
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     msg = str(exc.value)
     assert "aliases" in msg and "\n" not in msg and len(msg) <= MAX_ERROR_CHARS
-    assert elapsed < 5 and peak < 20_000_000
+    assert peak < 20_000_000  # refused while composing: the billion strings were never built
 
 
 def test_a_few_aliases_still_load():

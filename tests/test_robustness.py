@@ -7,12 +7,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from gated_run import GatedRun
 
 from raymvc.cli import main
 from raymvc.messages import Message
@@ -53,18 +52,13 @@ def test_a_used_out_folder_is_refused_or_emptied(tmp_path, capsys):
 
 
 def _stop_after_rounds(args, out: Path, sig: int, rounds: int = 2):
-    proc = subprocess.Popen([sys.executable, "-m", "raymvc.cli", "run", *args, "--out", str(out), "--quiet"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    log = out / "rounds.jsonl"
-    while time.time() < deadline and proc.poll() is None:
-        if log.exists() and len(log.read_text().splitlines()) >= rounds:
-            break
-        time.sleep(0.05)
-    assert proc.poll() is None, "the run ended before it could be stopped"
-    os.kill(proc.pid, sig)
-    _, err = proc.communicate(timeout=120)
-    return proc.returncode, err
+    """Send ``sig`` while the run waits at a gate after ``rounds`` rounds, then let it go on."""
+    with GatedRun(["run", *args, "--out", str(out), "--quiet"], at_round=rounds - 1) as run:
+        run.wait_ready()
+        os.kill(run.proc.pid, sig)
+        run.go()
+        _, err = run.proc.communicate(timeout=600)
+    return run.proc.returncode, err
 
 
 @pytest.mark.parametrize("sig,backend", [(signal.SIGINT, "local"), (signal.SIGTERM, "ray")])
@@ -110,22 +104,31 @@ def test_complex_arrays_cannot_be_put_in_a_message():
 
 @pytest.mark.parametrize("evict_after,evicted", [(3, []), (1, [2])])
 def test_a_hung_client_times_out_in_process_and_can_be_evicted(tmp_path, monkeypatch, evict_after, evicted):
+    """Client 2 hangs in round 1 until the wall-clock limit on its call rings. The limit's
+    clock is the test's: the alarm the server arms for every call never rings by itself,
+    only when the hung client lets its time run out, so a slow machine makes no other
+    client late."""
+    armed = []
+    monkeypatch.setattr(signal, "setitimer", lambda which, seconds, interval=0.0: armed.append(seconds) or (0.0, 0.0))
     real = cefmc.CeFMCClient.handle
+    hung = []
 
-    def slow(self, msg):
+    def hangs(self, msg):
         if self.ctx.client_id == 2 and self.ctx.round == 1:
-            time.sleep(30)
+            hung.append(armed[-1])
+            assert signal.getsignal(signal.SIGALRM) not in (signal.SIG_DFL, signal.SIG_IGN), "no limit on this call"
+            signal.raise_signal(signal.SIGALRM)  # the limit runs out while the client hangs
+            raise AssertionError("the call went on after its limit rang")
         return real(self, msg)
 
-    monkeypatch.setattr(cefmc.CeFMCClient, "handle", slow)
-    t = time.perf_counter()
+    monkeypatch.setattr(cefmc.CeFMCClient, "handle", hangs)
     s = run(tmp_path, f"hung{evict_after}", "runtime.reply_timeout_s=0.5", f"runtime.evict_after={evict_after}")
-    assert time.perf_counter() - t < 20
+    assert hung == [0.5]  # the call had runtime.reply_timeout_s, and hung once
     assert s["status"] == "degraded"
-    assert s["faults"]["late_replies"] >= 1 and s["faults"]["evicted_clients"] == evicted
+    assert s["faults"]["late_replies"] == 1 and s["faults"]["evicted_clients"] == evicted
     ledger = rows(Path(s["out_dir"]) / "messages.csv")
-    hung = [r for r in ledger if r["round"] == "1" and r["dst"] == "client:2"]
-    assert [r["status"] for r in hung] == ["late"]  # counted the same way in summary and ledger
+    hung_rows = [r for r in ledger if r["round"] == "1" and r["dst"] == "client:2"]
+    assert [r["status"] for r in hung_rows] == ["late"]  # counted the same way in summary and ledger
     if evicted:
         assert s["faults"]["crashed_clients"] == [2]
     else:
@@ -150,18 +153,13 @@ def test_sigkill_then_resume_gives_the_uninterrupted_result(tmp_path):
     full = tmp_path / "full"
     assert main(["run", str(SLOW), "--backend", "local", "--out", str(full), "--quiet"]) == 0
     out = tmp_path / "killed"
-    proc = subprocess.Popen([sys.executable, "-m", "raymvc.cli", "run", str(SLOW), "--backend", "local",
-                             "--checkpoint", "--out", str(out), "--quiet"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    args = ["run", str(SLOW), "--backend", "local", "--checkpoint", "--out", str(out), "--quiet"]
+    with GatedRun(args, at_round=2, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as run:
+        run.wait_ready()  # rounds 0-2 are on disk and checkpointed; the run waits
+        run.proc.kill()  # SIGKILL: nothing of the driver runs any more
+        run.proc.wait(timeout=60)
     pointer = out / "checkpoint.json"
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None:
-        if pointer.exists() and json.loads(pointer.read_text())["rounds_logged"] >= 3:
-            break
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run ended before round 3"
-    proc.kill()  # SIGKILL: nothing of the driver runs any more
-    proc.wait(timeout=30)
+    assert json.loads(pointer.read_text())["rounds_logged"] == 3
     assert not (out / "summary.json").exists()
     assert main(["run", "--resume", str(out), "--quiet"]) == 0
     a, b = (json.loads((d / "summary.json").read_text()) for d in (out, full))

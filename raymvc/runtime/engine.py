@@ -33,6 +33,7 @@ from ..scenario import one_line as one_line_text
 from . import checkpoint
 from .cluster import ClusterError, init_ray
 from .nodes import ClientNode, ClientPool, ServerNode, one_line, party_error
+from .placement import Seats, reserve
 from .records import RoundRecord, RunEnd
 from .threads import release_threads
 from .transport import Interruption, RayPools
@@ -123,8 +124,9 @@ def _progress_default(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _spawn(sc: Scenario, part, ds) -> tuple[object, list]:
-    """Create the parties; returns (server node or actor, actor handles to kill at the end)."""
+def _spawn(sc: Scenario, part, ds, seats=None) -> tuple[object, list]:
+    """Create the parties (on Ray in the CPUs ``seats`` reserved, else reserved here); returns
+    (server node or actor, what to stop at the end: actor handles, then the reservation)."""
     rt = sc.runtime
     ids = list(range(part.n_clients))
     common = dict(n_clients=part.n_clients, n_clusters=ds.n_clusters, channel=sc.channel.model_dump(),
@@ -138,22 +140,19 @@ def _spawn(sc: Scenario, part, ds) -> tuple[object, list]:
         clients = {c: ClientNode(c, sc.method, sc.params, part.shards[c], **common) for c in ids}
         return ServerNode(sc.method, sc.params, clients, **srv_kw), []
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     per = rt.clients_per_actor
     groups = [ids[i:i + per] for i in range(0, len(ids), per)]
-    opts = {"scheduling_strategy": "SPREAD"} if rt.placement == "spread" else {}
-    PoolActor = ray.remote(num_cpus=rt.client_cpus, max_restarts=0)(ClientPool).options(**opts)
+    seats = seats or reserve(sc, part.n_clients)  # the server first, beside the driver if it has room
+    PoolActor = ray.remote(num_cpus=rt.client_cpus, max_restarts=0)(ClientPool)
     ServerActor = ray.remote(num_cpus=rt.server_cpus, max_restarts=0)(ServerNode)
     pools = RayPools(
-        handles={p: PoolActor.remote({c: part.shards[c] for c in g}, sc.method, sc.params, **common)
-                 for p, g in enumerate(groups)},
+        handles={p: PoolActor.options(scheduling_strategy=seats.pool(p)).remote(
+            {c: part.shards[c] for c in g}, sc.method, sc.params, **common) for p, g in enumerate(groups)},
         owner={c: p for p, g in enumerate(groups) for c in g},
         sizes={p: len(g) for p, g in enumerate(groups)})
-    # the server runs beside the driver, so losing a worker node never takes the server with it
-    here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=True)
-    server = ServerActor.options(scheduling_strategy=here).remote(sc.method, sc.params, pools, **srv_kw)
-    return server, [server, *pools.handles.values()]
+    server = ServerActor.options(scheduling_strategy=seats.server()).remote(sc.method, sc.params, pools, **srv_kw)
+    return server, [server, *pools.handles.values(), seats]
 
 
 # the driver asks the server for rounds until this much wall time has passed (at least one
@@ -237,13 +236,20 @@ class _Run:
         self.timing: dict = {"startup_s": 0.0, "protocol_s": 0.0}
         self.t_rounds: float | None = None  # when the rounds began
         self.handles: list = []
+        self.seats = None
         self.call: _Call | None = None
         self.last_round = -1  # the last round written to rounds.jsonl
+
+    def reserve(self) -> None:
+        """On Ray: wait until the cluster has room for the parties (else ClusterError)."""
+        if self.sc.runtime.backend == "ray":
+            self.seats = reserve(self.sc, self.part.n_clients)
+            self.handles = [self.seats]
 
     def drive(self, writer: RunWriter, progress: Callable[[str], None],
               on_round: Callable[[dict], None] | None, stop: _StopRequest, resume: tuple | None = None) -> RunEnd:
         sc, part = self.sc, self.part
-        server, self.handles = _spawn(sc, part, self.ds)
+        server, self.handles = _spawn(sc, part, self.ds, self.seats)
         call = self.call = _Call(server, sc.runtime.backend)
         t_start = time.perf_counter()
         connected = call("connect")  # waits for every actor to be up, then agrees keys
@@ -354,9 +360,14 @@ def _run_in(sc: Scenario, out: Path, ck, ds, part, wall0: float, progress, on_ro
     if sc.runtime.backend == "ray":
         preload()  # the driver mostly waits while Ray and the actors start
     ray_init_s = init_ray(sc, part.n_clients) if sc.runtime.backend == "ray" else 0.0
-    writer = RunWriter(out, keep_rounds=ck[1] if ck else None)
-    writer.scenario(sc.to_yaml())
     run = _Run(sc, part, ds)
+    run.reserve()  # a cluster that cannot place the parties: a ClusterError before anything is written
+    try:
+        writer = RunWriter(out, keep_rounds=ck[1] if ck else None)
+        writer.scenario(sc.to_yaml())
+    except BaseException:
+        _stop(run.handles)
+        raise
     interrupted = False
     with _stop_on_signals(progress) as stop:
         try:
@@ -435,9 +446,9 @@ def _stop(handles: list) -> None:
         return
     import ray
 
-    for h in handles:
+    for h in handles:  # the actors, then their reserved CPUs
         try:
-            ray.kill(h, no_restart=True)
+            h.release() if isinstance(h, Seats) else ray.kill(h, no_restart=True)
         except Exception:
             pass
 

@@ -1,0 +1,123 @@
+"""Reserving the cluster's CPUs for a run's actors before they start (Ray placement groups).
+
+The server's CPUs are reserved first, on the driver's node when it has room (so losing
+a worker node never takes the server with it), else on any node; then one bundle per
+client actor, packed onto as few nodes as possible (``runtime.placement: default``) or
+spread over the nodes (``spread``). Both reservations together wait at most
+``runtime.placement_timeout_s``; what could not be placed by then is a one-line
+:class:`~raymvc.runtime.cluster.ClusterError` naming it and the cluster's free CPUs,
+never a run that waits forever for a busy or too small node.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from ..scenario import Scenario
+from .cluster import ClusterError
+
+
+class Seats:
+    """The reservations of one run: where the server and each client actor go."""
+
+    def __init__(self, ray, server_pg, pools_pg, driver_node: str):
+        self.ray, self.server_pg, self.pools_pg, self.driver_node = ray, server_pg, pools_pg, driver_node
+
+    def server(self):
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+
+        if self.server_pg is None:  # a server of 0 CPUs needs no reservation: beside the driver
+            return NodeAffinitySchedulingStrategy(node_id=self.driver_node, soft=True)
+        return PlacementGroupSchedulingStrategy(placement_group=self.server_pg, placement_group_bundle_index=0)
+
+    def pool(self, index: int):
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return PlacementGroupSchedulingStrategy(placement_group=self.pools_pg, placement_group_bundle_index=index)
+
+    def release(self) -> None:
+        for pg in (self.server_pg, self.pools_pg):
+            if pg is not None:
+                try:
+                    self.ray.util.remove_placement_group(pg)
+                except Exception:  # Ray is gone already: nothing left to free
+                    pass
+
+
+def _group(ray, bundles: list[dict], strategy: str, near: str | None = None):
+    from ray.util import placement_group
+
+    if near is not None:
+        try:  # a hint Ray follows while the node has room (private in Ray 2.60, hence the fallback)
+            return placement_group(bundles, strategy=strategy, _soft_target_node_id=near)
+        except (TypeError, ValueError):
+            pass
+    return placement_group(bundles, strategy=strategy)
+
+
+def reserve(sc: Scenario, n_clients: int) -> Seats:
+    """Reserve the CPUs of the server and of the actors hosting ``n_clients`` clients, or raise ClusterError."""
+    import ray
+
+    rt = sc.runtime
+    n_actors = math.ceil(n_clients / rt.clients_per_actor)
+    here = ray.get_runtime_context().get_node_id()
+    deadline = time.monotonic() + rt.placement_timeout_s
+    server_pg = pools_pg = None
+    if rt.server_cpus > 0:
+        server_pg = _group(ray, [{"CPU": rt.server_cpus}], "STRICT_PACK", near=here)
+    seats = Seats(ray, server_pg, None, here)
+    if server_pg is not None and not server_pg.wait(max(0.0, deadline - time.monotonic())):
+        msg = _unplaced(ray, sc, n_actors, server_placed=False)
+        seats.release()
+        raise ClusterError(msg)
+    pools_pg = _group(ray, [{"CPU": rt.client_cpus}] * n_actors, "SPREAD" if rt.placement == "spread" else "PACK")
+    seats.pools_pg = pools_pg
+    if not pools_pg.wait(max(0.0, deadline - time.monotonic())):
+        msg = _unplaced(ray, sc, n_actors, server_placed=True)
+        seats.release()
+        raise ClusterError(msg)
+    return seats
+
+
+def _free_per_node(ray) -> list[tuple[float, float]]:
+    """(free, total) CPUs of every live node; [] when Ray does not say per node."""
+    try:
+        free = ray._private.state.available_resources_per_node()  # private: guarded
+        return [(free.get(n["NodeID"], {}).get("CPU", 0.0), n["Resources"].get("CPU", 0.0))
+                for n in ray.nodes() if n.get("Alive")]
+    except Exception:
+        return []
+
+
+def _fits(free: list[float], size: float, n: int) -> int:
+    """How many of ``n`` bundles of ``size`` CPUs fit in these free CPUs, node by node."""
+    placed = 0
+    for f in free:
+        while placed < n and f + 1e-9 >= size:
+            f -= size
+            placed += 1
+    return placed
+
+
+def _unplaced(ray, sc: Scenario, n_actors: int, server_placed: bool) -> str:
+    rt = sc.runtime
+    nodes = _free_per_node(ray)
+    if nodes:
+        free, total = sum(f for f, _ in nodes), sum(t for _, t in nodes)
+        missing = n_actors - _fits([f for f, _ in nodes], rt.client_cpus, n_actors)
+        where = f" (per node, free/total: {', '.join(f'{f:g}/{t:g}' for f, t in nodes)})"
+    else:
+        free, total = ray.available_resources().get("CPU", 0.0), ray.cluster_resources().get("CPU", 0.0)
+        missing = n_actors - min(n_actors, int((free + 1e-9) // rt.client_cpus))
+        where = ""
+    if server_placed:
+        missing = missing or n_actors  # the bundles looked as if they fit, yet Ray placed none of them
+    what = [] if server_placed else [f"the server ({rt.server_cpus:g} CPU)"]
+    if missing:
+        of = f"{missing} of {n_actors}" if missing < n_actors else f"{n_actors}"
+        what.append(f"{of} client actor{'s' if n_actors > 1 else ''} ({rt.client_cpus:g} CPU each)")
+    return (f"runtime: {' and '.join(what)} could not be placed within {rt.placement_timeout_s:g} s "
+            f"(runtime.placement_timeout_s); the cluster has {free:g} of {total:g} CPUs free{where}; "
+            "lower runtime.client_cpus, pool clients (runtime.clients_per_actor) or free the cluster's CPUs")

@@ -219,8 +219,11 @@ class OutputFolder:
         p = self.path
         if resume and not (p.is_dir() or p.is_symlink()):
             raise ResultsError(f"{p}: no such folder")
+        existed = p.is_dir()
         check_out_dir(p)  # no link, creatable, writable
         created = self._lock()
+        self._fresh = created and folder_kind(p) is None  # nothing of raymvc's here before: undo on failure
+        self._made = not existed
         try:
             self._check(overwrite, resume)
         except BaseException:
@@ -286,7 +289,14 @@ class OutputFolder:
     def __enter__(self) -> Path:
         return self.path
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None and self._fresh:  # failed before writing anything: leave no trace
+            with contextlib.suppress(OSError):
+                if set(os.listdir(self.path)) <= {LOCK, MARKER}:
+                    (self.path / MARKER).unlink(missing_ok=True)
+                    (self.path / LOCK).unlink(missing_ok=True)
+                    if self._made:
+                        self.path.rmdir()
         self.release()
 
 

@@ -138,8 +138,7 @@ def test_no_embedding_at_all_asks_again():
     _, _, clients, server = parties(sc)
     out = server.step(0, {}, {0, 1, 2})
     assert all(m.kind == "pretrain" for m in out.values())
-    with pytest.raises(RuntimeError):
-        server.result()
+    assert server.result() is None  # no labels yet: nothing to report early, and no error
 
 
 def _ledger(out_dir):

@@ -352,3 +352,34 @@ def test_an_exit_in_a_pooled_client_is_its_error_alone(monkeypatch, exc):
     out = pool.deliver(frames(), 10)
     assert out[0][0] == "error" and out[0][2].startswith(exc.__name__) and "Traceback" in out[0][4]
     assert out[1][0] == "ok"
+
+
+MISBEHAVE = """
+name: misbehave-{act}
+method: raymvc.bench.misbehave
+params: {{rounds: 4, floats: 8, client: 0, round: 1, act: {act}, hang_s: 120}}
+data: {{dataset: digits, partition: horizontal, n_clients: 4}}
+runtime: {{backend: ray, clients_per_actor: 2, reply_timeout_s: 5, evict_after: 1, client_cpus: 0.25}}
+seed: 0
+"""
+
+
+@pytest.mark.parametrize("act", ["hang", "exit", "raise"])
+def test_a_pooled_client_on_ray_harms_no_neighbour(ray_session, tmp_path, act):
+    """Clients 0 and 1 share an actor; client 0 hangs, exits or raises in round 1. Only
+    client 0 misses a round or leaves; client 1 answers every round."""
+    path = tmp_path / "s.yaml"
+    path.write_text(MISBEHAVE.format(act=act))
+    s = run_scenario(load_scenario(path), tmp_path / act, progress=lambda line: None)
+    part = s["participation"]
+    assert part[1] == {"addressed": 4, "replied": 4, "missed": 0, "last_replied": 3}, part
+    assert [c for c, p in part.items() if p["missed"]] == [0]
+    if act == "hang":  # late, then evicted alone: a fault, not an error
+        assert s["status"] == "degraded" and s["faults"]["evicted_clients"] == [0]
+        assert s["faults"]["crashed_clients"] == [0] and s["faults"]["late_replies"] == 1
+    else:  # its code raised: the run's error, the neighbour untouched
+        assert s["status"] == "error" and s["faults"]["crashed_clients"] == []
+        (err,) = s["faults"]["client_errors"]
+        assert (err["client"], err["round"]) == (0, 1)
+        assert err["error"] == ("SystemExit: 3" if act == "exit" else "RuntimeError: client 0 misbehaves in round 1")
+        assert part[0]["missed"] == 1 and part[0]["last_replied"] == 3

@@ -71,42 +71,17 @@ only the final message labels with the last global model and centroids it receiv
 
 Secure aggregation
 ------------------
-With ``channel.secure_aggregation: true`` the weights are summed under masks
-(``raymvc.protocols._secagg``); the server learns ``Σ n_l w_l`` and ``Σ n_l`` over the
-clients whose masked reply arrived, never one client's weights. Exchanges:
-
-1. setup, two engine rounds once at the start: ``secagg.advertise`` / ``secagg.keys``
-   (public keys), ``secagg.roster`` / ``secagg.shares`` (encrypted Shamir shares);
-2. per training step two engine rounds: ``train`` (the global weights and centroids as
-   above, plus the step number ``step`` and the SecAgg request fields), answered by
-   ``secagg.masked``: the ``"w.*"`` arrays flattened in name order into one float64
-   vector, multiplied by ``n_l``, fixed-point encoded (24 fractional bits) and masked in
-   Z_{2^64}; ``n``, ``loss`` and ``centroids`` travel on the same message **in the
-   clear**. Then ``secagg.unmask`` / ``secagg.reveal`` (the shares that remove the
-   masks), after which the server sets ``w_g = Σ n_l w_l / Σ n_l`` (float32;
-   ``num_batches_tracked`` rounded back to integers) and runs the centroid k-means;
-3. the final broadcast and its acknowledgements, as without it.
-
-The clip range of a client is ``2^38 / (n_l x clients)`` (about 1.5e8 on digits over 5
-clients): the masked sum cannot wrap around, and BatchNorm running statistics and
-``num_batches_tracked`` counters (integers, exact in the fixed-point code) stay far
-inside it; a weight outside it, or not finite, stops the client with an error instead
-of being clipped. The average comes back within ``2^-25`` of the plain one (before both
-are rounded to float32; clients with at least one row). A client told to re-key (its
-reply was lost in an earlier masked-input round) answers ``secagg.rekey`` with its
-centroids, loss and ``n`` but no weights; a client outside the aggregation (it missed
-key advertisement) answers ``update`` without weights. When
-an aggregation fails (fewer than ``t`` masked replies, by default a majority of the
-clients, or too few reveals), the missing-reply policy applies: the weights stay as they
-were; the centroids that arrived still enter the global k-means. The training streams
-of the clients and the server's k-means are keyed by the training step, so a run with
-secure aggregation trains on the same batches and augmentations as one without.
-
-Threat notes: the server still sees the global model it sends, every client's local
-centroids, its loss and ``n_l``, who took part, and the sum; a sum over a set that differs
-from another by one client reveals that client's weights. Honest-but-curious server,
-fewer than ``t`` clients colluding with it. Checkpoints (``runtime.checkpoint``) do not
-hold SecAgg key material, so a run with secure aggregation cannot be checkpointed.
+The ``"w.*"`` fields of ``update`` are declared a weighted sum with weight ``n``
+(``Protocol.secure_sums``); the server reads them with ``weighted_sum``. With
+``channel.secure_aggregation: true`` the engine masks them (``raymvc.runtime.secure``)
+and the server learns ``Σ n_l w_l`` and ``Σ n_l`` over the clients whose masked input
+arrived, never one client's weights; ``n``, ``loss`` and ``centroids`` still travel in
+the clear. The fixed-point sum (24 fractional bits in Z_{2^64}) comes back within
+``2^-25`` of the plain one before both are rounded to float32; BatchNorm counters
+(``num_batches_tracked``) are integers and exact. A client whose input is not in the sum
+(it dropped out of a sub-exchange, or the aggregation fell below its threshold) is a
+missing reply. The server still sees the global model it sends, every client's local
+centroids, its loss and ``n_l``, who took part, and the sum (``docs/threat-model.md``).
 
 Defaults (digits, 2 CPU cores): 100 warm-up + 100 cluster rounds, batch 128 (the
 paper's), Adam 3e-3, λ = 1 (the paper's Fashion-MNIST value; its MNIST value 1e-3 gave
@@ -182,12 +157,12 @@ contrast its clusters against. All five p: ``benchmarks/horizontal_table.md``.
 Communication per round and client: the model (``4 x`` the number of float parameters
 and buffer entries, plus ``8`` bytes per ``num_batches_tracked``) down and up, plus
 ``k x latent x 4`` bytes of centroids down in the cluster phase and up whenever they are
-asked for (:func:`model_payload_bytes`). With secure aggregation the upload carries
-``8`` bytes per entry (plus one for ``n``) instead of ``4``, and the SecAgg exchanges
-add share ciphertexts and keys that grow with the square of the number of clients.
+asked for (:func:`model_payload_bytes`). With secure aggregation the masked upload
+carries ``8`` bytes per entry (plus one for ``n``) instead of ``4``, and the layer's
+exchanges add keys and share ciphertexts (reported apart in the summary).
 
 Determinism: the server draws the initial weights from its seeded generator; each
-client draws a torch seed from ``ctx.rng_for("train", step)``, its stream for that training step (shuffling and
+client draws a torch seed from ``ctx.rng_for("train", step)``, its stream for that round (shuffling and
 augmentations use a ``torch.Generator``); deterministic algorithms are switched on
 during every call and restored afterwards. The engine fixes thread counts.
 """
@@ -210,24 +185,21 @@ from raymvc.protocol import (
     ClientContext,
     Protocol,
     ProtocolConfig,
+    SecureSum,
     Server,
     ServerContext,
     seed_from,
+    weighted_sum,
 )
 
 from . import _torch
 from ._common import kmeans_capped, normalise_rows
-from ._secagg import MASKED, REKEY, SecAggClient, SecAggParams, SecAggServer
 from ._torch import W_PREFIX, arrays_from_message, fedavg, seeded, state_to_arrays
 
-__all__ = ["W_PREFIX", "arrays_from_message", "fedavg", "flatten_weights", "load_arrays", "secagg_clip",
-           "state_to_arrays", "unflatten_weights"]
+__all__ = ["W_PREFIX", "UPDATE", "arrays_from_message", "fedavg", "load_arrays", "state_to_arrays"]
 
-# Secure aggregation encodes n_l * w_l in Z_{2^64} with this many fractional bits: the
-# average Σ n_l w_l / Σ n_l comes back within 2^-25 of the exact one (below float32's
-# resolution at 1), and counters n_l * c * 2^24 are exact integers.
-SECAGG_FRAC_BITS = 24
-SECAGG_RING_BITS = 64
+# the model weights of an update: the server needs only their n-weighted sum
+UPDATE = SecureSum("update", (W_PREFIX + "*",), weight="n")
 
 
 class Config(ProtocolConfig):
@@ -339,45 +311,6 @@ def model_payload_bytes(cfg: Config) -> int:
     """
     model = build_model(cfg, 0)
     return sum(int(a.nbytes) for a in state_to_arrays(model).values())
-
-
-def flatten_weights(arrays: Mapping[str, np.ndarray]) -> np.ndarray:
-    """The ``"w.*"`` arrays as one float64 vector, names in sorted order (integers exactly)."""
-    names = sorted(k for k in arrays if k.startswith(W_PREFIX))
-    if not names:
-        return np.zeros(0, dtype=np.float64)
-    return np.concatenate([np.asarray(arrays[k], dtype=np.float64).ravel() for k in names])
-
-
-def unflatten_weights(v: np.ndarray, like: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Inverse of :func:`flatten_weights` with the names, shapes and dtypes of ``like``.
-
-    Float arrays come back as float32; integer arrays (``num_batches_tracked``) are
-    rounded to the nearest integer, as :func:`fedavg` rounds their average.
-    """
-    v = np.asarray(v, dtype=np.float64)
-    names = sorted(k for k in like if k.startswith(W_PREFIX))
-    need = sum(int(np.asarray(like[k]).size) for k in names)
-    if len(v) != need:
-        raise ValueError(f"ccfc: a weight vector of {len(v)} entries, the model has {need}")
-    out, at = {}, 0
-    for k in names:
-        ref = np.asarray(like[k])
-        part = v[at:at + ref.size].reshape(ref.shape)
-        at += ref.size
-        out[k] = np.asarray(part.astype(np.float32) if ref.dtype.kind == "f" else np.rint(part).astype(ref.dtype))
-    return {k: out[k] for k in like if k in out}  # the reference's order
-
-
-def secagg_clip(n_rows: int, n_clients: int, frac_bits: int = SECAGG_FRAC_BITS,
-                ring_bits: int = SECAGG_RING_BITS) -> float:
-    """The largest entry a client with ``n_rows`` rows may mask: ``2^(ring-2-frac) / (n_rows x n_clients)``.
-
-    With every client at its own bound the sum of ``n_l x`` over all clients stays
-    below ``2^(ring-2)``, so it never wraps around; on digits over 5 clients the bound is
-    about 1.5e8, far above any weight, BatchNorm statistic or ``num_batches_tracked``.
-    """
-    return float(2.0 ** (ring_bits - 2 - frac_bits) / (max(int(n_rows), 1) * max(int(n_clients), 1)))
 
 
 # ---------------------------------------------------------------------------
@@ -540,17 +473,10 @@ class CCFCClient(Client):
         self.global_model = build_model(config, 0, shape).to(dev)
         self.C: np.ndarray | None = None  # last global centroids received
         self.have_global = False
-        self.secagg = None
-        if ctx.secure_aggregation:
-            params = SecAggParams(ring_bits=SECAGG_RING_BITS, frac_bits=SECAGG_FRAC_BITS,
-                                  clip=secagg_clip(self.n, ctx.n_clients))
-            self.secagg = SecAggClient(ctx.client_id, params)
 
     # -- messages -----------------------------------------------------------
     def handle(self, msg: Message) -> Message | None:
         with _torch_mode(self.config.deterministic):
-            if self.secagg is not None and self.secagg.owns(msg):
-                return self.secagg.handle(msg)
             if msg.kind == "train":
                 return self._train(msg)
             if msg.kind == "final":
@@ -568,8 +494,7 @@ class CCFCClient(Client):
         cfg = self.config
         self._receive(msg)
         phase = str(msg["phase"])
-        # the training step: the engine round, or the step the server names (secure aggregation)
-        step = int(msg["step"]) if "step" in msg else self.ctx.round
+        step = self.ctx.round
         self.model.load_state_dict(self.global_model.state_dict())
         g = torch.Generator().manual_seed(int(self.ctx.rng_for("train", step).integers(2**63 - 1)))
         loss_sum, steps = 0.0, 0
@@ -600,24 +525,7 @@ class CCFCClient(Client):
         fields["loss"] = loss_sum / steps if steps else 0.0
         if bool(msg.get("want_centroids", False)) and self.n > 0:
             fields["centroids"] = self._local_centroids(step, z_global)
-        if self.secagg is None:
-            return Message("update", fields)
-        return self._masked_reply(msg, fields)
-
-    def _masked_reply(self, msg: Message, fields: dict) -> Message:
-        """The weights masked (one vector, weight ``n``), every other field in the clear."""
-        if not self.secagg.is_request(msg):
-            raise ValueError("ccfc client: secure aggregation is on but the request carries no secagg fields; "
-                             "refusing to send weights in the clear")
-        plain = {k: v for k, v in fields.items() if not k.startswith(W_PREFIX)}
-        x = flatten_weights(fields)
-        clip = self.secagg.params.clip
-        if x.size and not (np.isfinite(x).all() and float(np.abs(x).max()) <= clip):
-            raise ValueError(f"ccfc client: a weight is not finite or exceeds the secure-aggregation range {clip:.3g}")
-        rep = self.secagg.masked(msg, x, weight=float(self.n))
-        if rep is None:  # outside this aggregation: centroids and loss only, no weights
-            return Message("update", plain)
-        return Message(rep.kind, {**rep.fields, **plain})
+        return Message("update", fields)
 
     def _local_centroids(self, step: int, z_global: torch.Tensor | None = None) -> np.ndarray:
         """k-means of the images' embedding by the model ``centroid_model`` names; ``z_global``:
@@ -645,13 +553,6 @@ class CCFCServer(Server):
         self.weights = state_to_arrays(self.model)  # "w.<name>" -> array
         self.C: np.ndarray | None = None
         self.total = config.warmup_rounds + config.cluster_rounds
-        self.secagg = None
-        if ctx.secure_aggregation:
-            self.secagg = SecAggServer(ctx.client_ids, SecAggParams(ring_bits=SECAGG_RING_BITS,
-                                                                    frac_bits=SECAGG_FRAC_BITS))
-        self.trained = 0  # training steps ended (with secure aggregation; without, the engine round)
-        self.uploads: dict[int, Message] = {}  # the plain fields of the masked-input replies of this step
-        self.finishing = False  # the final weights and centroids are out (with secure aggregation)
 
     def _phase(self, step: int) -> str:
         """The phase of training step ``step`` (0-based)."""
@@ -669,30 +570,25 @@ class CCFCServer(Server):
 
     def _train_messages(self, step: int) -> dict[int, Message]:
         fields = self._train_fields(step)
-        if self.secagg is not None:
-            fields["step"] = step
-            out = self.secagg.input_requests("train", fields, self.ctx.client_ids)
-            if self.secagg.phase != "masked":  # every client was sent the roster again: begin an empty aggregation
-                self.secagg.input_fields(self.ctx.client_ids[0])
-            return out
         return {c: Message("train", fields) for c in self.ctx.client_ids}
 
     def start(self) -> dict[int, Message]:
-        if self.secagg is not None:
-            return self.secagg.start()
         return self._train_messages(0)
 
     def aggregate(self, replies: Mapping[int, Message], round: int = 0) -> list[int]:
-        """FedAvg over the replies that carry weights; returns the clients used."""
+        """FedAvg of the weights (``UPDATE``'s weighted sum, plain or secure) and the global
+        centroids over the updates that arrived; returns the clients in the average."""
         ups = {c: m for c, m in replies.items() if m.kind == "update"}
-        if not ups:
-            return []
-        states = {c: {k: v for k, v in m.arrays().items() if k.startswith(W_PREFIX)} for c, m in ups.items()}
-        sizes = {c: float(m["n"]) for c, m in ups.items()}
-        if sum(sizes.values()) > 0:
-            self.weights = fedavg(states, sizes)
+        s = weighted_sum(replies, UPDATE)
+        mean = s.mean()
+        if mean is not None:  # float arrays back to float32, counters rounded (as fedavg does)
+            self.weights = {k: np.asarray(mean[k].astype(np.float32) if np.asarray(v).dtype.kind == "f"
+                                          else np.rint(mean[k]).astype(np.asarray(v).dtype))
+                            if k in mean else v for k, v in self.weights.items()}
         self._global_centroids(ups, round)
-        return sorted(ups)
+        if s.failed is not None:
+            self.info["aggregation_failed"] = s.failed
+        return s.contributors
 
     def _global_centroids(self, ups: Mapping[int, Message], step: int) -> None:
         """k-means over every local centroid received (none received: the centroids stay)."""
@@ -715,51 +611,16 @@ class CCFCServer(Server):
         return {c: Message("final", fields) for c in self.ctx.client_ids}
 
     def step(self, round: int, replies: Mapping[int, Message], missing: set[int]) -> dict[int, Message] | Done:
-        if self.secagg is not None:
-            return self._secure_step(replies, missing)
         if round >= self.total:  # the final round: acknowledgements only
             self.info = {"acknowledged": sorted(replies), "missing": sorted(missing)}
             return Done(labels=None, info={"rounds_trained": self.total})
-        used = self.aggregate(replies, round)  # without secure aggregation, training step = engine round
+        self.info = {}
+        used = self.aggregate(replies, round)
         losses = [float(replies[c]["loss"]) for c in used]
-        self.info = {"phase": self._phase(round), "aggregated": used, "missing": sorted(missing),
-                     "loss": float(np.mean(losses)) if losses else None}
+        self.info.update({"phase": self._phase(round), "aggregated": used, "missing": sorted(missing),
+                          "loss": float(np.mean(losses)) if losses else None})
         if round + 1 < self.total:
             return self._train_messages(round + 1)
-        return self._final()
-
-    def _secure_step(self, replies: Mapping[int, Message], missing: set[int]) -> dict[int, Message] | Done:
-        """Setup, then per training step a masked-input round and an unmasking round."""
-        if self.finishing:
-            self.info = {"acknowledged": sorted(replies), "missing": sorted(missing)}
-            return Done(labels=None, info={"rounds_trained": self.total})
-        sa = self.secagg
-        was = sa.phase
-        if was == "masked":  # the replies to "train": centroids, loss and n travel in the clear
-            self.uploads = {c: m for c, m in replies.items() if m.kind in (MASKED, REKEY, "update")}
-        out = sa.step(replies, missing)
-        if out.send is not None:
-            self.info = {"secagg": sa.phase, "missing": sorted(missing)}
-            if was == "masked":
-                self.info["step"] = self.trained
-            return out.send
-        if out.ended:
-            step = self.trained
-            if out.total is not None and out.weight:
-                self.weights = unflatten_weights(out.total / out.weight, self.weights)
-            # a failed aggregation keeps the weights, as a round without replies does
-            self._global_centroids(self.uploads, step)
-            losses = [float(m["loss"]) for _, m in sorted(self.uploads.items()) if "loss" in m]
-            self.info = {"phase": self._phase(step), "step": step, "aggregated": out.contributors,
-                         "dropped": out.dropped, "missing": sorted(missing), "weight": out.weight,
-                         "secagg_failed": out.failed, "loss": float(np.mean(losses)) if losses else None}
-            self.uploads = {}
-            self.trained += 1
-        else:  # setup over
-            self.info = {"secagg": "ready", "roster": list(sa.roster), "t": sa.t, "missing": sorted(missing)}
-        if self.trained < self.total:
-            return self._train_messages(self.trained)
-        self.finishing = True
         return self._final()
 
     def result(self) -> Done:
@@ -776,5 +637,5 @@ PROTOCOL = Protocol(
     paper="Liu, Yan, Zhang, cluster-contrastive federated clustering (CCFC)",
     quick_params={"warmup_rounds": 1, "cluster_rounds": 1, "batch_size": 64, "channels": [4, 8, 8], "proj_hidden": 8,
                   "latent_dim": 8, "pred_dim": 4, "kmeans_init": 1, "server_kmeans_init": 2},
-    secure_aggregation=True,
+    secure_sums=(UPDATE,),
 )

@@ -14,7 +14,14 @@ defines three things and registers them as ``PROTOCOL``:
 
 ``replies`` maps client id -> the reply that arrived in time; ``missing`` is the set of
 addressed clients whose reply did not (dropped, crashed, late, rejected). Each protocol
-documents what it does with missing replies. The server may put numbers for the round
+documents what it does with missing replies.
+
+Weighted sums (FedAvg and the like) are declared, not computed by hand: a method lists
+in ``Protocol.secure_sums`` which reply fields it only ever needs summed
+(:class:`SecureSum`), and its server reads them with :func:`weighted_sum`. Without
+``channel.secure_aggregation`` that sums the plain replies; with it the engine masks
+the declared fields on the clients and hands the server the sum alone (see
+``raymvc.runtime.secure``), and the method's code is the same either way. The server may put numbers for the round
 log (objective values, stale clients...) into ``self.info``; the engine writes them to
 ``rounds.jsonl`` after every step and clears the dict.
 
@@ -76,7 +83,6 @@ class ClientContext:
     seed: int
     float_dtype: str = "float64"
     round: int = 0
-    secure_aggregation: bool = False  # channel.secure_aggregation: mask FedAvg sums where the method can
 
     def rng_for(self, tag: str, round: int | None = None) -> np.random.Generator:
         """A fresh generator for ``tag`` in ``round`` (default: the current round)."""
@@ -98,7 +104,6 @@ class ServerContext:
     n_samples: int | None = None
     client_sizes: dict[int, int] = field(default_factory=dict)
     float_dtype: str = "float64"
-    secure_aggregation: bool = False  # channel.secure_aggregation: mask FedAvg sums where the method can
 
     def rng_for(self, tag: str, round: int) -> np.random.Generator:
         """A fresh generator for ``tag`` in ``round``, independent of all other draws."""
@@ -160,6 +165,93 @@ class RunFacts:
 
 
 @dataclass(frozen=True)
+class SecureSum:
+    """A declaration: replies of kind ``kind`` carry ``fields`` that the server only needs
+    as a weighted sum ``Σ w_i x_i`` over the clients (and ``Σ w_i``).
+
+    ``fields`` are names, or prefixes ending in ``*`` (``"w.*"``: every field whose name
+    starts with ``w.``); each is an array or a number. ``weight`` names a scalar field
+    holding ``w_i`` (``None``: every client weighs 1); the weight itself travels in the
+    clear. With ``channel.secure_aggregation`` the engine strips the declared fields from
+    the reply, masks them, and the server sees only their sum (:func:`weighted_sum`).
+    """
+
+    kind: str
+    fields: tuple[str, ...]
+    weight: str | None = None
+
+    def covers(self, name: str) -> bool:
+        """Whether field ``name`` is one of the summed fields."""
+        return any(name == f or (f.endswith("*") and name.startswith(f[:-1])) for f in self.fields)
+
+
+@dataclass
+class WeightedSum:
+    """What :func:`weighted_sum` returns: per field ``Σ w_i x_i`` (float64, the field's
+    shape), ``Σ w_i`` and the clients in the sum. ``secure`` says the engine computed it
+    under masks; ``failed`` says why a secure aggregation produced no sum (too few
+    survivors), in which case ``contributors`` is empty."""
+
+    kind: str
+    totals: dict[str, np.ndarray]
+    weight: float
+    contributors: list[int]
+    secure: bool = False
+    failed: str | None = None
+    means: dict[str, np.ndarray] | None = None  # set by the plain path: Σ (w_i / Σ w) x_i, as FedAvg computes it
+
+    def mean(self) -> dict[str, np.ndarray] | None:
+        """``Σ w_i x_i / Σ w_i`` per field, or ``None`` when nothing (or zero weight) was summed."""
+        if not self.contributors or not self.weight:
+            return None
+        if self.means is not None:
+            return dict(self.means)
+        return {k: v / self.weight for k, v in self.totals.items()}
+
+
+class Replies(dict):
+    """The ``replies`` a server's ``step`` gets when the engine aggregated securely: a plain
+    mapping of the replies (declared fields removed) plus ``sums``, kind -> :class:`WeightedSum`."""
+
+    def __init__(self, *args, sums: dict[str, WeightedSum] | None = None, **kw):
+        super().__init__(*args, **kw)
+        self.sums: dict[str, WeightedSum] = dict(sums or {})
+
+
+def weighted_sum(replies: Mapping[int, Message], spec: SecureSum) -> WeightedSum:
+    """The weighted sum of ``spec``'s fields over the replies of kind ``spec.kind``.
+
+    With secure aggregation on, the engine's sum (the replies hold no summed field);
+    otherwise computed here from the plain replies, in client order, with the mean taken
+    as ``Σ (w_i / Σ w) x_i`` in float64 (FedAvg's arithmetic).
+    """
+    sums = getattr(replies, "sums", None)
+    if sums and spec.kind in sums:
+        return sums[spec.kind]
+    ids = sorted(c for c, m in replies.items() if m.kind == spec.kind)
+    if not ids:
+        return WeightedSum(spec.kind, {}, 0.0, [])
+    w = {c: 1.0 if spec.weight is None else float(replies[c][spec.weight]) for c in ids}
+    names = [k for k in replies[ids[0]].fields if spec.covers(k)]
+    for c in ids[1:]:
+        if [k for k in replies[c].fields if spec.covers(k)] != names:
+            raise ValueError(f"weighted_sum: the {spec.kind!r} replies of clients {ids[0]} and {c} "
+                             "carry different summed fields")
+    total = float(sum(w.values()))
+    totals, means = {}, {}
+    for k in names:
+        acc = np.zeros(np.shape(replies[ids[0]][k]), dtype=np.float64)
+        avg = np.zeros_like(acc)
+        for c in ids:
+            x = np.asarray(replies[c][k], dtype=np.float64)
+            acc += w[c] * x
+            if total:
+                avg += (w[c] / total) * x
+        totals[k], means[k] = acc, avg
+    return WeightedSum(spec.kind, totals, total, ids, means=means)
+
+
+@dataclass(frozen=True)
 class Protocol:
     """Registration record of one method.
 
@@ -179,4 +271,4 @@ class Protocol:
     paper: str = ""
     quick_params: dict[str, Any] = field(default_factory=dict)
     analytic_bytes: Callable[[Any, RunFacts], int] | None = None
-    secure_aggregation: bool = False  # masks its FedAvg sums when channel.secure_aggregation is on
+    secure_sums: tuple[SecureSum, ...] = ()  # reply fields the server only needs summed (secure aggregation)

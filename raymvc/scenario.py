@@ -178,7 +178,12 @@ class ChannelCfg(_Strict):
     float_dtype: Literal["float64", "float32"] = "float64"
     max_message_mb: float = Field(default=256.0, gt=0.0, le=1_000_000.0,
                                   description="largest frame (and inflated payload) a party accepts, in MB")
-    secure_aggregation: bool = False  # methods that support it mask their FedAvg sums (protocols/_secagg.py)
+    secure_aggregation: bool = Field(
+        default=False, description="mask the sums a method declares (Protocol.secure_sums): the server sees "
+                                   "only the sum (raymvc.runtime.secure)")
+    secagg_neighbours: int = Field(
+        default=0, ge=0, le=100_000, description="secure aggregation among each client's k neighbours (SecAgg+); "
+                                                 "0: among all clients (SecAgg)")
 
     def max_message_bytes(self) -> int:
         return max(1, int(self.max_message_mb * 1_000_000))

@@ -431,34 +431,6 @@ def test_disconnected_clients(tmp_path):
 SA_CLIENTS = 4  # threshold t = 3
 
 
-def test_flatten_unflatten_round_trip_keeps_counters_and_shapes():
-    cfg = ccfc.Config(**TINY)
-    model = ccfc.build_model(cfg, seed=1)
-    model.train()
-    with torch.no_grad():
-        for _ in range(3):
-            model(torch.randn(16, 1, 8, 8))
-    arrays = ccfc.state_to_arrays(model)
-    v = ccfc.flatten_weights(arrays)
-    assert v.dtype == np.float64 and v.size == sum(a.size for a in arrays.values())
-    back = ccfc.unflatten_weights(v + 1e-9, arrays)  # a fixed-point error is rounded away on counters
-    assert list(back) == list(arrays)
-    for name, a in arrays.items():
-        assert back[name].dtype == a.dtype and back[name].shape == a.shape, name
-        np.testing.assert_allclose(back[name], a, rtol=1e-6, atol=1e-8)
-    assert int(back["w.encoder.backbone.0.1.num_batches_tracked"]) == 3
-    with pytest.raises(ValueError):
-        ccfc.unflatten_weights(v[:-1], arrays)
-
-
-def test_secagg_clip_bounds_the_sum_below_the_ring():
-    sizes = [449, 449, 450, 449]
-    clips = [ccfc.secagg_clip(n, len(sizes)) for n in sizes]
-    assert min(clips) > 1e8  # BatchNorm statistics and counters are far inside
-    worst = sum(n * c * 2.0**ccfc.SECAGG_FRAC_BITS for n, c in zip(sizes, clips))
-    assert worst <= 2.0**62
-
-
 def _leaks(received: list[Message], plain: list[dict]) -> list[str]:
     """Fields of received messages that hold a client's plain weight array (as float32 or float64 bytes)."""
     needles = []
@@ -477,15 +449,25 @@ def _leaks(received: list[Message], plain: list[dict]) -> list[str]:
     return found
 
 
-def _spied_run(tmp, name, secure, drops=()):
-    """An engine run (local backend, TINY, digits over SA_CLIENTS clients) with the server's
-    inbox, its weights after every change, its info per step and the clients' plain weights recorded."""
+def _spied_run(tmp, name, secure, drops=(), sub_drops=()):
+    """An engine run (local backend, TINY, digits over SA_CLIENTS clients) with everything the
+    server's endpoint opened, its weights after every change, its info per round and the
+    clients' plain weights recorded. ``sub_drops``: (client, round, exchange) dropouts in the
+    secure-aggregation exchanges (1: masked input, 2: unmasking)."""
+    from raymvc.channel import Endpoint
+    from raymvc.runtime.faults import FaultPlan
+
     rec = {"received": [], "sent": [], "weights": [], "infos": [], "plain": []}
-    orig_step, orig_reply = ccfc.CCFCServer.step, ccfc.CCFCClient._masked_reply
+    orig_step, orig_train, orig_open = ccfc.CCFCServer.step, ccfc.CCFCClient._train, Endpoint.open
+    orig_dropped, orig_start = FaultPlan.dropped, ccfc.CCFCServer.start
+
+    def start(self):
+        out = orig_start(self)
+        rec["sent"].append(out)
+        return out
 
     def step(self, round, replies, missing):
         before = self.weights
-        rec["received"].extend(replies.values())
         out = orig_step(self, round, replies, missing)
         if isinstance(out, dict):
             rec["sent"].append(out)
@@ -494,16 +476,29 @@ def _spied_run(tmp, name, secure, drops=()):
         rec["infos"].append(dict(self.info))
         return out
 
-    def reply(self, msg, fields):
-        rec["plain"].append({k: np.array(v) for k, v in fields.items() if k.startswith(ccfc.W_PREFIX)})
-        return orig_reply(self, msg, fields)
+    def train(self, msg):
+        reply = orig_train(self, msg)
+        rec["plain"].append({k: np.array(v) for k, v in reply.fields.items() if k.startswith(ccfc.W_PREFIX)})
+        return reply
+
+    def open_(self, frame, *args, **kw):
+        opened = orig_open(self, frame, *args, **kw)
+        if self.party == "server":
+            rec["received"].append(opened.msg)
+        return opened
+
+    def dropped(self, r, client, sub=0):
+        return (client, r, sub) in sub_drops or orig_dropped(self, r, client, sub)
 
     over = {"data.n_clients": SA_CLIENTS, "channel.secure_aggregation": secure}
     if drops:
         over["faults.drop"] = [{"client": c, "at_round": r} for c, r in drops]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ccfc.CCFCServer, "step", step)
-        mp.setattr(ccfc.CCFCClient, "_masked_reply", reply)
+        mp.setattr(ccfc.CCFCServer, "start", start)
+        mp.setattr(ccfc.CCFCClient, "_train", train)
+        mp.setattr(Endpoint, "open", open_)
+        mp.setattr(FaultPlan, "dropped", dropped)
         s = run_scenario(scenario(**over), tmp / name, progress=lambda line: None)
     return s, rec
 
@@ -529,77 +524,71 @@ def plain_and_secure(tmp_path_factory):
     return _spied_run(tmp, "plain", False), _spied_run(tmp, "secure", True)
 
 
-def test_secagg_weights_equal_plain_fedavg_and_labels_agree(plain_and_secure):
+def test_secure_weights_equal_plain_fedavg_and_labels_agree(plain_and_secure):
     (plain, prec), (sec, srec) = plain_and_secure
     assert plain["status"] == sec["status"] == "completed", (plain["error"], sec["error"])
     steps = TINY["warmup_rounds"] + TINY["cluster_rounds"]
-    assert plain["rounds"] == steps + 1
-    assert sec["rounds"] == 2 + 2 * steps + 1  # setup, (train, unmask) per step, final
+    assert plain["rounds"] == sec["rounds"] == steps + 1  # the layer's exchanges run inside the rounds
     assert len(prec["weights"]) == len(srec["weights"]) == steps
     _assert_same_weights(srec["weights"][0], prec["weights"][0])  # after the first aggregation
     for a, b in zip(srec["weights"], prec["weights"]):  # and no drift worth the name after it
         _assert_same_weights(a, b, atol=1e-4)
-    done = [i for i in srec["infos"] if "secagg_failed" in i]
-    assert [i["step"] for i in done] == list(range(steps))
+    done = srec["infos"][:steps]
     assert [i["phase"] for i in done] == ["simsiam"] * TINY["warmup_rounds"] + ["cluster"] * TINY["cluster_rounds"]
-    assert all(i["aggregated"] == list(range(SA_CLIENTS)) and i["secagg_failed"] is None for i in done)
-    assert done[0]["weight"] == pytest.approx(sec["n_samples"], abs=1e-4)
+    assert all(i["aggregated"] == list(range(SA_CLIENTS)) and "aggregation_failed" not in i for i in done)
     agree = float(np.mean(_labels(sec) == _labels(plain)))
-    print(f"ccfc secagg: label agreement with the plain run {agree:.4f}")
+    print(f"ccfc secure aggregation: label agreement with the plain run {agree:.4f}")
     assert agree >= 0.99
 
 
-def test_secagg_server_never_receives_plain_weights(plain_and_secure):
+def test_secure_server_never_receives_plain_weights(plain_and_secure):
     (_, prec), (_, srec) = plain_and_secure
     steps = TINY["warmup_rounds"] + TINY["cluster_rounds"]
     assert len(srec["plain"]) == SA_CLIENTS * steps
     assert _leaks(srec["received"], srec["plain"]) == []
     masked = [m for m in srec["received"] if m.kind == "secagg.masked"]
     assert len(masked) == SA_CLIENTS * steps
-    assert all({"n", "loss"} <= set(m.fields) for m in masked)  # plain on the same message
-    assert sum("centroids" in m for m in masked) == SA_CLIENTS * (TINY["cluster_rounds"] + 1)
+    updates = [m for m in srec["received"] if m.kind == "update"]
+    assert len(updates) == SA_CLIENTS * steps and all({"n", "loss"} <= set(m.fields) for m in updates)
+    assert sum("centroids" in m for m in updates) == SA_CLIENTS * (TINY["cluster_rounds"] + 1)
     # the detector does find plain weights where they travel
     assert _leaks([Message("update", srec["plain"][0])], srec["plain"])
-    assert _leaks(prec["received"][:1], [dict((k, v) for k, v in prec["received"][0].arrays().items())])
+    assert _leaks(prec["received"], prec["plain"])
 
 
-def test_secagg_is_metered_apart(plain_and_secure):
+def test_secure_aggregation_is_metered_apart(plain_and_secure):
     (plain, _), (sec, _) = plain_and_secure
     assert plain["communication_secagg"]["messages"] == 0
     cs = sec["communication_secagg"]
-    assert cs["messages"] > 0 and 0 < cs["wire_bytes"] <= sec["communication"]["wire_bytes"]
-    print(f"ccfc TINY over {SA_CLIENTS} clients: plain {plain['communication']['mb_total']} MB in "
-          f"{plain['rounds']} rounds; secure {sec['communication']['mb_total']} MB in {sec['rounds']} rounds, "
-          f"of which secagg.* {cs['mb_total']} MB")
+    assert cs["messages"] > 0 and 0 < cs["wire_bytes"] < sec["communication"]["wire_bytes"]
+    print(f"ccfc TINY over {SA_CLIENTS} clients: plain {plain['communication']['mb_total']} MB; "
+          f"secure {sec['communication']['mb_total']} MB, of which the layer's exchanges {cs['mb_total']} MB")
 
 
-def test_secagg_drop_at_masked_input_round_aggregates_survivors(tmp_path):
-    # rounds 0-1 are setup, round 2 is the first masked-input round; plain: round 0
+def test_secure_drop_before_masked_input_aggregates_survivors(tmp_path):
     plain, prec = _spied_run(tmp_path, "p", False, drops=[(1, 0)])
-    sec, srec = _spied_run(tmp_path, "s", True, drops=[(1, 2)])
-    assert sec["status"] == "degraded" and sec["faults"]["dropped_replies"] == 1
-    first = next(i for i in srec["infos"] if "secagg_failed" in i)
-    assert first["aggregated"] == [0, 2, 3] and first["dropped"] == [1] and first["secagg_failed"] is None
+    sec, srec = _spied_run(tmp_path, "s", True, sub_drops={(1, 0, 1)})
+    assert sec["status"] == "degraded" and sec["faults"]["dropped_replies"] == 1 and not sec["errors"]
+    done = srec["infos"]
+    assert done[0]["aggregated"] == [0, 2, 3]
     _assert_same_weights(srec["weights"][0], prec["weights"][0])
-    done = [i for i in srec["infos"] if "secagg_failed" in i]
-    assert done[1]["aggregated"] == [0, 2, 3]  # client 1 re-keys in step 1 ...
-    assert done[2]["aggregated"] == list(range(SA_CLIENTS))  # ... and is back in step 2
+    assert done[1]["aggregated"] == [0, 2, 3]  # client 1 re-keys in round 1 ...
+    assert done[2]["aggregated"] == list(range(SA_CLIENTS))  # ... and is back in round 2
     assert sec["unlabelled_samples"] == 0
 
 
-def test_secagg_failed_aggregation_keeps_the_weights(tmp_path):
-    sec, srec = _spied_run(tmp_path, "f", True, drops=[(1, 2), (2, 2)])  # 2 masked inputs, t = 3
-    done = [i for i in srec["infos"] if "secagg_failed" in i]
-    assert done[0]["aggregated"] == [] and "threshold" in done[0]["secagg_failed"]
+def test_secure_failed_aggregation_keeps_the_weights(tmp_path):
+    sec, srec = _spied_run(tmp_path, "f", True, sub_drops={(1, 0, 1), (2, 0, 1)})  # 2 masked inputs, t = 3
+    done = srec["infos"]
+    assert done[0]["aggregated"] == [] and "threshold" in done[0]["aggregation_failed"]
     assert done[1]["aggregated"] == list(range(SA_CLIENTS))  # nobody's key was exposed: all back
     trains = [out[0] for out in srec["sent"] if out[0].kind == "train"]
-    assert [int(m["step"]) for m in trains] == list(range(TINY["warmup_rounds"] + TINY["cluster_rounds"]))
-    step0, step1 = trains[0], trains[1]
-    for k, v in step0.arrays().items():  # step 1 trains from the weights of step 0 again
+    round0, round1 = trains[0], trains[1]
+    for k, v in round0.arrays().items():  # round 1 trains from round 0's weights again
         if k.startswith(ccfc.W_PREFIX):
-            np.testing.assert_array_equal(step1[k], v)
-    assert len(srec["weights"]) == len(done) - 1
-    assert sec["status"] == "degraded" and sec["unlabelled_samples"] == 0
+            np.testing.assert_array_equal(round1[k], v)
+    assert len(srec["weights"]) == len(done) - 2  # no change in round 0, none in the final round
+    assert sec["status"] == "degraded" and sec["unlabelled_samples"] == 0 and not sec["errors"]
 
 
 # --------------------------------------------------------------------------- MNIST scenario files

@@ -12,7 +12,11 @@ must:
 (e) where it declares ``analytic_bytes``, match the ledger's protocol data bytes;
 (f) checkpoint its state (``runtime.checkpoint``) and, stopped after its first round
     (its second, where it has more than two) and resumed, end exactly as the
-    uninterrupted run.
+    uninterrupted run;
+(g) where it declares secure sums (``Protocol.secure_sums``), run with
+    ``channel.secure_aggregation`` on: its server never sees a declared field, the
+    labels match the plain run's, and a client lost in either of the layer's
+    exchanges degrades the run without any error.
 
 A new method gets all of this by being registered in ``raymvc.protocols``.
 """
@@ -196,3 +200,36 @@ def test_checkpoint_and_resume_end_as_the_uninterrupted_run(method, baseline, tm
     np.testing.assert_array_equal(_labels(again), _labels(s))
     assert again["communication"] == s["communication"]
     assert [r for r in _ledger(again) if r["path"] == "protocol"] == [r for r in _ledger(s) if r["path"] == "protocol"]
+
+
+SECURE = [m for m in METHODS if get(m).secure_sums]
+
+
+@pytest.mark.parametrize("method", SECURE)
+def test_secure_sums_under_the_engine_layer(method, baseline, tmp_path, monkeypatch):
+    from raymvc.runtime.faults import FaultPlan
+
+    proto = get(method)
+    plain = baseline(method)
+    seen: list[str] = []
+    real_step = proto.server.step
+
+    def step(self, round, replies, missing):
+        seen.extend(f"{m.kind}.{name}" for m in replies.values() for spec in proto.secure_sums
+                    if m.kind == spec.kind for name in m.fields if spec.covers(name))
+        return real_step(self, round, replies, missing)
+
+    monkeypatch.setattr(proto.server, "step", step)
+    s = _run(_scenario(method, **{"channel.secure_aggregation": True}), tmp_path / "secure")
+    assert s["status"] == "completed", s["error"]
+    assert s["errors"] == [] and s["faults"]["client_errors"] == []
+    assert seen == [], seen[:5]
+    assert s["rounds"] == plain["rounds"] and s["communication_secagg"]["messages"] > 0
+    assert float(np.mean(_labels(s) == _labels(plain))) >= 0.95
+    real_dropped = FaultPlan.dropped
+    for sub in (1, 2):  # lost before its masked input, or while the others unmask
+        monkeypatch.setattr(FaultPlan, "dropped",
+                            lambda self, r, c, x=0, sub=sub: (r, c, x) == (0, 0, sub) or real_dropped(self, r, c, x))
+        d = _run(_scenario(method, **{"channel.secure_aggregation": True}), tmp_path / f"sub{sub}")
+        assert d["status"] == "degraded", (sub, d["status"], d["error"])
+        assert d["errors"] == [] and d["faults"]["client_errors"] == [] and d["faults"]["dropped_replies"] == 1

@@ -343,7 +343,7 @@ def test_a_broadcast_is_encoded_once_and_metered_per_recipient(tmp_path, monkeyp
     assert kinds.count("update") == 3 * 4
     ledger = read_ledger(s["out_dir"])
     assert sum(r["kind"] == "model" for r in ledger) == 3 * 4  # still one metered frame per recipient
-    assert s["communication"]["data_bytes"] == 2 * 3 * 4 * 64 * 8
+    assert s["communication"]["data_bytes"] == 3 * 4 * (2 * 64 * 8 + 8)  # the vector down and up, n up
 
 
 class _FakeRay:

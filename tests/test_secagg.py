@@ -12,7 +12,7 @@ from cryptography.exceptions import InvalidTag
 
 from raymvc.channel import codec
 from raymvc.messages import Message
-from raymvc.protocols import _secagg as sa
+from raymvc.runtime import secagg as sa
 
 # ---------------------------------------------------------------------------
 # Shamir
@@ -382,25 +382,104 @@ def test_share_ciphertexts_are_bound_to_sender_receiver_and_purpose():
 
 
 # ---------------------------------------------------------------------------
-# Through the engine
+# SecAgg+: groups of neighbours
+
+
+def test_neighbourhoods_are_symmetric_small_and_seeded():
+    g = sa.neighbourhoods(range(40), 6, seed=3)
+    assert all(len(v) == 7 and c in v for c, v in g.items())
+    assert all(c in g[j] for c, v in g.items() for j in v)  # masks cancel only on a symmetric relation
+    assert g == sa.neighbourhoods(range(40), 6, seed=3) and g != sa.neighbourhoods(range(40), 6, seed=4)
+    assert sa.neighbourhoods(range(5), 6) == {c: list(range(5)) for c in range(5)}  # k >= n - 1: everyone
+    assert sa.neighbourhoods(range(5), 0) == {c: list(range(5)) for c in range(5)}
+
+
+@pytest.mark.parametrize("drop_input,drop_unmask", [(set(), set()), ({3}, set()), ({0, 7}, {11}), (set(), {5})])
+def test_secagg_plus_sums_with_dropouts_and_keeps_to_the_group(drop_input, drop_unmask):
+    n = 16
+    net = Net(n, sa.SecAggParams(neighbours=4))
+    net.setup()
+    assert net.server.t == 3 and all(len(v) == 5 for v in net.server.group.values())
+    x, w = _inputs(n, 20)
+    out = net.aggregate(x, w, drop_input=drop_input, drop_unmask=drop_unmask)
+    assert out.failed is None and out.contributors == sorted(set(range(n)) - drop_input)
+    total, weight = _plain(x, w, out.contributors)
+    np.testing.assert_allclose(out.total, total, atol=1e-5)
+    assert out.weight == pytest.approx(weight)
+    for c, cl in net.clients.items():  # each client masked with and shared among its group only
+        assert cl.roster == net.server.group[c]
+        if c not in drop_input:
+            assert set(cl.masked_with[cl.last_k]) <= set(net.server.group[c]) - {c}
+    # a second aggregation, with the dropped clients re-keyed, still sums right
+    out = net.aggregate(x, w)
+    np.testing.assert_allclose(out.total, _plain(x, w, out.contributors)[0], atol=1e-5)
+
+
+def test_secagg_plus_fails_when_a_group_is_short_of_survivors():
+    n = 16
+    net = Net(n, sa.SecAggParams(neighbours=4))
+    net.setup()
+    x, w = _inputs(n, 5)
+    group = net.server.group[0]
+    out = net.aggregate(x, w, drop_input=set(group[:3]))  # 2 of 0's group of 5 left, t = 3
+    assert out.failed is not None and "survivors in the groups" in out.failed and out.total is None
+
+
+def test_automatic_bound_refuses_what_would_wrap_around():
+    c = sa.SecAggClient(0, sa.SecAggParams(clip=None), n_clients=4)
+    bound = c.bound(100.0)
+    assert bound == pytest.approx(2.0 ** (64 - 2 - 24) / (100 * 4))
+    net = Net(3, sa.SecAggParams(clip=None))
+    for cl in net.clients.values():
+        cl.n_clients = 3
+    net.setup()
+    x = {i: np.full(4, 0.5) for i in range(3)}
+    x[1][2] = np.nan
+    with pytest.raises(ValueError, match="not finite"):
+        net.aggregate(x, {i: 2.0 for i in range(3)})
+
+
+# ---------------------------------------------------------------------------
+# Through the engine: the layer any method switches on
 
 ECHO = """
 name: {name}
 method: raymvc.bench.fedavg_echo
 params: {{rounds: {rounds}, floats: 32}}
-data: {{dataset: digits, partition: horizontal, n_clients: 6}}
+data: {{dataset: digits, partition: horizontal, n_clients: {n_clients}}}
 channel: {{secure_aggregation: {secure}}}
 runtime: {{backend: local}}
 seed: 0
 """
 
 
-def _run(tmp_path, name, secure, *overrides, rounds=3):
+class _Spy:
+    """The echo server's vector after every step, and what its step was given."""
+
+    def __init__(self):
+        self.vectors: list[np.ndarray] = []
+        self.plain_w_seen = 0  # replies in which the server could read a client's vector
+        self.secure_sums = 0  # steps given an engine-computed sum
+
+
+def _run(tmp_path, name, secure, *overrides, rounds=3, n_clients=6, spy=None, mp=None):
+    from raymvc.bench import fedavg_echo
     from raymvc.runtime import run_scenario
     from raymvc.scenario import load_scenario
 
+    if spy is not None:
+        real = fedavg_echo.EchoServer.step
+
+        def step(self, round, replies, missing):
+            spy.plain_w_seen += sum("w" in m for m in replies.values())
+            spy.secure_sums += bool(getattr(replies, "sums", None))
+            out = real(self, round, replies, missing)
+            spy.vectors.append(self.w.copy())
+            return out
+
+        mp.setattr(fedavg_echo.EchoServer, "step", step)
     path = tmp_path / f"{name}.yaml"
-    path.write_text(ECHO.format(name=name, rounds=rounds, secure=str(secure).lower()))
+    path.write_text(ECHO.format(name=name, rounds=rounds, secure=str(secure).lower(), n_clients=n_clients))
     summary = run_scenario(load_scenario(path, list(overrides)), tmp_path / name, progress=lambda s: None)
     log = [json.loads(line) for line in (tmp_path / name / "rounds.jsonl").read_text().splitlines()]
     return summary, log
@@ -408,76 +487,130 @@ def _run(tmp_path, name, secure, *overrides, rounds=3):
 
 @pytest.fixture(scope="module")
 def plain_and_secure(tmp_path_factory):
-    """Both runs' (summary, rounds log), and the server's vector after each run: the echo's
-    result (its labels are all 0, so its metrics say nothing)."""
-    from raymvc.bench import fedavg_echo
-
-    finals = {}
-    real = fedavg_echo.EchoServer.step
-
-    def spy(self, round, replies, missing):
-        out = real(self, round, replies, missing)
-        finals["secure" if self.secagg is not None else "plain"] = self.w.copy()
-        return out
-
+    """Both runs' (summary, rounds log) and spies on the server's step."""
     tmp = tmp_path_factory.mktemp("echo")
+    spies = {"plain": _Spy(), "secure": _Spy()}
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(fedavg_echo.EchoServer, "step", spy)
-        return _run(tmp, "plain", False), _run(tmp, "secure", True), finals
+        plain = _run(tmp, "plain", False, spy=spies["plain"], mp=mp)
+    with pytest.MonkeyPatch.context() as mp:
+        sec = _run(tmp, "secure", True, spy=spies["secure"], mp=mp)
+    return plain, sec, spies
 
 
 def test_engine_run_matches_plain_fedavg_and_meters_secagg(plain_and_secure):
-    (plain, plog), (sec, slog), finals = plain_and_secure
+    (plain, plog), (sec, slog), spies = plain_and_secure
     assert plain["status"] == sec["status"] == "completed"
-    assert plain["rounds"] == 3 and sec["rounds"] == 2 + 2 * 3  # setup + (masked echo, unmask) per average
+    assert plain["rounds"] == sec["rounds"] == 3  # the layer's exchanges run inside the method's rounds
     assert plain["communication_secagg"]["messages"] == 0
     cs = sec["communication_secagg"]
     assert cs["messages"] > 0 and cs["mb_total"] > 0
-    assert cs["wire_bytes"] <= sec["communication"]["wire_bytes"]
+    assert cs["wire_bytes"] < sec["communication"]["wire_bytes"]  # part of the run's total
+    assert sec["communication"]["wire_bytes"] > plain["communication"]["wire_bytes"]
     assert len(sec["per_client_bytes"]) == 6
-    averages = [r for r in slog if "aggregated" in r["info"]]
-    assert len(averages) == 3 and all(r["info"]["aggregated"] == list(range(6)) for r in averages)
-    assert averages[0]["info"]["weight"] == pytest.approx(sec["n_samples"], abs=1e-4)
-    # the masks cancel: the server ends with the plain run's average
-    np.testing.assert_allclose(finals["secure"], finals["plain"], atol=1e-6)
+    assert all(r["info"]["aggregated"] == list(range(6)) for r in slog)
+    assert slog[0]["info"]["weight"] == pytest.approx(sec["n_samples"], abs=1e-4)
+    # the server never saw one client's vector, only the engine's sum ...
+    assert spies["plain"].plain_w_seen == 18 and spies["secure"].plain_w_seen == 0
+    assert spies["secure"].secure_sums == 3 and spies["plain"].secure_sums == 0
+    # ... and ends every round where the plain run does: the masks cancel
+    for a, b in zip(spies["secure"].vectors, spies["plain"].vectors, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
 
 
-def test_engine_final_vector_same_as_plain(tmp_path, monkeypatch):
-    """The server's vector after the last average, with and without SecAgg."""
-    from raymvc.bench import fedavg_echo
+def _drop_in(monkeypatch, who: set[int], sub: int, round: int = 0):
+    """Clients ``who`` go offline in exchange ``sub`` of ``round`` (1: masked input, 2: unmasking)."""
+    from raymvc.runtime.faults import FaultPlan
 
-    finals = {}
-    orig = fedavg_echo.EchoServer.step
+    real = FaultPlan.dropped
 
-    def spy(self, round, replies, missing):
-        out = orig(self, round, replies, missing)
-        finals[self.secagg is not None] = self.w.copy()
-        return out
+    def dropped(self, r, client, s=0):
+        return (r == round and s == sub and client in who) or real(self, r, client, s)
 
-    monkeypatch.setattr(fedavg_echo.EchoServer, "step", spy)
-    _run(tmp_path, "p", False, rounds=2)
-    _run(tmp_path, "s", True, rounds=2)
-    assert set(finals) == {True, False}
-    np.testing.assert_allclose(finals[True], finals[False], atol=1e-6)
+    monkeypatch.setattr(FaultPlan, "dropped", dropped)
 
 
-def test_engine_drop_at_masked_input_round_aggregates_survivors(tmp_path):
-    # rounds 0-1 are setup, round 2 is the first masked echo: client 1 drops there
-    s, log = _run(tmp_path, "drop", True, "faults.drop=[{client: 1, at_round: 2}]")
+def test_a_client_lost_before_its_masked_input_is_left_out_and_rekeys(tmp_path, monkeypatch):
+    _drop_in(monkeypatch, {1}, sub=1)
+    spy = _Spy()
+    s, log = _run(tmp_path, "drop-input", True, spy=spy, mp=monkeypatch)
+    assert s["status"] == "degraded" and s["faults"]["dropped_replies"] == 1 and not s["errors"]
+    assert log[0]["dropped"] == [1] and 1 in log[0]["missing"]
+    assert log[0]["info"]["aggregated"] == [0, 2, 3, 4, 5]
+    assert log[1]["info"]["aggregated"] == [0, 2, 3, 4, 5]  # its mask key was rebuilt: it re-keys first
+    assert log[2]["info"]["aggregated"] == list(range(6))
+    assert log[0]["info"]["weight"] == log[1]["info"]["weight"] < log[2]["info"]["weight"] == s["n_samples"]
+    # every echo is the same vector, so any correct weighted mean leaves it where it was
+    for v in spy.vectors[1:]:
+        np.testing.assert_allclose(v, spy.vectors[0], atol=1e-6)
+
+
+def test_a_client_lost_while_unmasking_still_counts(tmp_path, monkeypatch):
+    _drop_in(monkeypatch, {4}, sub=2)
+    s, log = _run(tmp_path, "drop-unmask", True)
     assert s["status"] == "degraded" and s["faults"]["dropped_replies"] == 1
-    averages = [r for r in log if "aggregated" in r["info"]]
-    first = averages[0]["info"]
-    assert first["aggregated"] == [0, 2, 3, 4, 5] and first["dropped"] == [1] and first["secagg_failed"] is None
-    # client 1 re-keys in the next average and is back in the third
-    assert averages[1]["info"]["aggregated"] == [0, 2, 3, 4, 5]
-    assert averages[2]["info"]["aggregated"] == list(range(6))
+    assert log[0]["info"]["aggregated"] == list(range(6))  # its input arrived; its peers rebuilt its self-mask
 
 
-def test_secure_aggregation_with_a_method_without_it_is_a_scenario_error(capsys):
+def test_too_few_survivors_fail_the_aggregation_and_keep_the_vector(tmp_path, monkeypatch):
+    _drop_in(monkeypatch, {0, 1, 2, 3}, sub=1)  # 2 masked inputs, threshold 4 of 6
+    spy = _Spy()
+    s, log = _run(tmp_path, "short", True, spy=spy, mp=monkeypatch)
+    assert s["status"] == "degraded" and not s["errors"] and not s["faults"]["client_errors"]
+    info = log[0]["info"]
+    assert info["aggregated"] == [] and "threshold" in info["aggregation_failed"]
+    assert sorted(log[0]["missing"]) == list(range(6))
+    from raymvc.bench import fedavg_echo
+    from raymvc.protocol import ServerContext
+
+    init = fedavg_echo.EchoServer(fedavg_echo.Config(floats=32),
+                                  ServerContext(client_ids=list(range(6)), n_clusters=10, seed=0)).w
+    np.testing.assert_array_equal(spy.vectors[0], init)  # nothing averaged: the vector stays
+    assert log[1]["info"]["aggregated"]  # the next round aggregates again
+
+
+def test_secagg_plus_in_the_engine_costs_less_and_sums_the_same(tmp_path):
+    spies = {k: _Spy() for k in ("plain", "full", "plus")}
+    runs = {}
+    for name, over in (("plain", ()), ("full", ()), ("plus", ("channel.secagg_neighbours=4",))):
+        with pytest.MonkeyPatch.context() as mp:
+            runs[name] = _run(tmp_path, name, name != "plain", *over, rounds=2, n_clients=16, spy=spies[name],
+                              mp=mp)[0]
+    assert all(r["status"] == "completed" for r in runs.values())
+    for a, b in zip(spies["plus"].vectors, spies["plain"].vectors, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    assert runs["plus"]["communication_secagg"]["wire_bytes"] < 0.6 * runs["full"]["communication_secagg"]["wire_bytes"]
+
+
+def test_secure_echo_on_ray_matches_in_process(ray_session, tmp_path, monkeypatch):
+    runs = {}
+    for backend in ("local", "ray"):  # dropouts in every exchange, drawn the same on both backends
+        runs[backend] = _run(tmp_path, backend, True, f"runtime.backend={backend}", "faults.dropout.rate=0.2",
+                             "runtime.client_cpus=0.25", "runtime.clients_per_actor=3", rounds=4)
+    (loc, llog), (ray_, rlog) = runs["local"], runs["ray"]
+    assert loc["status"] == ray_["status"] == "degraded"
+    assert any(len(r["info"]["aggregated"]) < 6 - len(r["dropped"]) for r in llog)  # a sub-exchange lost someone
+    assert [r["info"] for r in llog] == [r["info"] for r in rlog]
+    assert loc["communication"]["messages"] == ray_["communication"]["messages"]
+    assert loc["communication_secagg"]["messages"] == ray_["communication_secagg"]["messages"]
+
+
+def test_secure_aggregation_with_a_method_that_declares_no_sum_is_a_scenario_error(capsys):
     from raymvc.cli import main
 
     repo = Path(__file__).resolve().parents[1]
     code = main(["validate", str(repo / "scenarios" / "digits-kfed.yaml"), "--set", "channel.secure_aggregation=true"])
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("error: ") and "channel.secure_aggregation: method kfed does not support" in err
+    assert err.startswith("error: ") and "channel.secure_aggregation: method kfed declares no sum" in err
+    code = main(["validate", str(repo / "scenarios" / "digits-kfed.yaml"), "--set", "channel.secagg_neighbours=4"])
+    assert code == 2
+    assert "channel.secagg_neighbours: needs channel.secure_aggregation: true" in capsys.readouterr().err
+
+
+def test_methods_hold_no_secure_aggregation_code():
+    """Methods declare sums; the engine masks them. No method module runs SecAgg itself."""
+    repo = Path(__file__).resolve().parents[1]
+    files = sorted((repo / "protocols").glob("*.py")) + [repo / "raymvc" / "bench" / "fedavg_echo.py"]
+    hits = [f"{f.name}:{i}" for f in files for i, line in enumerate(f.read_text().splitlines(), 1)
+            if "secagg" in line.lower()]
+    assert hits == []

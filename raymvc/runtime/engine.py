@@ -35,6 +35,7 @@ from .cluster import ClusterError, init_ray
 from .nodes import ClientNode, ClientPool, ServerNode, one_line, party_error
 from .placement import Seats, reserve
 from .records import RoundRecord, RunEnd
+from .secagg import KINDS as SECAGG_KINDS
 from .threads import release_threads
 from .transport import Interruption, RayPools
 
@@ -53,8 +54,11 @@ def prepare(sc: Scenario):
     from ..data.datasets import image_shapes_for
 
     proto = get(sc.method)
-    if sc.channel.secure_aggregation and not proto.secure_aggregation:
-        raise _err(sc, "channel.secure_aggregation", f"method {sc.method} does not support secure aggregation")
+    if sc.channel.secure_aggregation and not proto.secure_sums:
+        raise _err(sc, "channel.secure_aggregation", f"method {sc.method} declares no sum to aggregate securely "
+                                                     "(Protocol.secure_sums)")
+    if sc.channel.secagg_neighbours and not sc.channel.secure_aggregation:
+        raise _err(sc, "channel.secagg_neighbours", "needs channel.secure_aggregation: true")
     if sc.channel.secure_aggregation and sc.runtime.checkpoint:
         raise _err(sc, "runtime.checkpoint", "cannot be combined with channel.secure_aggregation: the clients' "
                                              "secure-aggregation keys never leave them, not even into a checkpoint")
@@ -540,9 +544,9 @@ def _participation(end: RunEnd) -> dict[int, dict]:
 
 
 def _secagg_totals(ledger: Ledger) -> dict:
-    """Totals of the secure-aggregation messages (kinds ``secagg.*``), part of ``communication``."""
+    """Totals of the secure-aggregation layer's own messages, part of ``communication``."""
     sub = Ledger()
-    sub.extend(r for r in ledger.rows if r.kind.startswith("secagg."))
+    sub.extend(r for r in ledger.rows if r.kind in SECAGG_KINDS)
     return sub.totals("protocol")
 
 

@@ -17,6 +17,11 @@ What a fault means (the same on both backends):
 * **crash**: at the start of the round the client's actor is killed (``ray.kill``);
   it never answers again (``crashed_clients``).
 * **disconnect**: the client never connects; it is addressed by no message.
+
+A round may hold more than one exchange (secure aggregation adds two: masked input
+and unmasking). Exchange ``sub`` > 0 of a round draws dropouts and delays from streams
+of their own (``[seed, tag, round, client, sub]``) at the same rates; a scheduled drop
+and a crash take effect in the round's first exchange.
 """
 
 from __future__ import annotations
@@ -44,6 +49,11 @@ def _draw_delay(cfg: DelayCfg, rng: np.random.Generator) -> float:
     return float(rng.lognormal(mu, cfg.sigma))
 
 
+def _sub(sub: int) -> tuple[int, ...]:
+    """The key suffix of a round's exchange: none for the first, so plain runs draw as before."""
+    return (int(sub),) if sub else ()
+
+
 @dataclass
 class FaultPlan:
     """Which clients fail how, decided once from the seed."""
@@ -66,18 +76,19 @@ class FaultPlan:
         for c in self.cfg.crash:
             self.crash_at[c.client] = min(c.at_round, self.crash_at.get(c.client, c.at_round))
 
-    def dropped(self, round: int, client: int) -> bool:
-        if (round, client) in self.drop_at:
+    def dropped(self, round: int, client: int, sub: int = 0) -> bool:
+        if sub == 0 and (round, client) in self.drop_at:
             return True
         rate = self.cfg.dropout.rate
         if rate <= 0:
             return False
-        return bool(np.random.default_rng([self.seed, _DROPOUT, round, client]).random() < rate)
+        return bool(np.random.default_rng([self.seed, _DROPOUT, round, client, *_sub(sub)]).random() < rate)
 
-    def delay(self, round: int, client: int) -> float:
+    def delay(self, round: int, client: int, sub: int = 0) -> float:
         if client not in self.stragglers:
             return 0.0
-        return _draw_delay(self.cfg.stragglers.delay_s, np.random.default_rng([self.seed, _DELAY, round, client]))
+        return _draw_delay(self.cfg.stragglers.delay_s,
+                           np.random.default_rng([self.seed, _DELAY, round, client, *_sub(sub)]))
 
     def crashes_now(self, round: int) -> list[int]:
         return sorted(c for c, r in self.crash_at.items() if r == round)
@@ -89,18 +100,23 @@ class Injector:
     ``Injector(None)`` injects nothing (the evaluation path).
     """
 
-    def __init__(self, plan: FaultPlan | None):
+    def __init__(self, plan: FaultPlan | None, sub: int = 0):
         self.plan = plan
+        self.sub = sub
         self.deadline = plan.cfg.deadline_s if plan is not None else None
 
+    def at(self, sub: int) -> Injector:
+        """The decisions of the round's exchange number ``sub`` (0: the first)."""
+        return Injector(self.plan, sub)
+
     def crashes(self, round: int) -> list[int]:
-        return self.plan.crashes_now(round) if self.plan is not None else []
+        return self.plan.crashes_now(round) if self.plan is not None and self.sub == 0 else []
 
     def dropped(self, round: int, client: int) -> bool:
-        return self.plan is not None and self.plan.dropped(round, client)
+        return self.plan is not None and self.plan.dropped(round, client, self.sub)
 
     def delay(self, round: int, client: int) -> float:
-        return self.plan.delay(round, client) if self.plan is not None else 0.0
+        return self.plan.delay(round, client, self.sub) if self.plan is not None else 0.0
 
     def late(self, arrive: float, t0: float) -> bool:
         return self.deadline is not None and arrive > t0 + self.deadline

@@ -32,6 +32,7 @@ from ..protocol import ClientContext, ServerContext
 from ..scenario import ChannelCfg, FaultsCfg, NetworkCfg
 from .faults import FaultPlan, Injector, Network
 from .records import FaultCounts, Participation, RoundRecord, RunEnd
+from .secure import ClientLayer, ServerLayer
 from .state import dump_state, load_state
 from .threads import pin_threads
 from .transport import Interruption, LocalTransport, Outcome, make_transport
@@ -132,8 +133,11 @@ class ClientNode:
         ch = ChannelCfg(**channel)
         proto = get(method)
         ctx = ClientContext(client_id=cid, n_clients=n_clients, n_clusters=n_clusters, seed=seed,
-                            float_dtype=ch.float_dtype, secure_aggregation=ch.secure_aggregation)
+                            float_dtype=ch.float_dtype)
         self.client = proto.client(proto.config(**params), shard, ctx)
+        self.secure = None  # the secure-aggregation layer, when on and the method declares a sum
+        if ch.secure_aggregation and proto.secure_sums:
+            self.secure = ClientLayer(cid, proto.secure_sums, n_clients, ch.secagg_neighbours)
         self.endpoint = Endpoint(client_party(cid), encryption=ch.encryption,
                                  compression=ch.compression, float_dtype=ch.float_dtype,
                                  max_message_bytes=ch.max_message_bytes())
@@ -171,8 +175,12 @@ class ClientNode:
             if opened.msg.kind == EVAL_PREDICT:
                 y = self.client.predict()  # None: nothing to label its rows with
                 reply = Message(EVAL_LABELS) if y is None else Message(EVAL_LABELS, y=labels_array(y))
+            elif self.secure is not None and self.secure.owns(opened.msg):
+                reply = self.secure.handle(opened.msg, opened.round)
             else:
                 reply = self.client.handle(opened.msg)
+                if self.secure is not None and reply is not None:
+                    reply = self.secure.strip(reply, opened.round)
         except Interruption:
             raise
         except BaseException as e:  # the client fails, the run goes on without it
@@ -316,9 +324,12 @@ class ServerNode:
         self.transport = make_transport(clients, reply_timeout_s)
         self.client_ids = list(client_ids)
         ctx = ServerContext(client_ids=list(client_ids), n_clusters=n_clusters, seed=seed, n_samples=n_samples,
-                            client_sizes=dict(client_sizes or {}), float_dtype=ch.float_dtype,
-                            secure_aggregation=ch.secure_aggregation)
+                            client_sizes=dict(client_sizes or {}), float_dtype=ch.float_dtype)
         self.server = proto.server(proto.config(**params), ctx)
+        self.secure = None  # the secure-aggregation layer (see raymvc.runtime.secure)
+        if ch.secure_aggregation and proto.secure_sums:
+            self.secure = ServerLayer(proto.secure_sums, client_ids, seed, ch.secagg_neighbours)
+        self.sub = 0  # exchanges of the current round so far, after the first
         self.endpoint = Endpoint(SERVER, encryption=ch.encryption, compression=ch.compression,
                                  float_dtype=ch.float_dtype, max_message_bytes=ch.max_message_bytes())
         self.ledger = Ledger()
@@ -411,7 +422,19 @@ class ServerNode:
 
     def begin(self) -> None:
         pin_threads(self.threads)
+        if self.secure is not None:  # key set-up, like the handshake free of injected faults
+            self.secure.setup(lambda out: self._extra_exchange(self.round, out, Injector(None), None))
         self.outgoing = self.server.start()
+
+    def _extra_exchange(self, r: int, outgoing: dict[int, Message], faults: Injector,
+                        into: RoundState | None) -> RoundState:
+        """An exchange besides the round's first (secure aggregation's); its faults count in ``into``."""
+        st, self.clock = self._exchange(r, outgoing, "protocol", faults)
+        if into is not None:
+            for name in ("dropped", "late", "rejected", "crashed"):
+                getattr(into, name).extend(getattr(st, name))
+            into.errors.update(st.errors)
+        return st
 
     # -- one exchange: send, deliver, receive --------------------------------
     def _send(self, r: int, outgoing: dict[int, Message], path: str, faults: Injector,
@@ -531,8 +554,7 @@ class ServerNode:
             else:
                 p.missed += 1
 
-    def _step(self, r: int, st: RoundState, addressed: int) -> None:
-        answered = len(st.replies) + len(st.acked)
+    def _step(self, r: int, st: RoundState, addressed: int, answered: int) -> None:
         if addressed and answered < min(self.min_clients, addressed):
             self.status = "failed"
             self.error = (f"round {r}: {answered} of {addressed} clients replied, "
@@ -561,8 +583,17 @@ class ServerNode:
         ledger_mark = len(self.ledger.rows)
         addressed = self.outgoing
         st, self.clock = self._exchange(r, addressed, "protocol", self.faults)
+        answered = len(st.replies) + len(st.acked)  # to the round's request, whatever secure aggregation adds
+        if self.secure is not None:
+            self.sub = 0
+
+            def extra(out: dict[int, Message]) -> RoundState:
+                self.sub += 1
+                return self._extra_exchange(r, out, self.faults.at(self.sub), st)
+
+            self.secure.aggregate(st, extra)
         self._tally(r, addressed, st)
-        self._step(r, st, len(addressed))
+        self._step(r, st, len(addressed), answered)
         rows = self.ledger.rows[ledger_mark:]
         record = RoundRecord(
             round=r, replied=sorted(st.replies), missing=sorted(st.missing), dropped=st.dropped, late=st.late,

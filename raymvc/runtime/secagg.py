@@ -1,4 +1,4 @@
-"""Secure aggregation for FedAvg-style weighted sums (masking with dropout recovery).
+"""Secure aggregation of weighted sums: masking with dropout recovery (SecAgg, SecAgg+).
 
 The server learns ``Σ w_i x_i`` and ``Σ w_i`` over the clients whose masked input
 arrived, and nothing else about any single ``x_i``: each client adds to its
@@ -6,38 +6,41 @@ fixed-point input a self-mask and one pairwise mask per peer; pairwise masks can
 the sum, self-masks are removed with Shamir shares held by the peers, and the masks a
 dropped client leaves behind are rebuilt from shares of its mask key.
 
-A protocol drives two small state machines, :class:`SecAggServer` and
-:class:`SecAggClient`. Every message they create is an ordinary
-:class:`~raymvc.messages.Message` whose kind starts with ``secagg.``, so the engine
-carries and meters it like any other and the summary reports it apart
-(``communication_secagg``).
+Two state machines, :class:`SecAggServer` and :class:`SecAggClient`, hold the
+cryptography. The engine drives them (``raymvc.runtime.secure``): no method runs them
+itself. Their messages are ordinary :class:`~raymvc.messages.Message` objects of the
+kinds in :data:`KINDS`, carried, encrypted and metered like any other.
 
 Exchanges (S = server, C = client)
 ----------------------------------
-Once, at the start:
+Once, before the first round:
 
 1. ``secagg.advertise`` S->C, reply ``secagg.keys``: the client's two X25519 public
    keys, ``c`` (share encryption) and ``s`` (pairwise masks).
-2. ``secagg.roster`` S->C (every advertised key, the threshold ``t``), reply
-   ``secagg.shares``: Shamir ``t``-of-``n`` shares of the client's mask secret key
-   ``s_SK``, one per roster member, each AES-256-GCM encrypted under a key derived from
+2. ``secagg.roster`` S->C (the keys of the client's group, the threshold ``t``), reply
+   ``secagg.shares``: Shamir ``t``-of-``g`` shares of the client's mask secret key
+   ``s_SK``, one per group member, each AES-256-GCM encrypted under a key derived from
    ``X25519(c_i, c_j)`` -- a key the server cannot compute; it only relays ciphertexts.
 
-Per aggregation ``k``:
+A client's group is every client (SecAgg), or with ``neighbours = k`` the client and
+its about ``k`` neighbours in a random ring (SecAgg+): masks and shares then stay
+inside the group, so a client's work and traffic grow with ``k``, not with ``n``.
 
-3. The protocol's own request (its kind, e.g. ``model``) with the fields of
-   :meth:`SecAggServer.input_fields` (``secagg_k``, the active clients, updated mask
-   keys); reply ``secagg.masked``: ``y_i = enc(w_i x_i, w_i) + PRG(b_i) + Σ_{j>i} PRG(s_ij)
-   - Σ_{j<i} PRG(s_ij)`` in Z_{2^64} (or Z_{2^32}), plus encrypted shares of the fresh
-   self-mask seed ``b_i`` of this aggregation, one per active peer.
+Per aggregation ``k`` (a round whose replies carry a declared sum):
+
+3. ``secagg.input`` S->C with the fields of :meth:`SecAggServer.input_fields` (``k``,
+   the active members of the receiver's group, updated mask keys); reply
+   ``secagg.masked``: ``y_i = enc(w_i x_i, w_i) + PRG(b_i) + Σ_{j>i} PRG(s_ij) -
+   Σ_{j<i} PRG(s_ij)`` in Z_{2^64} (or Z_{2^32}) over the group's active peers, plus
+   encrypted shares of the fresh self-mask seed ``b_i`` of this aggregation.
 4. ``secagg.unmask`` S->C to the survivors ``U`` (the clients whose ``y`` arrived),
-   naming ``U`` and the dropped active clients ``D`` and relaying the share
-   ciphertexts addressed to the receiver; reply ``secagg.reveal``: its shares of
-   ``b_j`` for ``j ∈ U`` and of ``s_j^SK`` for ``j ∈ D`` -- never both for one client.
+   naming the survivors and the dropped members ``D`` of the receiver's group and
+   relaying the share ciphertexts addressed to it; reply ``secagg.reveal``: its shares
+   of ``b_j`` for ``j ∈ U`` and of ``s_j^SK`` for ``j ∈ D`` -- never both for one client.
 
-With ``|U| < t`` after step 3, or fewer than ``t`` shares of any needed secret after
-step 4, the aggregation fails (no partial unmasking) and the protocol's missing-reply
-policy applies.
+With fewer than ``t`` survivors in the group of any client whose secret is needed, or
+fewer than ``t`` shares of any needed secret after step 4, the aggregation fails (no
+partial unmasking): the method sees an empty sum.
 
 Keys across aggregations
 ------------------------
@@ -52,19 +55,20 @@ one it dropped out of would unmask its earlier input. With a fresh pair each tim
 revealed ``s_SK`` only removes masks of the one aggregation whose ``b_i`` stays secret.
 The pairwise seeds are derived per aggregation as well (HKDF over the X25519 secret
 with ``k`` in the info string). A dropped client's ``s_SK`` becomes known to the server
-when it is unmasked; from then on that key is *exposed*: the server stops listing the
-client as active and asks it to re-key (a fresh ``s`` pair and fresh shares, reply
-``secagg.rekey``, sent instead of its masked input), after which it takes part again
-from the next aggregation. Peers refuse to reveal ``b_j`` for a client whose
-current mask key they have helped expose. A client that missed key advertisement stays
-out of secure aggregation for the run; one that missed step 2 joins through a re-key.
+when it is unmasked; from then on that key is *exposed*: the server leaves the client
+out of the next aggregation and asks it to re-key (a fresh ``s`` pair and fresh shares,
+reply ``secagg.rekey``, sent instead of its masked input), after which it takes part
+again. Peers refuse to reveal ``b_j`` for a client whose current mask key they have
+helped expose. A client that missed step 1 stays out of secure aggregation for the
+run; one that missed step 2 joins through a re-key.
 
 Threat model: honest-but-curious server and clients (the server follows the protocol
-but tries to learn inputs); up to ``t - 1`` clients colluding with the server learn
-nothing beyond the sum. The clients' checks (consistent ``U``/``D``, ``|U| >= t``, one
-reveal per aggregation, never both shares for one client) bound what a lying server
-gets, but without the signatures and consistency round of the malicious-server variant.
-All secrets come from the operating system's generator, never from the run seed.
+but tries to learn inputs); up to ``t - 1`` members of a group colluding with the
+server learn nothing beyond the sum. The clients' checks (consistent ``U``/``D``,
+``|U| >= t``, one reveal per aggregation, never both shares for one client) bound what
+a lying server gets, but without the signatures and consistency round of the
+malicious-server variant. All secrets come from the operating system's generator,
+never from the run seed; only the SecAgg+ ring (public) is drawn from the seed.
 """
 
 from __future__ import annotations
@@ -89,11 +93,12 @@ from cryptography.hazmat.primitives.serialization import (
 
 from raymvc.messages import Message
 
-PREFIX = "secagg."
 ADVERTISE, KEYS = "secagg.advertise", "secagg.keys"
 ROSTER, SHARES = "secagg.roster", "secagg.shares"
 MASKED, REKEY = "secagg.masked", "secagg.rekey"
 UNMASK, REVEAL = "secagg.unmask", "secagg.reveal"
+INPUT = "secagg.input"
+KINDS = frozenset({ADVERTISE, KEYS, ROSTER, SHARES, MASKED, REKEY, UNMASK, REVEAL, INPUT})
 
 # Shamir shares live in GF(P), P the smallest prime above 2^256: every 32-byte secret fits.
 PRIME = 2**256 + 297
@@ -250,20 +255,47 @@ def _sign_mask(me: int, peer: int) -> int:
     return 1 if peer > me else -1
 
 
+def neighbourhoods(ids: Iterable[int], k: int, seed: int = 0) -> dict[int, list[int]]:
+    """Each client's group, itself included: everyone (``k`` = 0 or ``k >= n - 1``), or for
+    SecAgg+ the ``ceil(k/2)`` clients on either side of it in a ring drawn from ``seed``.
+
+    The relation is symmetric (``j`` is in ``i``'s group exactly when ``i`` is in ``j``'s),
+    which the pairwise masks need to cancel.
+    """
+    ids = sorted(int(c) for c in ids)
+    n = len(ids)
+    h = (int(k) + 1) // 2
+    if k <= 0 or 2 * h >= n - 1:
+        return {c: list(ids) for c in ids}
+    order = [ids[i] for i in np.random.default_rng([int(seed), 0x5EC]).permutation(n)]
+    nb: dict[int, set[int]] = {c: {c} for c in ids}
+    for i, c in enumerate(order):
+        for d in range(1, h + 1):
+            j = order[(i + d) % n]
+            nb[c].add(j)
+            nb[j].add(c)
+    return {c: sorted(v) for c, v in nb.items()}
+
+
 @dataclass(frozen=True)
 class SecAggParams:
     """Encoding parameters, the same on every party.
 
-    Inputs are clipped to ``[-clip, clip]``, multiplied by the client's weight and
-    scaled by ``2^frac_bits``; the sum over all active clients must stay inside the
-    signed range of Z_{2^ring_bits} (checked on every client before it masks).
-    ``threshold`` is ``t``; ``None`` takes a majority of the clients that advertised keys.
+    Inputs are multiplied by the client's weight and scaled by ``2^frac_bits``; the sum
+    over all clients must stay inside the signed range of Z_{2^ring_bits}. With ``clip``
+    set, inputs are clipped to ``[-clip, clip]`` and the ring is checked before masking;
+    with ``clip=None`` each client takes the largest bound that keeps the sum of ``n``
+    clients' inputs inside the ring, ``2^(ring_bits-2-frac_bits) / (max(|w|, 1) n)``, and
+    an entry beyond it (or not finite) is an error rather than a silent clip.
+    ``threshold`` is ``t``; ``None`` takes a majority of a group. ``neighbours`` is the
+    SecAgg+ group size ``k`` (0: every client is in every group, plain SecAgg).
     """
 
     ring_bits: int = 64
     frac_bits: int = 24
-    clip: float = 1.0e4
+    clip: float | None = 1.0e4
     threshold: int | None = None
+    neighbours: int = 0
 
 
 # ---------------------------------------------------------------------------
@@ -289,10 +321,13 @@ class Outcome:
 class SecAggServer:
     """The server's side: relays ciphertexts, unmasks the sum, never sees one input."""
 
-    def __init__(self, client_ids: Iterable[int], params: SecAggParams | None = None):
+    def __init__(self, client_ids: Iterable[int], params: SecAggParams | None = None, seed: int = 0):
         self.params = params or SecAggParams()
         ring_dtype(self.params.ring_bits)
         self.client_ids = sorted(int(c) for c in client_ids)
+        self.seed = int(seed)  # draws the SecAgg+ ring (public), nothing secret
+        self.group: dict[int, list[int]] = {}  # roster member -> its group (itself included), sorted
+        self._roster_cache: Message | None = None
         self.phase = "new"  # new -> advertise -> share -> idle -> masked -> unmask -> idle ...
         self.c_pk: dict[int, bytes] = {}
         self.s_pk: dict[int, bytes] = {}
@@ -321,11 +356,13 @@ class SecAggServer:
 
     # -- the protocol's masked-input request ---------------------------------
     def input_fields(self, cid: int) -> dict:
-        """Fields to add to the protocol's request of aggregation ``k`` for client ``cid``."""
+        """Fields of the masked-input request of aggregation ``k`` for client ``cid``: the
+        active members of its group and the mask keys of its group that changed."""
         if self.phase != "masked":
-            self._begin()
-        changed = [c for c in self.members if self.epoch[c] > 0]
-        return {"secagg_k": self.k, "secagg_active": _ids(self.active),
+            self.begin()
+        group = set(self.group.get(cid, (cid,)))
+        changed = [c for c in self.members if self.epoch[c] > 0 and c in group]
+        return {"secagg_k": self.k, "secagg_active": _ids(c for c in self.active if c in group),
                 "secagg_rekey": cid in self.exposed,
                 "secagg_pk_ids": _ids(changed), "secagg_pk": _rows([self.s_pk[c] for c in sorted(changed)], 32),
                 "secagg_epochs": np.asarray([self.epoch[c] for c in sorted(changed)], dtype=np.int64)}
@@ -338,23 +375,34 @@ class SecAggServer:
         """
         out = {}
         for c in to:
-            fresh = c in self.roster and c not in self.members and c not in self.exposed
-            out[c] = self._roster_msg() if fresh else Message(kind, {**fields, **self.input_fields(c)})
+            fresh = c in self.c_pk and c not in self.members and c not in self.exposed
+            out[c] = self._roster_msg(c) if fresh else Message(kind, {**fields, **self.input_fields(c)})
         return out
 
-    def _roster_msg(self) -> Message:
-        return Message(ROSTER, ids=_ids(self.roster), c_pk=_rows([self.c_pk[c] for c in self.roster], 32),
-                       s_pk=_rows([self.s_pk[c] for c in self.roster], 32),
-                       epoch=np.asarray([self.epoch[c] for c in self.roster], dtype=np.int64), t=self.t)
+    def _roster_msg(self, cid: int) -> Message:
+        """The keys of ``cid``'s group; one message object for all when every group is everyone."""
+        whole = len(self.group.get(cid, ())) == len(self.roster)
+        if whole and self._roster_cache is not None:
+            return self._roster_cache
+        ids = self.group[cid]
+        msg = Message(ROSTER, ids=_ids(ids), c_pk=_rows([self.c_pk[c] for c in ids], 32),
+                      s_pk=_rows([self.s_pk[c] for c in ids], 32),
+                      epoch=np.asarray([self.epoch[c] for c in ids], dtype=np.int64), t=self.t)
+        if whole:
+            self._roster_cache = msg
+        return msg
 
-    def _begin(self) -> None:
+    def begin(self, among: Iterable[int] | None = None) -> None:
+        """Open aggregation ``k + 1`` over the members (unexposed, shares delivered) in ``among``."""
         if self.phase != "idle":
             raise RuntimeError(f"secagg: cannot start an aggregation in phase {self.phase!r}")
         self.k += 1
         self.phase = "masked"
-        self.active = sorted(self.members - self.exposed)
+        pool = self.members - self.exposed
+        self.active = sorted(pool if among is None else pool & {int(c) for c in among})
         self.active_pk = {c: self.s_pk[c] for c in self.active}
         self.y = {}
+        self._roster_cache = None  # epochs may have changed since
 
     # -- replies -------------------------------------------------------------
     def step(self, replies: Mapping[int, Message], missing: set[int]) -> Outcome:
@@ -375,27 +423,28 @@ class SecAggServer:
             if m.kind == KEYS and c in self.client_ids:
                 self.c_pk[c], self.s_pk[c], self.epoch[c] = bytes(m["c_pk"]), bytes(m["s_pk"]), 0
         self.roster = sorted(self.c_pk)
-        n = len(self.roster)
-        self.t = self.params.threshold or n // 2 + 1
-        self.t = max(1, min(self.t, n)) if n else 1
+        self.group = neighbourhoods(self.roster, self.params.neighbours, self.seed)
+        g = min((len(v) for v in self.group.values()), default=0)
+        self.t = self.params.threshold or g // 2 + 1
+        self.t = max(1, min(self.t, g)) if g else 1
         self.phase = "share"
-        msg = self._roster_msg()
-        return Outcome(send={c: msg for c in self.roster})
+        return Outcome(send={c: self._roster_msg(c) for c in self.roster})
 
     def _on_shares(self, replies: Mapping[int, Message]) -> None:
         for c, m in replies.items():
-            if c not in self.roster or m.kind not in (SHARES, REKEY):
+            if c not in self.c_pk or m.kind not in (SHARES, REKEY):
                 continue
             if m.kind == REKEY:
                 if int(m["epoch"]) <= self.epoch[c]:
                     continue
                 self.s_pk[c] = bytes(m["s_pk"])
                 self.epoch[c] = int(m["epoch"])
-                for box in self.pending.values():  # shares of the old key are of no use any more
+                for dst in self.group.get(c, list(self.pending)):  # shares of the old key: of no use now
+                    box = self.pending.get(dst, {})
                     for key in [key for key in box if key[0] == c and key[1] == _S]:
                         del box[key]
             for dst, ct in zip(np.asarray(m["to"]).tolist(), np.asarray(m["ct"])):
-                if dst in self.roster:
+                if dst in self.c_pk:
                     self.pending.setdefault(dst, {})[(c, _S, self.epoch[c])] = bytes(ct)
             self.members.add(c)
             self.exposed.discard(c)
@@ -404,7 +453,7 @@ class SecAggServer:
         self._on_shares({c: m for c, m in replies.items() if m.kind in (SHARES, REKEY)})  # joined: active next time
         L = None
         for c, m in sorted(replies.items()):
-            if m.kind != MASKED or c not in self.active or int(m["k"]) != self.k:
+            if m.kind != MASKED or c not in self.active_pk or int(m["k"]) != self.k:
                 continue
             y = np.asarray(m["y"])
             if y.dtype != ring_dtype(self.params.ring_bits) or (L is not None and len(y) != L):
@@ -412,7 +461,7 @@ class SecAggServer:
             L = len(y)
             self.y[c] = y
             for dst, ct in zip(np.asarray(m["to"]).tolist(), np.asarray(m["ct"])):
-                if dst in self.active:
+                if dst in self.active_pk:
                     self.pending.setdefault(dst, {})[(c, _B, self.k)] = bytes(ct)
         self.survivors = sorted(self.y)
         self.dropped = sorted(set(self.active) - set(self.y))
@@ -423,12 +472,18 @@ class SecAggServer:
                                             ct=m["next_ct"])})
         if len(self.survivors) < self.t:
             return self._fail(f"{len(self.survivors)} masked inputs, threshold {self.t}")
+        alive = set(self.survivors)
+        short = [j for j in self.survivors + self.dropped if len(alive.intersection(self.group[j])) < self.t]
+        if short:  # some needed secret cannot be rebuilt: ask for no share at all
+            return self._fail(f"fewer than {self.t} survivors in the groups of clients {sorted(short)}")
         self.phase = "unmask"
         self.exposed |= set(self.dropped)  # their mask keys are about to be rebuilt
         out = {}
         for c in self.survivors:
             rel = sorted(self.pending.get(c, {}).items())
-            out[c] = Message(UNMASK, k=self.k, U=_ids(self.survivors), D=_ids(self.dropped),
+            grp = set(self.group[c])
+            out[c] = Message(UNMASK, k=self.k, U=_ids(j for j in self.survivors if j in grp),
+                             D=_ids(j for j in self.dropped if j in grp),
                              src=np.asarray([r[0][0] for r in rel], dtype=np.int64),
                              what=np.asarray([r[0][1] for r in rel], dtype=np.uint8),
                              ctr=np.asarray([r[0][2] for r in rel], dtype=np.int64),
@@ -469,7 +524,7 @@ class SecAggServer:
             acc -= prg(self_seed(shamir_reconstruct(b_sh[c], self.t), self.k), L, p.ring_bits)
         for j in self.dropped:
             sk = _sk_from_int(shamir_reconstruct(s_sh[j], self.t))
-            for i in self.survivors:  # y_i holds sign(i, j) PRG(s_ij): take it out
+            for i in (i for i in self.survivors if i in self.group[j]):  # y_i holds sign(i, j) PRG(s_ij)
                 mask = prg(pairwise_seed(sk, self.active_pk[i], i, j, self.k), L, p.ring_bits)
                 if _sign_mask(i, j) > 0:
                     acc -= mask
@@ -488,9 +543,10 @@ class SecAggClient:
 
     _rotate = True  # a fresh mask key pair after every input; off only to show the attack it prevents
 
-    def __init__(self, client_id: int, params: SecAggParams | None = None):
+    def __init__(self, client_id: int, params: SecAggParams | None = None, n_clients: int = 1):
         self.id = int(client_id)
         self.params = params or SecAggParams()
+        self.n_clients = max(1, int(n_clients))  # for the automatic bound (params.clip None)
         self.c_sk = X25519PrivateKey.generate()
         self.s_sk = X25519PrivateKey.generate()
         self.epoch = 0
@@ -509,7 +565,7 @@ class SecAggClient:
     @staticmethod
     def owns(msg: Message) -> bool:
         """Whether ``msg`` is a SecAgg message that :meth:`handle` answers."""
-        return msg.kind.startswith(PREFIX)
+        return msg.kind in KINDS
 
     def handle(self, msg: Message) -> Message | None:
         if msg.kind == ADVERTISE:
@@ -579,9 +635,19 @@ class SecAggClient:
         if len(active) < self.t:
             return None  # the aggregation cannot reach its threshold: send nothing
         p = self.params
-        x = np.clip(np.asarray(x, dtype=np.float64).ravel(), -p.clip, p.clip)
+        x = np.asarray(x, dtype=np.float64).ravel()
         w = float(weight)
-        if not abs(w) * max(p.clip, 1.0) * 2.0 ** p.frac_bits * len(active) < 2.0 ** (p.ring_bits - 1):
+        if not (np.isfinite(x).all() and np.isfinite(w)):
+            raise ValueError("secagg client: an input entry or the weight is not finite")
+        if p.clip is None:
+            clip = self.bound(w, len(active))
+            if x.size and float(np.abs(x).max()) > clip:
+                raise ValueError(f"secagg client: an input entry exceeds {clip:.3g}, the largest the ring holds "
+                                 f"for weight {w:g} over {max(self.n_clients, len(active))} clients")
+        else:
+            clip = p.clip
+            x = np.clip(x, -clip, clip)
+        if not abs(w) * max(clip, 1.0) * 2.0 ** p.frac_bits * len(active) < 2.0 ** (p.ring_bits - 1):
             raise ValueError("secagg client: weight x clip x 2^frac_bits x clients overflows the ring; "
                              "lower clip or frac_bits")
         y = encode_fixed(np.append(w * x, w), p.frac_bits, p.ring_bits)
@@ -606,6 +672,12 @@ class SecAggClient:
         nxt = self._rekey()
         return Message(MASKED, k=k, y=y, to=_ids(peers), ct=_rows(cts, CT_BYTES), next_pk=nxt["s_pk"],
                        next_epoch=nxt["epoch"], next_to=nxt["to"], next_ct=nxt["ct"])
+
+    def bound(self, weight: float, active: int = 0) -> float:
+        """The automatic input bound for ``weight``: ``n`` clients at it sum below ``2^(ring_bits-2)``."""
+        p = self.params
+        n = max(self.n_clients, int(active), 1)
+        return float(2.0 ** (p.ring_bits - 2 - p.frac_bits) / (max(abs(float(weight)), 1.0) * n))
 
     # -- unmasking ------------------------------------------------------------
     def _on_unmask(self, msg: Message) -> Message:
@@ -640,6 +712,6 @@ class SecAggClient:
 
 
 __all__ = [
-    "PREFIX", "PRIME", "SecAggParams", "SecAggServer", "SecAggClient", "Outcome", "shamir_split",
+    "KINDS", "PRIME", "neighbourhoods", "SecAggParams", "SecAggServer", "SecAggClient", "Outcome", "shamir_split",
     "shamir_interpolate", "shamir_reconstruct", "encode_fixed", "decode_fixed", "prg",
 ]

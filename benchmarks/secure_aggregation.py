@@ -11,7 +11,8 @@ clients, 50 per actor), with:
 * ``secagg+ k``: each client masks with and shares among ``k`` neighbours
   (``channel.secagg_neighbours``).
 
-It prints a Markdown table -- status, MB in all, MB of the layer's own exchanges
+It prints a Markdown table -- status, clients in each round's sum, failed aggregations,
+MB in all, MB of the layer's own exchanges
 (``communication_secagg``), wall time of the protocol -- and the largest difference
 between each secure run's final vector and the plain run's. Every client echoes the
 same vector, so that difference measures the masks cancelling and the fixed-point
@@ -24,6 +25,7 @@ error, nothing else. With ``--dropout`` clients drop out of every exchange at th
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -39,15 +41,17 @@ from raymvc.scenario import scenario_from_dict
 def scenario(n: int, mode: str, k: int, args) -> dict:
     rows = max(20 * n, 2000)
     raw = {
-        "name": f"echo-{mode}-{n}", "method": "raymvc.bench.fedavg_echo",
+        "name": f"echo-{mode.replace('+', '-plus')}-{n}", "method": "raymvc.bench.fedavg_echo",
         "params": {"rounds": args.rounds, "floats": args.floats},
         "data": {"dataset": "synthetic", "partition": "horizontal", "n_clients": n, "normalize": "none",
                  "synthetic": {"n_samples": rows, "n_views": 1, "dims": [20], "n_clusters": 5}},
-        "channel": {"secure_aggregation": mode != "plain", "secagg_neighbours": k if mode == "secagg+" else 0},
+        "channel": {"secure_aggregation": mode != "plain"},
         "faults": {"dropout": {"rate": args.dropout}},
         "runtime": {"backend": args.backend},
         "seed": 0,
     }
+    if mode != "plain":
+        raw["channel"].update({"secagg_neighbours": k if mode == "secagg+" else 0, "secagg_threshold": args.threshold})
     if args.backend == "ray":
         raw["runtime"].update({"clients_per_actor": min(50, n), "client_cpus": 0.1})
     return raw
@@ -66,14 +70,17 @@ def run(n: int, mode: str, k: int, args, tmp: Path) -> dict:
     try:
         sc = scenario_from_dict(scenario(n, mode, k, args))
         t = time.perf_counter()
-        s = run_scenario(sc, tmp / f"{mode}-{n}", progress=lambda line: None)
+        s = run_scenario(sc, tmp / sc.name, progress=lambda line: None)
         wall = time.perf_counter() - t
     finally:
         fedavg_echo.EchoServer.step = real
+    log = [json.loads(line) for line in (tmp / sc.name / "rounds.jsonl").read_text().splitlines()]
+    summed = "/".join(str(len(r["info"].get("aggregated", []))) for r in log)
+    failed = sum("aggregation_failed" in r["info"] for r in log)
     return {"n": n, "mode": mode if mode != "secagg+" else f"secagg+ k={k}", "status": s["status"],
             "mb": s["communication"]["mb_total"], "mb_secagg": s["communication_secagg"]["mb_total"],
             "protocol_s": s["timing"]["protocol_s"], "wall_s": wall, "final": finals[0] if finals else None,
-            }
+            "summed": summed, "failed": failed}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--floats", type=int, default=2048)
     p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--threshold", type=float, default=0.5, help="channel.secagg_threshold")
     p.add_argument("--backend", choices=["local", "ray"], default="local")
     args = p.parse_args(argv)
     rows = []
@@ -99,13 +107,15 @@ def main(argv: list[str] | None = None) -> int:
                     r["diff"] = float(np.max(np.abs(r["final"] - plain["final"])))
                 rows.append(r)
                 print(f"  {n} clients, {r['mode']}: {r['status']}, {r['protocol_s']:.1f} s", file=sys.stderr)
-    print(f"FedAvg echo, {args.floats} float64 entries, {args.rounds} rounds, dropout {args.dropout}, "
-          f"backend {args.backend}\n")
-    print("| clients | aggregation | status | MB in all | of which the layer's | protocol s | max diff to plain |")
-    print("|---:|---|---|---:|---:|---:|---:|")
+    print(f"FedAvg echo, {args.floats} float64 entries, {args.rounds} rounds, dropout {args.dropout} per exchange, "
+          f"secagg_threshold {args.threshold}, backend {args.backend}\n")
+    print("| clients | aggregation | status | clients summed per round | failed aggregations | MB in all "
+          "| of which the layer's | protocol s | max diff to plain |")
+    print("|---:|---|---|---|---:|---:|---:|---:|---:|")
     for r in rows:
         diff = f"{r['diff']:.1e}" if "diff" in r else "-"
-        print(f"| {r['n']:,} | {r['mode']} | {r['status']} | {r['mb']:.2f} | {r['mb_secagg']:.2f} | "
+        print(f"| {r['n']:,} | {r['mode']} | {r['status']} | {r['summed']} | {r['failed']} | {r['mb']:.2f} | "
+              f"{r['mb_secagg']:.2f} | "
               f"{r['protocol_s']:.1f} | {diff} |")
     return 0
 

@@ -184,6 +184,10 @@ class ChannelCfg(_Strict):
     secagg_neighbours: int = Field(
         default=0, ge=0, le=100_000, description="secure aggregation among each client's k neighbours (SecAgg+); "
                                                  "0: among all clients (SecAgg)")
+    secagg_threshold: float = Field(
+        default=0.5, gt=0.0, lt=1.0, description="secure aggregation: a secret is rebuilt from floor(this x group "
+                                                 "size) + 1 shares (0.5: a majority); lower survives more dropouts, "
+                                                 "and fewer colluding clients suffice")
 
     def max_message_bytes(self) -> int:
         return max(1, int(self.max_message_mb * 1_000_000))

@@ -142,8 +142,21 @@ class Net:
         res = self.server.step(replies, missing)
         assert res.send is None and self.server.ready
 
-    def aggregate(self, x, w, drop_input=frozenset(), drop_unmask=frozenset(), late=frozenset()) -> sa.Outcome:
-        req = self.server.input_requests("model", {}, self.clients)
+    def aggregate(self, x, w, drop_input=frozenset(), drop_unmask=frozenset(), late=frozenset(),
+                  drop_reply=frozenset()) -> sa.Outcome:
+        """One aggregation as the engine runs it: the clients' replies bring fresh mask keys
+        (``drop_reply``: clients whose reply never came), then masked input, then unmasking."""
+        senders = [c for c in self.clients if c not in drop_reply]
+        keys = {}
+        for c in senders:
+            key = self.clients[c].fresh_key()
+            if key is not None:
+                keys[c] = codec.decode(codec.encode(key))
+                self.inbox.append(keys[c])
+                self.senders.append(c)
+        self.server.take_keys(keys)
+        self.server.begin(among=senders)
+        req = self.server.input_requests("model", {}, senders)
         replies, missing = self.exchange(req, drop_input, x, w, late)
         out = self.server.step(replies, missing)
         if out.send is None:
@@ -195,7 +208,7 @@ def test_fewer_than_t_survivors_fail_without_unmasking():
     before = len(net.inbox)
     out = net.aggregate(x, w, drop_input={0, 1, 2})
     assert out.ended and out.total is None and "threshold" in out.failed
-    assert all(m.kind == sa.MASKED for m in net.inbox[before:])  # no reveal was asked for
+    assert all(m.kind in (sa.MASKED, sa.REKEY) for m in net.inbox[before:])  # no reveal was asked for
     # too few reveals: the round fails, nothing partial comes out
     out = net.aggregate(x, w, drop_unmask={0, 1, 2})
     assert out.ended and out.total is None and "fewer than" in out.failed
@@ -204,20 +217,25 @@ def test_fewer_than_t_survivors_fail_without_unmasking():
     np.testing.assert_allclose(out.total, _plain(x, w, range(5))[0], atol=1e-5)
 
 
-def test_dropped_client_rekeys_and_rejoins():
+def test_every_aggregation_masks_with_fresh_keys_and_a_dropped_client_is_back_at_once():
     n = 5
     net = Net(n)
     net.setup()
     x, w = _inputs(n, 6)
-    first_pk = net.server.s_pk[1]
+    used = []
     out = net.aggregate(x, w, drop_input={1})
+    used.append(dict(net.server.active_pk))
     assert out.contributors == [0, 2, 3, 4] and 1 in net.server.exposed
-    out = net.aggregate(x, w)  # 1 sits this one out with a fresh mask key
-    assert out.contributors == [0, 2, 3, 4]
-    assert net.server.s_pk[1] != first_pk and 1 not in net.server.exposed
-    out = net.aggregate(x, w, drop_input={3})  # 1 is back; 3 drops and its dangling masks are rebuilt
-    assert out.contributors == [0, 1, 2, 4]
-    np.testing.assert_allclose(out.total, _plain(x, w, [0, 1, 2, 4])[0], atol=1e-5)
+    out = net.aggregate(x, w)  # 1 brought a fresh key with its reply: it takes part again
+    used.append(dict(net.server.active_pk))
+    assert out.contributors == [0, 1, 2, 3, 4] and 1 not in net.server.exposed
+    out = net.aggregate(x, w, drop_input={3}, drop_reply={4})  # 3 drops: its dangling masks are rebuilt
+    used.append(dict(net.server.active_pk))
+    assert out.contributors == [0, 1, 2]
+    np.testing.assert_allclose(out.total, _plain(x, w, [0, 1, 2])[0], atol=1e-5)
+    for c in range(4):  # no client masked two aggregations with one key
+        keys = [u[c] for u in used if c in u]
+        assert len(set(keys)) == len(keys), c
 
 
 def _curious_server(net: Net, peers_pk: dict[int, dict[int, bytes]]) -> list[tuple[int, int]]:
@@ -286,7 +304,7 @@ def test_missed_share_round_joins_through_rekey():
     net = Net(4)
     net.setup(drop_shares={2})
     x, w = _inputs(4, 3)
-    assert net.aggregate(x, w).contributors == [0, 1, 3]
+    assert net.aggregate(x, w).contributors == [0, 1, 3]  # 2 never saw the roster: it is sent again
     assert net.aggregate(x, w).contributors == [0, 1, 2, 3]
 
 
@@ -529,16 +547,16 @@ def _drop_in(monkeypatch, who: set[int], sub: int, round: int = 0):
     monkeypatch.setattr(FaultPlan, "dropped", dropped)
 
 
-def test_a_client_lost_before_its_masked_input_is_left_out_and_rekeys(tmp_path, monkeypatch):
+def test_a_client_lost_before_its_masked_input_is_left_out_of_that_sum_only(tmp_path, monkeypatch):
     _drop_in(monkeypatch, {1}, sub=1)
     spy = _Spy()
     s, log = _run(tmp_path, "drop-input", True, spy=spy, mp=monkeypatch)
     assert s["status"] == "degraded" and s["faults"]["dropped_replies"] == 1 and not s["errors"]
     assert log[0]["dropped"] == [1] and 1 in log[0]["missing"]
     assert log[0]["info"]["aggregated"] == [0, 2, 3, 4, 5]
-    assert log[1]["info"]["aggregated"] == [0, 2, 3, 4, 5]  # its mask key was rebuilt: it re-keys first
-    assert log[2]["info"]["aggregated"] == list(range(6))
-    assert log[0]["info"]["weight"] == log[1]["info"]["weight"] < log[2]["info"]["weight"] == s["n_samples"]
+    # its revealed mask key served that aggregation alone: it is back with a fresh one
+    assert log[1]["info"]["aggregated"] == log[2]["info"]["aggregated"] == list(range(6))
+    assert log[0]["info"]["weight"] < log[1]["info"]["weight"] == s["n_samples"]
     # every echo is the same vector, so any correct weighted mean leaves it where it was
     for v in spy.vectors[1:]:
         np.testing.assert_allclose(v, spy.vectors[0], atol=1e-6)

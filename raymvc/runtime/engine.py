@@ -59,6 +59,8 @@ def prepare(sc: Scenario):
                                                      "(Protocol.secure_sums)")
     if sc.channel.secagg_neighbours and not sc.channel.secure_aggregation:
         raise _err(sc, "channel.secagg_neighbours", "needs channel.secure_aggregation: true")
+    if "secagg_threshold" in sc.channel.model_fields_set and not sc.channel.secure_aggregation:
+        raise _err(sc, "channel.secagg_threshold", "needs channel.secure_aggregation: true")
     if sc.channel.secure_aggregation and sc.runtime.checkpoint:
         raise _err(sc, "runtime.checkpoint", "cannot be combined with channel.secure_aggregation: the clients' "
                                              "secure-aggregation keys never leave them, not even into a checkpoint")

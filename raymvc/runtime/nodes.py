@@ -328,7 +328,8 @@ class ServerNode:
         self.server = proto.server(proto.config(**params), ctx)
         self.secure = None  # the secure-aggregation layer (see raymvc.runtime.secure)
         if ch.secure_aggregation and proto.secure_sums:
-            self.secure = ServerLayer(proto.secure_sums, client_ids, seed, ch.secagg_neighbours)
+            self.secure = ServerLayer(proto.secure_sums, client_ids, seed, ch.secagg_neighbours,
+                                      ch.secagg_threshold)
         self.sub = 0  # exchanges of the current round so far, after the first
         self.endpoint = Endpoint(SERVER, encryption=ch.encryption, compression=ch.compression,
                                  float_dtype=ch.float_dtype, max_message_bytes=ch.max_message_bytes())

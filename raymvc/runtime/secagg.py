@@ -44,23 +44,23 @@ partial unmasking): the method sees an empty sum.
 
 Keys across aggregations
 ------------------------
-No mask secret is used in two aggregations. ``b_i`` is drawn anew for every
-aggregation, and so is the mask key pair: a client's masked input of aggregation ``k``
-carries, beside it, the public half of a fresh ``s`` pair and encrypted shares of its
-secret (``next_pk``, ``next_epoch``, ``next_to``, ``next_ct``), and the key used in
-``k`` is never used again. That matters because an aggregation reveals to the server
-``b_i`` of every survivor and ``s_SK`` of every dropped client: had client ``i`` kept
-its ``s`` pair, its ``b_i`` from an aggregation it survived and its ``s_SK`` from a later
-one it dropped out of would unmask its earlier input. With a fresh pair each time, a
-revealed ``s_SK`` only removes masks of the one aggregation whose ``b_i`` stays secret.
-The pairwise seeds are derived per aggregation as well (HKDF over the X25519 secret
-with ``k`` in the info string). A dropped client's ``s_SK`` becomes known to the server
-when it is unmasked; from then on that key is *exposed*: the server leaves the client
-out of the next aggregation and asks it to re-key (a fresh ``s`` pair and fresh shares,
-reply ``secagg.rekey``, sent instead of its masked input), after which it takes part
-again. Peers refuse to reveal ``b_j`` for a client whose current mask key they have
-helped expose. A client that missed step 1 stays out of secure aggregation for the
-run; one that missed step 2 joins through a re-key.
+No mask secret is used in two aggregations: every aggregation is an instance of its
+own. ``b_i`` is drawn anew for each, and so is the mask key pair: the reply that carries
+client ``i``'s input (the method's reply, before the masked-input exchange) also carries
+the public half of a fresh ``s`` pair and its secret's shares, encrypted to the group
+(:meth:`SecAggClient.fresh_key`, :meth:`SecAggServer.take_keys`); the client masks with
+that pair and never uses it again. That matters because an aggregation reveals to the
+server ``b_i`` of every survivor and ``s_SK`` of every dropped client: had client ``i``
+kept its ``s`` pair, its ``b_i`` from an aggregation it survived and its ``s_SK`` from a
+later one it dropped out of would unmask its earlier input. With a fresh pair each time,
+a revealed ``s_SK`` only removes masks of the one aggregation whose ``b_i`` stays secret,
+and a client lost in one aggregation takes part in the next with its next key. The
+pairwise seeds are derived per aggregation as well (HKDF over the X25519 secret with
+``k`` in the info string). A dropped client's revealed key is marked *exposed*; a
+client that sent no fresh key since is left out and asked to re-key (reply
+``secagg.rekey`` instead of a masked input). Peers refuse to reveal ``b_j`` for a client
+whose current mask key they have helped expose. A client that missed step 1 stays out
+of secure aggregation for the run; one that missed step 2 joins through a re-key.
 
 Threat model: honest-but-curious server and clients (the server follows the protocol
 but tries to learn inputs); up to ``t - 1`` members of a group colluding with the
@@ -287,7 +287,8 @@ class SecAggParams:
     with ``clip=None`` each client takes the largest bound that keeps the sum of ``n``
     clients' inputs inside the ring, ``2^(ring_bits-2-frac_bits) / (max(|w|, 1) n)``, and
     an entry beyond it (or not finite) is an error rather than a silent clip.
-    ``threshold`` is ``t``; ``None`` takes a majority of a group. ``neighbours`` is the
+    ``threshold`` is ``t``; ``None`` takes ``floor(fraction x g) + 1`` for groups of ``g``
+    (the default fraction 0.5: a majority). ``neighbours`` is the
     SecAgg+ group size ``k`` (0: every client is in every group, plain SecAgg).
     """
 
@@ -295,6 +296,7 @@ class SecAggParams:
     frac_bits: int = 24
     clip: float | None = 1.0e4
     threshold: int | None = None
+    fraction: float = 0.5
     neighbours: int = 0
 
 
@@ -425,10 +427,15 @@ class SecAggServer:
         self.roster = sorted(self.c_pk)
         self.group = neighbourhoods(self.roster, self.params.neighbours, self.seed)
         g = min((len(v) for v in self.group.values()), default=0)
-        self.t = self.params.threshold or g // 2 + 1
+        self.t = self.params.threshold or int(self.params.fraction * g) + 1
         self.t = max(1, min(self.t, g)) if g else 1
         self.phase = "share"
         return Outcome(send={c: self._roster_msg(c) for c in self.roster})
+
+    def take_keys(self, keys: Mapping[int, Message]) -> None:
+        """Fresh mask keys (:meth:`SecAggClient.fresh_key`) that came with the clients' replies;
+        call before :meth:`begin`, so the aggregation masks with them."""
+        self._on_shares({c: m for c, m in keys.items() if m is not None and m.kind == REKEY})
 
     def _on_shares(self, replies: Mapping[int, Message]) -> None:
         for c, m in replies.items():
@@ -465,11 +472,6 @@ class SecAggServer:
                     self.pending.setdefault(dst, {})[(c, _B, self.k)] = bytes(ct)
         self.survivors = sorted(self.y)
         self.dropped = sorted(set(self.active) - set(self.y))
-        for c in self.survivors:  # each survivor's next mask key (this one's masks were snapshotted in active_pk)
-            m = replies[c]
-            if "next_pk" in m:
-                self._on_shares({c: Message(REKEY, s_pk=m["next_pk"], epoch=m["next_epoch"], to=m["next_to"],
-                                            ct=m["next_ct"])})
         if len(self.survivors) < self.t:
             return self._fail(f"{len(self.survivors)} masked inputs, threshold {self.t}")
         alive = set(self.survivors)
@@ -541,7 +543,7 @@ class SecAggServer:
 class SecAggClient:
     """One client's side: its key pairs, the shares it holds, and its refusals."""
 
-    _rotate = True  # a fresh mask key pair after every input; off only to show the attack it prevents
+    _rotate = True  # a fresh mask key pair for every aggregation; off only to show the attack it prevents
 
     def __init__(self, client_id: int, params: SecAggParams | None = None, n_clients: int = 1):
         self.id = int(client_id)
@@ -665,13 +667,15 @@ class SecAggClient:
         cts = [seal_share(self.c_sk, self.c_pk[c], self.id, c, _B, k, sh[c + 1]) for c in peers]
         self.last_k = k
         self.masked_with[k] = {c: (self.s_pk[c], self.peer_epoch[c]) for c in peers}
-        # the mask key of this aggregation is never used again: shares of a fresh one travel
-        # with the input, so a key revealed later (this client dropping) unmasks no earlier input
-        if not self._rotate:  # the weakened variant the tests attack
-            return Message(MASKED, k=k, y=y, to=_ids(peers), ct=_rows(cts, CT_BYTES))
-        nxt = self._rekey()
-        return Message(MASKED, k=k, y=y, to=_ids(peers), ct=_rows(cts, CT_BYTES), next_pk=nxt["s_pk"],
-                       next_epoch=nxt["epoch"], next_to=nxt["to"], next_ct=nxt["ct"])
+        return Message(MASKED, k=k, y=y, to=_ids(peers), ct=_rows(cts, CT_BYTES))
+
+    def fresh_key(self) -> Message | None:
+        """A fresh mask key pair for the next aggregation: its public half and encrypted shares
+        of its secret (a ``secagg.rekey`` message, for :meth:`SecAggServer.take_keys`), sent
+        with the reply that carries this client's input. ``None`` outside secure aggregation."""
+        if not self.roster or (not self._rotate and self.joined):
+            return None
+        return self._rekey()
 
     def bound(self, weight: float, active: int = 0) -> float:
         """The automatic input bound for ``weight``: ``n`` clients at it sum below ``2^(ring_bits-2)``."""

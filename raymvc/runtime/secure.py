@@ -32,9 +32,11 @@ import numpy as np
 
 from ..messages import Message
 from ..protocol import Replies, SecureSum, WeightedSum
-from .secagg import INPUT, KINDS, MASKED, SecAggClient, SecAggParams, SecAggServer
+from .secagg import INPUT, KINDS, MASKED, REKEY, SecAggClient, SecAggParams, SecAggServer
 
 NAMES, SHAPES = "names", "shapes"  # the summed fields' names and shapes, beside a masked input
+KEY = ("secagg.pk", "secagg.epoch", "secagg.to", "secagg.ct")  # a fresh mask key, beside a stripped reply
+_KEY_AS = ("s_pk", "epoch", "to", "ct")  # the same as the fields of a secagg.rekey message
 
 
 def _shapes(shapes: list[tuple[int, ...]]) -> np.ndarray:
@@ -56,9 +58,9 @@ def _unshapes(flat: np.ndarray, n: int) -> list[tuple[int, ...]]:
     return out
 
 
-def params(neighbours: int = 0) -> SecAggParams:
+def params(neighbours: int = 0, fraction: float = 0.5) -> SecAggParams:
     """The layer's encoding: Z_{2^64}, 24 fractional bits, each client's bound set by its weight."""
-    return SecAggParams(ring_bits=64, frac_bits=24, clip=None, neighbours=int(neighbours))
+    return SecAggParams(ring_bits=64, frac_bits=24, clip=None, neighbours=int(neighbours), fraction=float(fraction))
 
 
 class ClientLayer:
@@ -94,7 +96,11 @@ class ClientLayer:
             w = float(reply[spec.weight])
         x = np.concatenate(parts) if parts else np.zeros(0)
         self.kept = {round: (names, shapes, x, w)}  # an input not asked for by the next round is dropped
-        return Message(reply.kind, {k: v for k, v in reply.fields.items() if k not in names})
+        out = {k: v for k, v in reply.fields.items() if k not in names}
+        key = self.sa.fresh_key()  # the mask key of this aggregation, used for it alone
+        if key is not None:
+            out.update({name: key[field] for name, field in zip(KEY, _KEY_AS)})
+        return Message(reply.kind, out)
 
     def handle(self, msg: Message, round: int) -> Message | None:
         if msg.kind != INPUT:
@@ -115,9 +121,10 @@ Exchange = Callable[[dict[int, Message]], "object"]  # outgoing -> a RoundState 
 class ServerLayer:
     """The server's side: set-up, then one masked aggregation per declared kind and round."""
 
-    def __init__(self, specs: Iterable[SecureSum], client_ids: Iterable[int], seed: int, neighbours: int = 0):
+    def __init__(self, specs: Iterable[SecureSum], client_ids: Iterable[int], seed: int, neighbours: int = 0,
+                 fraction: float = 0.5):
         self.specs = {s.kind: s for s in specs}
-        self.sa = SecAggServer(client_ids, params(neighbours), seed=seed)
+        self.sa = SecAggServer(client_ids, params(neighbours, fraction), seed=seed)
 
     def setup(self, exchange: Exchange) -> None:
         """Key advertisement and the shares of every client's first mask key."""
@@ -131,6 +138,12 @@ class ServerLayer:
         kinds = sorted({m.kind for m in st.replies.values() if m.kind in self.specs})
         if not kinds:
             return
+        keys = {}
+        for c, m in list(st.replies.items()):  # fresh mask keys travel beside the stripped replies
+            if m.kind in self.specs and KEY[0] in m:
+                keys[c] = Message(REKEY, {field: m[name] for name, field in zip(KEY, _KEY_AS)})
+                st.replies[c] = Message(m.kind, {k: v for k, v in m.fields.items() if k not in KEY})
+        self.sa.take_keys(keys)
         sums = {}
         for kind in kinds:
             senders = sorted(c for c, m in st.replies.items() if m.kind == kind)

@@ -76,9 +76,9 @@ The ``"w.*"`` fields of ``update`` are declared a weighted sum with weight ``n``
 ``channel.secure_aggregation: true`` the engine masks them (``raymvc.runtime.secure``)
 and the server learns ``Σ n_l w_l`` and ``Σ n_l`` over the clients whose masked input
 arrived, never one client's weights; ``n``, ``loss`` and ``centroids`` still travel in
-the clear. The fixed-point sum (24 fractional bits in Z_{2^64}) comes back within
-``2^-25`` of the plain one before both are rounded to float32; BatchNorm counters
-(``num_batches_tracked``) are integers and exact. A client whose input is not in the sum
+the clear. The sum is taken in fixed point (24 fractional bits in Z_{2^64},
+``raymvc.fixedpoint``) with or without the layer, so a run gives the same weights, bit
+for bit, either way; BatchNorm counters (``num_batches_tracked``) are integers and exact. A client whose input is not in the sum
 (it dropped out of a sub-exchange, or the aggregation fell below its threshold) is a
 missing reply. The server still sees the global model it sends, every client's local
 centroids, its loss and ``n_l``, who took part, and the sum (``docs/threat-model.md``).

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from .fixedpoint import decode_fixed, encode_input
 from .messages import Done, Message
 
 
@@ -198,14 +199,11 @@ class WeightedSum:
     contributors: list[int]
     secure: bool = False
     failed: str | None = None
-    means: dict[str, np.ndarray] | None = None  # set by the plain path: Σ (w_i / Σ w) x_i, as FedAvg computes it
 
     def mean(self) -> dict[str, np.ndarray] | None:
         """``Σ w_i x_i / Σ w_i`` per field, or ``None`` when nothing (or zero weight) was summed."""
         if not self.contributors or not self.weight:
             return None
-        if self.means is not None:
-            return dict(self.means)
         return {k: v / self.weight for k, v in self.totals.items()}
 
 
@@ -218,12 +216,30 @@ class Replies(dict):
         self.sums: dict[str, WeightedSum] = dict(sums or {})
 
 
+def summed_fields(msg: Message, spec: SecureSum) -> tuple[list[str], np.ndarray, float]:
+    """The names (in message order) and float64 entries of ``spec``'s fields in ``msg``, and its weight."""
+    names = [k for k in msg.fields if spec.covers(k)]
+    parts = []
+    for k in names:
+        v = msg[k]
+        if isinstance(v, (str, bool)) or v is None or (isinstance(v, np.ndarray) and v.dtype.kind not in "iuf"):
+            raise ValueError(f"sum {msg.kind!r}: field {k!r} is not a number or numeric array")
+        parts.append(np.asarray(v, dtype=np.float64).ravel())
+    w = 1.0
+    if spec.weight is not None:
+        v = msg.get(spec.weight)
+        if v is None or isinstance(v, (str, bool, np.ndarray)):
+            raise ValueError(f"sum {msg.kind!r}: weight field {spec.weight!r} missing or not a number")
+        w = float(v)
+    return names, (np.concatenate(parts) if parts else np.zeros(0)), w
+
+
 def weighted_sum(replies: Mapping[int, Message], spec: SecureSum) -> WeightedSum:
     """The weighted sum of ``spec``'s fields over the replies of kind ``spec.kind``.
 
     With secure aggregation on, the engine's sum (the replies hold no summed field);
-    otherwise computed here from the plain replies, in client order, with the mean taken
-    as ``Σ (w_i / Σ w) x_i`` in float64 (FedAvg's arithmetic).
+    otherwise computed here from the plain replies. Either way in the same fixed-point
+    code (:mod:`raymvc.fixedpoint`), so both give the same numbers, bit for bit.
     """
     sums = getattr(replies, "sums", None)
     if sums and spec.kind in sums:
@@ -231,24 +247,23 @@ def weighted_sum(replies: Mapping[int, Message], spec: SecureSum) -> WeightedSum
     ids = sorted(c for c, m in replies.items() if m.kind == spec.kind)
     if not ids:
         return WeightedSum(spec.kind, {}, 0.0, [])
-    w = {c: 1.0 if spec.weight is None else float(replies[c][spec.weight]) for c in ids}
-    names = [k for k in replies[ids[0]].fields if spec.covers(k)]
-    for c in ids[1:]:
-        if [k for k in replies[c].fields if spec.covers(k)] != names:
+    acc = None
+    for c in ids:
+        names, x, w = summed_fields(replies[c], spec)
+        if acc is None:
+            first, shapes, acc = names, [np.shape(replies[c][k]) for k in names], encode_input(x, w, len(ids))
+            continue
+        if names != first or [np.shape(replies[c][k]) for k in names] != shapes:
             raise ValueError(f"weighted_sum: the {spec.kind!r} replies of clients {ids[0]} and {c} "
                              "carry different summed fields")
-    total = float(sum(w.values()))
-    totals, means = {}, {}
-    for k in names:
-        acc = np.zeros(np.shape(replies[ids[0]][k]), dtype=np.float64)
-        avg = np.zeros_like(acc)
-        for c in ids:
-            x = np.asarray(replies[c][k], dtype=np.float64)
-            acc += w[c] * x
-            if total:
-                avg += (w[c] / total) * x
-        totals[k], means[k] = acc, avg
-    return WeightedSum(spec.kind, totals, total, ids, means=means)
+        acc += encode_input(x, w, len(ids))  # wraps around modulo 2^64, as the masked sum does
+    vals = decode_fixed(acc)
+    totals, at = {}, 0
+    for k, shape in zip(first, shapes):
+        size = int(np.prod(shape)) if shape else 1
+        totals[k] = vals[at:at + size].reshape(shape)
+        at += size
+    return WeightedSum(spec.kind, totals, float(vals[-1]), ids)
 
 
 @dataclass(frozen=True)

@@ -530,9 +530,9 @@ def test_engine_run_matches_plain_fedavg_and_meters_secagg(plain_and_secure):
     # the server never saw one client's vector, only the engine's sum ...
     assert spies["plain"].plain_w_seen == 18 and spies["secure"].plain_w_seen == 0
     assert spies["secure"].secure_sums == 3 and spies["plain"].secure_sums == 0
-    # ... and ends every round where the plain run does: the masks cancel
+    # ... and ends every round exactly where the plain run does: the masks cancel in the ring
     for a, b in zip(spies["secure"].vectors, spies["plain"].vectors, strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-6)
+        np.testing.assert_array_equal(a, b)
 
 
 def _drop_in(monkeypatch, who: set[int], sub: int, round: int = 0):
@@ -595,7 +595,7 @@ def test_secagg_plus_in_the_engine_costs_less_and_sums_the_same(tmp_path):
                               mp=mp)[0]
     assert all(r["status"] == "completed" for r in runs.values())
     for a, b in zip(spies["plus"].vectors, spies["plain"].vectors, strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-6)
+        np.testing.assert_array_equal(a, b)
     assert runs["plus"]["communication_secagg"]["wire_bytes"] < 0.6 * runs["full"]["communication_secagg"]["wire_bytes"]
 
 
@@ -632,3 +632,44 @@ def test_methods_hold_no_secure_aggregation_code():
     hits = [f"{f.name}:{i}" for f in files for i, line in enumerate(f.read_text().splitlines(), 1)
             if "secagg" in line.lower()]
     assert hits == []
+
+
+def test_the_layer_composes_with_encryption_and_every_fault_kind(tmp_path):
+    """AES-GCM links, a crash, stragglers past a deadline and dropouts in every exchange: the run
+    degrades, no party raises, and every sum that came out is right (all echoes are one vector)."""
+    spy = _Spy()
+    with pytest.MonkeyPatch.context() as mp:
+        s, log = _run(tmp_path, "faults", True, "channel.encryption=aes-gcm", "faults.dropout.rate=0.15",
+                      "faults.crash=[{client: 5, at_round: 1}]", "faults.stragglers.fraction=0.2",
+                      "faults.stragglers.delay_s.mean=3", "faults.deadline_s=4", rounds=5, n_clients=10, spy=spy, mp=mp)
+    assert s["status"] == "degraded" and not s["errors"] and not s["faults"]["client_errors"]
+    assert s["faults"]["crashed_clients"] == [5] and s["faults"]["dropped_replies"] > 0
+    assert s["faults"]["late_replies"] > 0
+    assert s["communication_secagg"]["messages"] > 0
+    assert all(5 not in r["info"]["aggregated"] for r in log[1:])
+    assert any(r["info"]["aggregated"] for r in log)
+    for v in spy.vectors[1:]:
+        np.testing.assert_allclose(v, spy.vectors[0], atol=1e-6)
+
+
+def test_weighted_sum_of_plain_replies_is_the_weighted_mean_in_fixed_point():
+    from raymvc.protocol import SecureSum, weighted_sum
+
+    spec = SecureSum("update", ("w.*", "b"), weight="n")
+    rng = np.random.default_rng(0)
+    replies = {c: Message("update", {"w.a": rng.normal(size=(3, 2)).astype(np.float32), "w.c": np.int64(c + 1),
+                                     "b": float(c), "n": int(10 * (c + 1)), "loss": 0.5}) for c in range(3)}
+    replies[9] = Message("other", x=1.0)
+    s = weighted_sum(replies, spec)
+    assert s.contributors == [0, 1, 2] and s.weight == 60.0 and not s.secure
+    assert list(s.totals) == ["w.a", "w.c", "b"] and s.totals["w.a"].shape == (3, 2) and s.totals["w.c"].shape == ()
+    mean = s.mean()
+    exact = sum(replies[c]["n"] * replies[c]["w.a"].astype(np.float64) for c in range(3)) / 60
+    np.testing.assert_allclose(mean["w.a"], exact, rtol=0, atol=2.0**-24)
+    assert mean["w.c"] == (10 * 1 + 20 * 2 + 30 * 3) / 60 and mean["b"] == pytest.approx((20 + 60) / 60)
+    assert weighted_sum({}, spec).mean() is None
+    replies[1] = Message("update", {"w.a": np.zeros((2, 3)), "w.c": np.int64(1), "b": 1.0, "n": 3})
+    with pytest.raises(ValueError, match="different summed fields"):
+        weighted_sum(replies, spec)
+    with pytest.raises(ValueError, match="weight field 'n'"):
+        weighted_sum({0: Message("update", {"w.a": np.zeros(2), "b": 1.0})}, spec)

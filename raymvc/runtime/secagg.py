@@ -91,6 +91,8 @@ from cryptography.hazmat.primitives.serialization import (
     PublicFormat,
 )
 
+from raymvc.fixedpoint import bound as fixed_bound
+from raymvc.fixedpoint import decode_fixed, encode_fixed, ring_dtype
 from raymvc.messages import Message
 
 ADVERTISE, KEYS = "secagg.advertise", "secagg.keys"
@@ -153,29 +155,6 @@ def shamir_reconstruct(shares: Mapping[int, int], t: int) -> int:
     if len(shares) < t:
         raise ValueError(f"{len(shares)} shares, need {t}")
     return shamir_interpolate(dict(list(shares.items())[:t]))
-
-
-# ---------------------------------------------------------------------------
-# Fixed-point encoding in Z_{2^bits}
-def ring_dtype(bits: int) -> np.dtype:
-    if bits not in (32, 64):
-        raise ValueError(f"ring_bits must be 32 or 64, got {bits}")
-    return np.dtype(np.uint64 if bits == 64 else np.uint32)
-
-
-def encode_fixed(v: np.ndarray, frac_bits: int, bits: int = 64) -> np.ndarray:
-    """``round(v * 2^frac_bits)`` as two's complement in Z_{2^bits}."""
-    signed = np.int64 if bits == 64 else np.int32
-    q = np.rint(np.asarray(v, dtype=np.float64) * float(2**frac_bits))
-    lim = float(2 ** (bits - 1))
-    if q.size and (q.min() < -lim or q.max() >= lim):
-        raise ValueError("value out of the fixed-point range")
-    return q.astype(signed).view(ring_dtype(bits))
-
-
-def decode_fixed(u: np.ndarray, frac_bits: int, bits: int = 64) -> np.ndarray:
-    signed = np.int64 if bits == 64 else np.int32
-    return np.asarray(u, dtype=ring_dtype(bits)).view(signed).astype(np.float64) / float(2**frac_bits)
 
 
 # ---------------------------------------------------------------------------
@@ -680,8 +659,7 @@ class SecAggClient:
     def bound(self, weight: float, active: int = 0) -> float:
         """The automatic input bound for ``weight``: ``n`` clients at it sum below ``2^(ring_bits-2)``."""
         p = self.params
-        n = max(self.n_clients, int(active), 1)
-        return float(2.0 ** (p.ring_bits - 2 - p.frac_bits) / (max(abs(float(weight)), 1.0) * n))
+        return fixed_bound(weight, max(self.n_clients, int(active)), p.frac_bits, p.ring_bits)
 
     # -- unmasking ------------------------------------------------------------
     def _on_unmask(self, msg: Message) -> Message:
@@ -716,6 +694,6 @@ class SecAggClient:
 
 
 __all__ = [
-    "KINDS", "PRIME", "neighbourhoods", "SecAggParams", "SecAggServer", "SecAggClient", "Outcome", "shamir_split",
+    "KINDS", "PRIME", "neighbourhoods", "ring_dtype", "SecAggParams", "SecAggServer", "SecAggClient", "Outcome", "shamir_split",
     "shamir_interpolate", "shamir_reconstruct", "encode_fixed", "decode_fixed", "prg",
 ]

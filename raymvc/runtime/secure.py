@@ -30,8 +30,9 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from ..fixedpoint import FRAC_BITS, RING_BITS
 from ..messages import Message
-from ..protocol import Replies, SecureSum, WeightedSum
+from ..protocol import Replies, SecureSum, WeightedSum, summed_fields
 from .secagg import INPUT, KINDS, MASKED, REKEY, SecAggClient, SecAggParams, SecAggServer
 
 NAMES, SHAPES = "names", "shapes"  # the summed fields' names and shapes, beside a masked input
@@ -59,8 +60,10 @@ def _unshapes(flat: np.ndarray, n: int) -> list[tuple[int, ...]]:
 
 
 def params(neighbours: int = 0, fraction: float = 0.5) -> SecAggParams:
-    """The layer's encoding: Z_{2^64}, 24 fractional bits, each client's bound set by its weight."""
-    return SecAggParams(ring_bits=64, frac_bits=24, clip=None, neighbours=int(neighbours), fraction=float(fraction))
+    """The layer's encoding, that of every declared sum (:mod:`raymvc.fixedpoint`); each
+    client's bound set by its weight."""
+    return SecAggParams(ring_bits=RING_BITS, frac_bits=FRAC_BITS, clip=None, neighbours=int(neighbours),
+                        fraction=float(fraction))
 
 
 class ClientLayer:
@@ -80,21 +83,8 @@ class ClientLayer:
         spec = self.specs.get(reply.kind)
         if spec is None:
             return reply
-        names = [k for k in reply.fields if spec.covers(k)]
-        parts, shapes = [], []
-        for k in names:
-            v = reply[k]
-            if isinstance(v, (str, bool)) or v is None or (isinstance(v, np.ndarray) and v.dtype.kind not in "iuf"):
-                raise ValueError(f"secure sum {reply.kind!r}: field {k!r} is not a number or numeric array")
-            a = np.asarray(v, dtype=np.float64)
-            parts.append(a.ravel())
-            shapes.append(a.shape)
-        w = 1.0
-        if spec.weight is not None:
-            if spec.weight not in reply or isinstance(reply[spec.weight], (str, bool, np.ndarray)):
-                raise ValueError(f"secure sum {reply.kind!r}: weight field {spec.weight!r} missing or not a number")
-            w = float(reply[spec.weight])
-        x = np.concatenate(parts) if parts else np.zeros(0)
+        names, x, w = summed_fields(reply, spec)
+        shapes = [np.shape(reply[k]) for k in names]
         self.kept = {round: (names, shapes, x, w)}  # an input not asked for by the next round is dropped
         out = {k: v for k, v in reply.fields.items() if k not in names}
         key = self.sa.fresh_key()  # the mask key of this aggregation, used for it alone

@@ -673,3 +673,55 @@ def test_weighted_sum_of_plain_replies_is_the_weighted_mean_in_fixed_point():
         weighted_sum(replies, spec)
     with pytest.raises(ValueError, match="weight field 'n'"):
         weighted_sum({0: Message("update", {"w.a": np.zeros(2), "b": 1.0})}, spec)
+
+
+@pytest.mark.parametrize("rotate", [True, False])
+def test_a_curious_server_reads_no_input_through_the_engine(rotate, tmp_path, monkeypatch):
+    """The attack above on everything the server's endpoint opened in an engine run: client 2
+    drops before its masked input in round 1 (its mask key is revealed), client 4 before its
+    masked input in round 2. With the layer's fresh keys no input is read; with one key kept
+    for the run, client 2's round-0 input is."""
+    from types import SimpleNamespace
+
+    from raymvc.channel import Endpoint
+    from raymvc.runtime import secure
+
+    monkeypatch.setattr(sa.SecAggClient, "_rotate", rotate)
+    from raymvc.runtime.faults import FaultPlan
+
+    real = FaultPlan.dropped
+    monkeypatch.setattr(FaultPlan, "dropped", lambda self, r, c, sub=0: (r, c, sub) in {(1, 2, 1), (2, 4, 1)}
+                        or real(self, r, c, sub))
+    opened = []
+    real_open = Endpoint.open
+
+    def spy(self, frame, *args, **kw):
+        o = real_open(self, frame, *args, **kw)
+        if self.party == "server":
+            opened.append((int(o.src.split(":")[1]), o.msg))
+        return o
+
+    monkeypatch.setattr(Endpoint, "open", spy)
+    s, log = _run(tmp_path, f"curious-{rotate}", True, rounds=4, n_clients=5)
+    assert s["status"] == "degraded" and not s["errors"]
+    assert log[1]["info"]["aggregated"] == [0, 1, 3, 4]
+    assert log[2]["info"]["aggregated"] == ([0, 1, 2, 3] if rotate else [0, 1, 3])  # kept keys: 2 must re-key
+    pk, peers_pk, inbox = {}, {}, SimpleNamespace(inbox=[], senders=[], params=secure.params(),
+                                                   server=SimpleNamespace(t=3))
+    for c, m in opened:  # what the server knows: every key it was told, in order
+        if m.kind == sa.KEYS:
+            pk[c] = bytes(m["s_pk"])
+        elif m.kind == sa.REKEY:
+            pk[c] = bytes(m["s_pk"])
+        elif secure.KEY[0] in m:
+            pk[c] = bytes(m[secure.KEY[0]])
+        elif m.kind == sa.MASKED:
+            peers_pk.setdefault(int(m["k"]), dict(pk))
+        inbox.inbox.append(m)
+        inbox.senders.append(c)
+    assert sorted(peers_pk) == [1, 2, 3, 4]
+    read = _curious_server(inbox, peers_pk)
+    if rotate:
+        assert read == []
+    else:
+        assert (2, 1) in read  # round 0's input of client 2: its b from round 0, its key from round 1

@@ -249,14 +249,18 @@ def weighted_sum(replies: Mapping[int, Message], spec: SecureSum) -> WeightedSum
         return WeightedSum(spec.kind, {}, 0.0, [])
     acc = None
     for c in ids:
-        names, x, w = summed_fields(replies[c], spec)
+        try:
+            names, x, w = summed_fields(replies[c], spec)
+            code = encode_input(x, w, len(ids))
+        except ValueError as e:
+            raise ValueError(f"weighted_sum: client {c}'s {spec.kind!r} reply: {e}") from None
         if acc is None:
-            first, shapes, acc = names, [np.shape(replies[c][k]) for k in names], encode_input(x, w, len(ids))
+            first, shapes, acc = names, [np.shape(replies[c][k]) for k in names], code
             continue
         if names != first or [np.shape(replies[c][k]) for k in names] != shapes:
             raise ValueError(f"weighted_sum: the {spec.kind!r} replies of clients {ids[0]} and {c} "
                              "carry different summed fields")
-        acc += encode_input(x, w, len(ids))  # wraps around modulo 2^64, as the masked sum does
+        acc += code  # wraps around modulo 2^64, as the masked sum does
     vals = decode_fixed(acc)
     totals, at = {}, 0
     for k, shape in zip(first, shapes):

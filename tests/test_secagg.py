@@ -725,3 +725,66 @@ def test_a_curious_server_reads_no_input_through_the_engine(rotate, tmp_path, mo
         assert read == []
     else:
         assert (2, 1) in read  # round 0's input of client 2: its b from round 0, its key from round 1
+
+
+def test_the_threshold_is_never_one_where_a_group_has_company():
+    net = Net(8, sa.SecAggParams(neighbours=2, fraction=0.3))
+    net.setup()
+    assert net.server.t == 2  # floor(0.3 x 3) + 1 would be 1: a lone survivor could be unmasked
+    single = Net(1)
+    single.setup()
+    assert single.server.t == 1
+
+
+def _splitting_pair(group: dict[int, list[int]]) -> tuple[int, int]:
+    """Two clients whose loss cuts the SecAgg+ ring into parts of at least two clients each."""
+    ids = sorted(group)
+    for a in ids:
+        for b in ids:
+            if a < b:
+                alive = set(ids) - {a, b}
+                parts, seen = [], set()
+                for s in sorted(alive):
+                    if s in seen:
+                        continue
+                    part, todo = {s}, [s]
+                    while todo:
+                        c = todo.pop()
+                        for j in group[c]:
+                            if j in alive and j not in part:
+                                part.add(j)
+                                todo.append(j)
+                    seen |= part
+                    parts.append(part)
+                if len(parts) > 1 and min(len(p) for p in parts) >= 2:
+                    return a, b
+    raise AssertionError("no splitting pair")
+
+
+def test_secagg_plus_refuses_a_sum_that_would_reveal_the_sums_of_parts():
+    net = Net(8, sa.SecAggParams(neighbours=2))
+    net.setup()
+    a, b = _splitting_pair(net.server.group)
+    x, w = _inputs(8, 4)
+    before = len(net.inbox)
+    out = net.aggregate(x, w, drop_input={a, b})
+    assert out.total is None and "without masks between them" in out.failed
+    assert not any(m.kind == sa.REVEAL for m in net.inbox[before:])  # nothing was unmasked
+    out = net.aggregate(x, w)  # and the next aggregation works
+    np.testing.assert_allclose(out.total, _plain(x, w, range(8))[0], atol=1e-5)
+
+
+def test_an_aggregation_that_raised_half_way_leaves_the_next_one_clean():
+    from raymvc.runtime.secure import ServerLayer
+
+    layer = ServerLayer([], range(3), seed=0)
+    layer.sa.roster, layer.sa.members, layer.sa.group = [0, 1, 2], {0, 1, 2}, {c: [0, 1, 2] for c in range(3)}
+    layer.sa.phase, layer.sa.s_pk, layer.sa.c_pk = "idle", {c: b"k" * 32 for c in range(3)}, {c: b"c" * 32 for c in range(3)}
+    layer.sa.epoch = {c: 0 for c in range(3)}
+
+    def broken(out):
+        raise RuntimeError("the link went down")
+
+    with pytest.raises(RuntimeError):
+        layer._one("update", [0, 1, 2], broken)
+    assert layer.sa.phase == "idle"

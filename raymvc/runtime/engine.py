@@ -28,7 +28,7 @@ from ..metrics import clustering_scores, label_free_scores, preload
 from ..protocols import get
 from ..provenance import code_version, fingerprint
 from ..results import OutputFolder, ResultsError, RunWriter, default_out_dir, format_summary
-from ..scenario import Scenario, ScenarioError
+from ..scenario import ChannelCfg, Scenario, ScenarioError
 from ..scenario import one_line as one_line_text
 from . import checkpoint
 from .cluster import ClusterError, init_ray
@@ -59,7 +59,8 @@ def prepare(sc: Scenario):
                                                      "(Protocol.secure_sums)")
     if sc.channel.secagg_neighbours and not sc.channel.secure_aggregation:
         raise _err(sc, "channel.secagg_neighbours", "needs channel.secure_aggregation: true")
-    if "secagg_threshold" in sc.channel.model_fields_set and not sc.channel.secure_aggregation:
+    if sc.channel.secagg_threshold != ChannelCfg.model_fields["secagg_threshold"].default \
+            and not sc.channel.secure_aggregation:
         raise _err(sc, "channel.secagg_threshold", "needs channel.secure_aggregation: true")
     if sc.channel.secure_aggregation and sc.runtime.checkpoint:
         raise _err(sc, "runtime.checkpoint", "cannot be combined with channel.secure_aggregation: the clients' "

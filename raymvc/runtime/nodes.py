@@ -424,7 +424,10 @@ class ServerNode:
     def begin(self) -> None:
         pin_threads(self.threads)
         if self.secure is not None:  # key set-up, like the handshake free of injected faults
-            self.secure.setup(lambda out: self._extra_exchange(self.round, out, Injector(None), None))
+            st = RoundState()
+            self.secure.setup(lambda out: self._extra_exchange(self.round, out, Injector(None), st))
+            self.counts.client_errors += len(st.errors)
+            self.counts.rejected_messages += len(st.rejected)
         self.outgoing = self.server.start()
 
     def _extra_exchange(self, r: int, outgoing: dict[int, Message], faults: Injector,

@@ -38,9 +38,11 @@ Per aggregation ``k`` (a round whose replies carry a declared sum):
    relaying the share ciphertexts addressed to it; reply ``secagg.reveal``: its shares
    of ``b_j`` for ``j ∈ U`` and of ``s_j^SK`` for ``j ∈ D`` -- never both for one client.
 
-With fewer than ``t`` survivors in the group of any client whose secret is needed, or
-fewer than ``t`` shares of any needed secret after step 4, the aggregation fails (no
-partial unmasking): the method sees an empty sum.
+With fewer than ``t`` survivors in the group of any client whose secret is needed, with
+survivors that fall into parts no pairwise mask links (SecAgg+: each part's sum would
+come out), or with fewer than ``t`` shares of any needed secret after step 4, the
+aggregation fails (no partial unmasking): the method sees an empty sum. ``t`` is at
+least 2 wherever a group has more than one member.
 
 Keys across aggregations
 ------------------------
@@ -60,7 +62,9 @@ pairwise seeds are derived per aggregation as well (HKDF over the X25519 secret 
 client that sent no fresh key since is left out and asked to re-key (reply
 ``secagg.rekey`` instead of a masked input). Peers refuse to reveal ``b_j`` for a client
 whose current mask key they have helped expose. A client that missed step 1 stays out
-of secure aggregation for the run; one that missed step 2 joins through a re-key.
+of secure aggregation for the run; one that never got the roster of step 2 is sent it
+again (its shares join it for the next aggregation), one whose shares were lost joins
+through a re-key.
 
 Threat model: honest-but-curious server and clients (the server follows the protocol
 but tries to learn inputs); up to ``t - 1`` members of a group colluding with the
@@ -407,7 +411,9 @@ class SecAggServer:
         self.group = neighbourhoods(self.roster, self.params.neighbours, self.seed)
         g = min((len(v) for v in self.group.values()), default=0)
         self.t = self.params.threshold or int(self.params.fraction * g) + 1
-        self.t = max(1, min(self.t, g)) if g else 1
+        # never 1 where a group has company: a lone survivor's b and its peers' revealed keys
+        # would otherwise unmask its input
+        self.t = max(min(2, g), min(self.t, g)) if g else 1
         self.phase = "share"
         return Outcome(send={c: self._roster_msg(c) for c in self.roster})
 
@@ -457,6 +463,9 @@ class SecAggServer:
         short = [j for j in self.survivors + self.dropped if len(alive.intersection(self.group[j])) < self.t]
         if short:  # some needed secret cannot be rebuilt: ask for no share at all
             return self._fail(f"fewer than {self.t} survivors in the groups of clients {sorted(short)}")
+        parts = self._components(alive)
+        if parts > 1:  # unmasked, each part's own sum would come out: refuse (SecAgg+ only)
+            return self._fail(f"the survivors fall into {parts} groups without masks between them")
         self.phase = "unmask"
         self.exposed |= set(self.dropped)  # their mask keys are about to be rebuilt
         out = {}
@@ -470,6 +479,28 @@ class SecAggServer:
                              ctr=np.asarray([r[0][2] for r in rel], dtype=np.int64),
                              ct=_rows([r[1] for r in rel], CT_BYTES))
         return Outcome(send=out)
+
+    def _components(self, alive: set[int]) -> int:
+        """How many parts the survivors form when two are linked by a pairwise mask (same group)."""
+        seen, parts = set(), 0
+        for start in sorted(alive):
+            if start in seen:
+                continue
+            parts += 1
+            todo = [start]
+            seen.add(start)
+            while todo:
+                c = todo.pop()
+                for j in self.group.get(c, ()):
+                    if j in alive and j not in seen:
+                        seen.add(j)
+                        todo.append(j)
+        return parts
+
+    def reset(self) -> None:
+        """End an aggregation left half-way (its party raised): the next one starts afresh."""
+        if self.phase in ("masked", "unmask"):
+            self._fail("interrupted")
 
     def _fail(self, why: str) -> Outcome:
         self.phase = "idle"

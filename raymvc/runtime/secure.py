@@ -144,6 +144,12 @@ class ServerLayer:
         st.replies = Replies(st.replies, sums=sums)
 
     def _one(self, kind: str, senders: list[int], exchange: Exchange) -> WeightedSum:
+        try:
+            return self._aggregate(kind, senders, exchange)
+        finally:
+            self.sa.reset()  # whatever happened, the next aggregation starts afresh
+
+    def _aggregate(self, kind: str, senders: list[int], exchange: Exchange) -> WeightedSum:
         sa = self.sa
         sa.begin(among=senders)
         st = exchange(sa.input_requests(INPUT, {}, senders))

@@ -11,7 +11,8 @@ A scenario's ``method`` is one of three things, looked up in this order:
    value is a module defining ``PROTOCOL``, or a ``module:attribute`` naming a Protocol);
 3. an import path of a module that defines ``PROTOCOL`` (``method: mylab.mymethod``).
    The module must be importable by the driver and by the Ray workers: installed, on
-   ``PYTHONPATH``, or under the current directory (which is then added to both).
+   ``PYTHONPATH``, beside the scenario file that names it, or under the current
+   directory. The engine hands the folders it searched to every party it starts.
 """
 
 from __future__ import annotations
@@ -60,25 +61,45 @@ def _from_module(module, name: str) -> Protocol:
     return proto
 
 
-def _import_user_module(path: str):
-    """Import ``path``; if it is not importable, try again with the current directory on sys.path.
+_SEARCH: list[str] = []  # folders of scenario files read in this process, searched for methods
 
-    The current directory is also put on ``PYTHONPATH`` so that Ray workers started
-    afterwards by this driver find the same module.
+
+def add_search_path(folder: str | os.PathLike) -> None:
+    """Look for a method's module in ``folder`` too (a scenario file's folder), after the
+    installed packages and ``PYTHONPATH``."""
+    folder = os.path.abspath(folder)
+    if folder not in _SEARCH:
+        _SEARCH.append(folder)
+
+
+def search_paths() -> list[str]:
+    """The folders :func:`add_search_path` added, in order (the engine passes them to the parties)."""
+    return list(_SEARCH)
+
+
+def _import_user_module(path: str):
+    """Import ``path``; if it is not importable, from the first of the scenario files' folders
+    (:func:`add_search_path`) and the current directory that holds it.
+
+    That folder is put on ``sys.path``, and on ``PYTHONPATH`` for Ray workers started later.
     """
     try:
         return importlib.import_module(path)
     except ModuleNotFoundError as e:
         top = path.split(".")[0]
-        cwd = os.getcwd()
-        if e.name not in {top, path} or cwd in sys.path:
+        if e.name not in {top, path}:
             raise
-        if not (os.path.exists(os.path.join(cwd, top + ".py")) or os.path.isdir(os.path.join(cwd, top))):
-            raise
-        sys.path.insert(0, cwd)
-        old = os.environ.get("PYTHONPATH")
-        os.environ["PYTHONPATH"] = cwd if not old else os.pathsep.join([cwd, old])
-        return importlib.import_module(path)
+        for folder in [*_SEARCH, os.getcwd()]:
+            if not (os.path.exists(os.path.join(folder, top + ".py")) or os.path.isdir(os.path.join(folder, top))):
+                continue
+            if folder in sys.path:
+                raise
+            sys.path.insert(0, folder)
+            old = os.environ.get("PYTHONPATH")
+            os.environ["PYTHONPATH"] = folder if not old else os.pathsep.join([folder, old])
+            importlib.invalidate_caches()
+            return importlib.import_module(path)
+        raise
 
 
 def get(name: str) -> Protocol:

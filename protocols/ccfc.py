@@ -205,18 +205,18 @@ UPDATE = SecureSum("update", (W_PREFIX + "*",), weight="n")
 class Config(ProtocolConfig):
     warmup_rounds: int = Field(default=100, ge=1, description="SimSiam rounds before the cluster phase")
     cluster_rounds: int = Field(default=100, ge=1, description="cluster-contrastive rounds")
-    local_epochs: int = Field(default=1, ge=1)
-    batch_size: int = Field(default=128, ge=2)
+    local_epochs: int = Field(default=1, ge=1, description="passes over its images a client trains per round")
+    batch_size: int = Field(default=128, ge=2, description="images per training step")
     lr: float = Field(default=3e-3, gt=0.0, description="Adam learning rate")
-    weight_decay: float = Field(default=0.0, ge=0.0)
+    weight_decay: float = Field(default=0.0, ge=0.0, description="Adam's L2 weight decay")
     lam: float = Field(default=1.0, ge=0.0, alias="lambda", description="λ, weight of the model-contrastive term")
     channels: tuple[int, int, int] = Field(default=(32, 64, 128), description="conv widths of the backbone")
     first_stride: int | None = Field(default=None, ge=1, le=2,
                                      description="stride of the first conv (default: 1 for images up to 8 pixels a side, else 2)")
     pool_grid: int = Field(default=1, ge=1, le=8,
                            description="average-pool the last map to a g x g grid, flattened (1 = global pooling)")
-    proj_hidden: int = Field(default=128, ge=1)
-    latent_dim: int = Field(default=64, ge=2)
+    proj_hidden: int = Field(default=128, ge=1, description="width of the projector's hidden layer")
+    latent_dim: int = Field(default=64, ge=2, description="dimension of the embedding that is clustered")
     pred_dim: int = Field(default=16, ge=1, description="predictor bottleneck")
     max_shift: int = Field(default=1, ge=0, description="random shift of up to this many pixels (augmentation)")
     noise_std: float = Field(default=0.2, ge=0.0, description="Gaussian pixel noise (images in [0, 1])")
@@ -634,7 +634,7 @@ PROTOCOL = Protocol(
     server=CCFCServer,
     partition="horizontal",
     summary="FedAvg of a SimSiam / cluster-contrastive CNN + k-means of local centroids; model up and down every round",
-    paper="Liu, Yan, Zhang, cluster-contrastive federated clustering (CCFC)",
+    paper="J. Liu, J. Yan, Z.-Y. Zhang: CCFC: Bridging Federated Clustering and Contrastive Learning (preprint)",
     quick_params={"warmup_rounds": 1, "cluster_rounds": 1, "batch_size": 64, "channels": [4, 8, 8], "proj_hidden": 8,
                   "latent_dim": 8, "pred_dim": 4, "kmeans_init": 1, "server_kmeans_init": 2},
     secure_sums=(UPDATE,),

@@ -69,8 +69,9 @@ from ._common import Membership, polar, rel_change
 class Config(ProtocolConfig):
     lam: float = Field(default=1.0, gt=0.0, alias="lambda", description="λ, weight of the label term on the client")
     beta: float | None = Field(default=None, gt=0.0, description="β on the server; defaults to λ as the paper advises")
-    max_rounds: int = Field(default=30, ge=1)
-    tol: float = Field(default=1e-6, ge=0.0)
+    max_rounds: int = Field(default=30, ge=1, description="rounds at most; the run ends earlier once converged")
+    tol: float = Field(default=1e-6, ge=0.0, description="converged when the objective's relative change "
+                                                           "(or its change over two rounds: a 2-cycle) is at most this")
     inner_iters: int = Field(default=3, ge=1, description="H_v steps per round on each client")
     kmeans_init: int = Field(default=10, ge=1, description="k-means restarts on the server at round 0")
 
@@ -293,7 +294,8 @@ PROTOCOL = Protocol(
     server=CeFMCServer,
     partition="vertical",
     summary="labels + k x k centroid blocks per round; O(N) per round",
-    paper="Liu et al., communication-efficient federated multi-view clustering",
+    paper="J. Liu, X. Liu, S. Wang, X. Wan, D. Li, K. Lu, K. He: Communication-Efficient Federated Multi-view "
+          "Clustering (journal article, 2025)",
     quick_params={"max_rounds": 5, "kmeans_init": 2},
     analytic_bytes=analytic_bytes,
 )

@@ -156,18 +156,21 @@ class Config(ProtocolConfig):
     beta: float = Field(default=0.1, ge=0.0, description="β, server weight of the anchor-graph regulariser")
     sigma: float | None = Field(default=None, gt=0.0,
                                 description="kernel width of S_v; None = median anchor distance times sigma_scale")
-    sigma_scale: float = Field(default=1.0, gt=0.0)
+    sigma_scale: float = Field(default=1.0, gt=0.0, description="σ as this times the median anchor distance "
+                                                                  "(when sigma is None)")
     max_rounds: int = Field(default=6, ge=1, description="outer rounds after the initial exchange")
     tol: float = Field(default=1e-3, ge=0.0, description="stop when the overall objective changes by less (relative)")
-    client_iters: int = Field(default=30, ge=1)
-    client_tol: float = Field(default=1e-3, ge=0.0)
-    server_iters: int = Field(default=30, ge=1)
-    server_tol: float = Field(default=1e-3, ge=0.0)
-    gpi_iters: int = Field(default=50, ge=1)
-    gpi_tol: float = Field(default=1e-6, ge=0.0)
+    client_iters: int = Field(default=30, ge=1, description="iterations of a client's local loop per round, at most")
+    client_tol: float = Field(default=1e-3, ge=0.0, description="a client's loop stops when its objective changes "
+                                                                  "by less (relative)")
+    server_iters: int = Field(default=30, ge=1, description="iterations of the server's loop per round, at most")
+    server_tol: float = Field(default=1e-3, ge=0.0, description="the server's loop stops when its objective changes "
+                                                                  "by less (relative)")
+    gpi_iters: int = Field(default=50, ge=1, description="generalized power iterations per P_v update, at most")
+    gpi_tol: float = Field(default=1e-6, ge=0.0, description="a P_v update stops when its objective changes by less")
     qp_iters: int = Field(default=300, ge=1, description="iteration cap of an exact column-QP solve")
     inner_qp_iters: int = Field(default=5, ge=1, description="FISTA steps per Z update inside the client loop")
-    qp_tol: float = Field(default=1e-6, ge=0.0)
+    qp_tol: float = Field(default=1e-6, ge=0.0, description="tolerance of the column-QP solver (relative gap)")
     kmeans_init: int = Field(default=10, ge=1, description="k-means restarts for the anchors on each client")
     final_kmeans_init: int = Field(default=200, ge=1, description="k-means restarts on the server's spectral embedding")
     embedding: Literal["centered", "plain"] = Field(
@@ -573,6 +576,7 @@ PROTOCOL = Protocol(
     server=EFIMVCServer,
     partition="vertical",
     summary="anchor graphs (m x n_v) up, fused graph + m x m alignments down; local loops to convergence",
-    paper="Liu et al., efficient federated incomplete multi-view clustering (ICML 2025)",
+    paper="S. Liu, H. Yu, H. Tan, K. Liang, S. Wang, S. Yu, E. Zhu, X. Liu: Efficient Federated Incomplete "
+          "Multi-View Clustering (ICML 2025)",
     quick_params={"max_rounds": 3, "client_iters": 5, "server_iters": 5, "kmeans_init": 1, "final_kmeans_init": 2},
 )

@@ -405,7 +405,8 @@ PROTOCOL = Protocol(
     server=FCUIFServer,
     partition="vertical",
     summary="FedDMVC clients; server matches unaligned rows with learned MLPs and imputes only when a label-free score agrees",
-    paper="Ren, Chen et al., federated multi-view clustering for unaligned and incomplete data fusion (FCUIF)",
+    paper="Y. Ren, X. Chen, J. Xu et al.: A novel federated multi-view clustering method for unaligned and "
+          "incomplete data fusion (journal article, 2024)",
     quick_params={**fd.PROTOCOL.quick_params, "align_epochs": 3, "align_batch": 32},
     analytic_bytes=analytic_bytes,
 )

@@ -162,7 +162,7 @@ class Config(ProtocolConfig):
     rounds: int = Field(default=3, ge=1, description="T, fine-tune rounds after the pretraining round")
     pretrain_epochs: int = Field(default=30, ge=1, description="autoencoder epochs in the pretraining round")
     finetune_epochs: int = Field(default=10, ge=1, description="T_1, local epochs per fine-tune round")
-    batch_size: int = Field(default=128, ge=2)
+    batch_size: int = Field(default=128, ge=2, description="rows per training step of a client's autoencoder")
     lr: float = Field(default=2e-3, gt=0.0, description="Adam learning rate")
     hidden: tuple[int, ...] = Field(default=(256, 256, 1024), min_length=1, description="encoder widths")
     latent_dim: int = Field(default=10, ge=1, description="d, embedding size per view")
@@ -588,7 +588,8 @@ PROTOCOL = Protocol(
     server=FedDMVCServer,
     partition="vertical",
     summary="deep autoencoders per view; server aligns, imputes and sends prototypes + DEC targets; N_m (d+K) floats per round",
-    paper="Chen et al., federated deep multi-view clustering with global self-supervision (FedDMVC)",
+    paper="X. Chen, J. Xu, Y. Ren, X. Pu, C. Zhu, X. Zhu, Z. Hao, L. He: Federated Deep Multi-View Clustering "
+          "with Global Self-Supervision (ACM Multimedia 2023)",
     quick_params={"rounds": 2, "pretrain_epochs": 3, "finetune_epochs": 2, "batch_size": 64,
                   "hidden": (32, 32, 64), "latent_dim": 8, "kmeans_init": 2},
     analytic_bytes=analytic_bytes,

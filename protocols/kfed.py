@@ -61,7 +61,7 @@ class Config(ProtocolConfig):
     k_local: int | None = Field(default=None, ge=1, description="k', local clusters per client (default k)")
     weighted: bool = Field(default=True, description="weight local centroids by their cluster sizes on the server")
     kmeans_init: int = Field(default=10, ge=1, description="k-means restarts (client and server)")
-    max_iter: int = Field(default=300, ge=1)
+    max_iter: int = Field(default=300, ge=1, description="Lloyd iterations of each k-means restart, at most")
     retry_rounds: int = Field(default=2, ge=0, description="rounds in which a client whose summary is missing is asked again")
 
 
@@ -198,7 +198,7 @@ PROTOCOL = Protocol(
     server=KFedServer,
     partition="horizontal",
     summary="one-shot federated k-means: local centroids up, k global centroids down",
-    paper="Dennis, Li, Smith, Heterogeneity for the win: one-shot federated clustering (2021)",
+    paper="D. K. Dennis, T. Li, V. Smith: Heterogeneity for the Win: One-Shot Federated Clustering (ICML 2021)",
     quick_params={"kmeans_init": 2},
     analytic_bytes=analytic_bytes,
 )

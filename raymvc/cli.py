@@ -157,6 +157,8 @@ def cmd_list(args) -> int:
             print(f"  {name:<10} {p.partition:<10} {p.summary}")
             params = ", ".join(f"{r['name']}={r['default']}" for r in param_rows(p.config))
             print(f"  {'':<10} {'':<10} params: {params or '(none)'}")
+            if p.paper:
+                print(f"  {'':<10} {'':<10} paper: {p.paper}")
         except Exception as e:  # e.g. torch missing for a deep method
             print(f"  {name:<10} (unavailable: {e})")
     print("  (or an import path of a module that defines PROTOCOL, e.g. method: mylab.mymethod)")
@@ -166,8 +168,10 @@ def cmd_list(args) -> int:
     print("  (or data.path: a .npz or .mat file)")
     print("faults:")
     for name, text in [
-        ("dropout.rate", "chance that a client misses a round (per client, per round)"),
+        ("dropout.rate", "chance that a client misses a round (per client and round; each "
+                         "secure-aggregation exchange draws again)"),
         ("disconnect.rate", "fraction of clients offline for the whole run"),
+        ("drop", "[{client: C, at_round: R}]: the client misses round R (a scheduled dropout)"),
         ("crash", "[{client: C, at_round: R}]: the client's actor is killed at round R"),
         ("stragglers", "fraction of slow clients and their delay distribution (virtual seconds)"),
         ("deadline_s", "round deadline on the virtual clock; later replies count as late"),

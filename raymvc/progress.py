@@ -76,7 +76,7 @@ class RunProgress:
             self.line.log(self.prefix + msg)
 
     def status(self, rec: dict) -> str:
-        r = rec.get("round", 0)
+        r = rec.get("round", 0) + 1  # rounds done, counted as summary.json counts them
         of = f"/{self.max_rounds}" if self.max_rounds else ""
         missing = rec.get("missing") or []
         return (f"[{self.name}] round {r}{of}  {time.perf_counter() - self.t0:5.1f} s  {self.mb:8.3f} MB  "

@@ -466,6 +466,9 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ())
         raw = {}
     if not isinstance(raw, dict):
         raise ScenarioError(f"{src}: the top level must be a mapping of keys, got {type(raw).__name__}")
+    from .protocols import add_search_path
+
+    add_search_path(path.parent)  # a method module beside the file is found, as data.path is
     return scenario_from_dict(raw, source=src, overrides=overrides)
 
 

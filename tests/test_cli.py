@@ -244,6 +244,30 @@ def test_method_by_import_path_from_the_current_directory(tmp_path, capsys, monk
         assert [i for i in range(len(C)) if C[i].tobytes() in rows and i not in singletons] == []
 
 
+@pytest.mark.parametrize("backend", ["local", "ray"])
+def test_a_method_beside_its_scenario_file_runs_from_any_folder(backend, tmp_path, capsys, monkeypatch, request):
+    """``method: fedlloyd`` resolves beside the scenario file, as ``data.path`` does, in the
+    driver and (the folder handed to them) in the Ray actors."""
+    import raymvc.protocols as protocols
+
+    if backend == "ray":
+        request.getfixturevalue("ray_session")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    monkeypatch.setattr(protocols, "_SEARCH", [])
+    monkeypatch.delitem(sys.modules, "fedlloyd", raising=False)
+    scenario = REPO / "examples" / "own_method" / "fedlloyd.yaml"
+    assert main(["validate", str(scenario)]) == 0
+    assert "ok -- fedlloyd" in capsys.readouterr().out
+    out = tmp_path / "run"
+    assert main(["run", str(scenario), "--backend", backend, "--set", "params.max_rounds=2", "--set",
+                 "runtime.clients_per_actor=5", "--set", "runtime.client_cpus=0.25", "--out", str(out),
+                 "--json", "--quiet"]) == 0, capsys.readouterr().err
+    s = json.loads(capsys.readouterr().out)
+    assert s["method"] == "fedlloyd" and s["status"] == "completed" and s["backend"] == backend
+
+
 def test_method_from_an_entry_point(monkeypatch):
     from importlib.metadata import EntryPoint
 

@@ -25,7 +25,7 @@ from ..channel import Ledger
 from ..data import load_dataset, normalize
 from ..data import partition as parts
 from ..metrics import clustering_scores, label_free_scores, preload
-from ..protocols import get
+from ..protocols import get, search_paths
 from ..provenance import code_version, fingerprint
 from ..results import OutputFolder, ResultsError, RunWriter, default_out_dir, format_summary
 from ..scenario import ChannelCfg, Scenario, ScenarioError
@@ -136,13 +136,14 @@ def _spawn(sc: Scenario, part, ds, seats=None) -> tuple[object, list]:
     (server node or actor, what to stop at the end: actor handles, then the reservation)."""
     rt = sc.runtime
     ids = list(range(part.n_clients))
+    search = tuple(search_paths())  # where the driver looks for a method's module
     common = dict(n_clients=part.n_clients, n_clusters=ds.n_clusters, channel=sc.channel.model_dump(),
-                  seed=sc.seed, threads=rt.threads)
+                  seed=sc.seed, threads=rt.threads, search=search)
     srv_kw = dict(client_ids=ids, n_clusters=ds.n_clusters,
                   n_samples=part.n_samples if part.kind == "vertical" else None,
                   channel=sc.channel.model_dump(), faults=sc.faults.model_dump(), network=sc.network.model_dump(),
                   seed=sc.seed, reply_timeout_s=rt.reply_timeout_s, threads=rt.threads, evict_after=rt.evict_after,
-                  client_sizes={c: part.shards[c].rows_held for c in ids})
+                  client_sizes={c: part.shards[c].rows_held for c in ids}, search=search)
     if rt.backend == "local":
         clients = {c: ClientNode(c, sc.method, sc.params, part.shards[c], **common) for c in ids}
         return ServerNode(sc.method, sc.params, clients, **srv_kw), []

@@ -124,8 +124,11 @@ class ClientNode:
     """One client: its private shard, the protocol's client object, its endpoint."""
 
     def __init__(self, cid: int, method: str, params: dict, shard, *, n_clients: int, n_clusters: int,
-                 channel: dict, seed: int, threads: int = 1):
-        from ..protocols import get
+                 channel: dict, seed: int, threads: int = 1, search: tuple[str, ...] = ()):
+        from ..protocols import add_search_path, get
+
+        for folder in search:  # where the driver found the method's module
+            add_search_path(folder)
 
         self.cid = cid
         self.threads = threads
@@ -309,8 +312,11 @@ class ServerNode:
     def __init__(self, method: str, params: dict, clients: dict, *, client_ids: list[int], n_clusters: int,
                  n_samples: int | None, channel: dict, faults: dict, network: dict, seed: int,
                  reply_timeout_s: float = 600.0, threads: int = 1, client_sizes: dict[int, int] | None = None,
-                 evict_after: int = 3):
-        from ..protocols import get
+                 evict_after: int = 3, search: tuple[str, ...] = ()):
+        from ..protocols import add_search_path, get
+
+        for folder in search:
+            add_search_path(folder)
 
         self.threads = threads
         pin_threads(threads)

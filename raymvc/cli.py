@@ -126,7 +126,7 @@ def cmd_run(args) -> int:
 def _default_run_dir(name: str, overrides: list[str]) -> Path:
     """``runs/<name>[_<key><value>...]-<time>``: the overrides show in the folder name."""
     from .results import default_out_dir
-    from .sweep import _slug, short_key
+    from .studies import _slug, short_key
 
     bits = []
     for item in overrides:
@@ -244,7 +244,7 @@ def cmd_params(args) -> int:
 
 def cmd_sweep(args) -> int:
     from .results import ResultsError, check_out_dir
-    from .sweep import run_sweep
+    from .studies import run_sweep
 
     try:
         if args.out:
@@ -275,7 +275,7 @@ def cmd_report(args) -> int:
     import csv
 
     from .results import ResultsError, read_summary
-    from .sweep import read_sweep
+    from .studies import read_sweep
 
     runs, sweeps = [], []
     for d in args.runs:
@@ -307,7 +307,7 @@ def cmd_report(args) -> int:
 
 def _print_report(args, runs, summaries, sweeps, sweep_data) -> int:
     from .results import differing_keys, flatten, format_summary, read_scenario, short_value
-    from .sweep import format_aggregate
+    from .studies import format_aggregate
 
     scen = [read_scenario(p) for p in runs]
     diff = differing_keys(scen) if len(runs) > 1 else []

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from .scenario import safe_yaml_load
-from .sweep import _num, read_sweep, short_key
+from .studies import _num, read_sweep, short_key
 
 PANELS = (("acc", "ACC"), ("nmi", "NMI"), ("ari", "ARI"), ("mb", "MB (protocol traffic)"))
 

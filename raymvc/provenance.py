@@ -71,9 +71,12 @@ def _file_digest(path: str, size: int, mtime_ns: int) -> str:
     return h.hexdigest()[:16]
 
 
-def fingerprint(sc) -> str:
-    """A digest of everything that determines a run's result (see the module's docstring)."""
+def fingerprint(sc, data_source: str | None = None) -> str:
+    """A digest of everything that determines a run's result (see the module's docstring);
+    ``data_source`` ``memory:<digest>`` stands for data handed over in memory."""
     h = hashlib.sha256(sc.to_yaml().encode())
+    if data_source and data_source.startswith("memory:"):
+        h.update(data_source.encode())
     if sc.data.path is not None:
         p = sc.data_path().resolve()
         st = p.stat()

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-import raymvc.sweep as sweep_mod
+import raymvc.studies as sweep_mod
 from raymvc.cli import main
 from raymvc.scenario import ScenarioError
-from raymvc.sweep import aggregate, parse_grid, parse_seeds
+from raymvc.studies import aggregate, parse_grid, parse_seeds
 
 TINY = """
 name: {name}

@@ -45,12 +45,14 @@ def _err(sc: Scenario, key: str, msg: str) -> ScenarioError:
     return ScenarioError(f"{where}{key}: {msg}")
 
 
-def prepare(sc: Scenario):
-    """Load, normalise and split the data as the scenario says (no Ray needed).
+def prepare(sc: Scenario, dataset=None):
+    """Load, normalise and split the data as the scenario says (no Ray needed); ``dataset``
+    (a :class:`~raymvc.data.types.MultiViewDataset`) replaces ``data.path``/``data.dataset``.
 
     Every problem is raised as a :class:`ScenarioError` naming the key.
     """
     from ..data import DataError
+    from ..data.datasets import _select as select_views
     from ..data.datasets import image_shapes_for
 
     proto = get(sc.method)
@@ -67,7 +69,9 @@ def prepare(sc: Scenario):
                                              "secure-aggregation keys never leave them, not even into a checkpoint")
     d = sc.data
     try:
-        if d.path is not None:
+        if dataset is not None:
+            ds = select_views(dataset, d.views) if d.views is not None else dataset
+        elif d.path is not None:
             ds = load_dataset(path=str(sc.data_path()), views=d.views)
         elif d.dataset == "synthetic":
             s = d.synthetic
@@ -578,7 +582,7 @@ def _summarise(sc, ds, part, proto, end: RunEnd, labels, ray_init_s, protocol_s,
         "status": _final_status(end, labels),
         "error": end.error or (_error_lines(end)[0] if code_errors(end) else None),
         "errors": _error_lines(end),
-        "fingerprint": fingerprint(sc),
+        "fingerprint": fingerprint(sc, ds.source),
         "code_version": code_version(sc.method),
         "rounds": end.rounds,
         "metrics": metrics,

@@ -1,0 +1,256 @@
+"""raymvc as a library: run a scenario or a sweep from Python and get typed results.
+
+::
+
+    import raymvc
+
+    r = raymvc.run("scenarios/hw-cefmc.yaml", backend="local")
+    r.metrics["acc"], r.labels.shape, r.communication["mb_total"]
+
+    X0, X1 = ...  # two views of the same samples, rows = samples
+    r = raymvc.run({"name": "mine", "method": "cefmc", "data": {"n_clusters": 3}},
+                   data=raymvc.MultiViewData(views=[X0, X1]), backend="local")
+
+A run writes the same folder as ``raymvc run`` (``out``, by default
+``runs/<name>-<time>``); :class:`RunResult` is read back from it, so a result held in
+Python and one on disk are the same thing (:meth:`RunResult.load`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import hashlib
+import io
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .runtime.records import RoundRecord
+from .scenario import Scenario, load_scenario, scenario_from_dict
+
+
+@dataclass
+class MultiViewData:
+    """Data held in memory, in place of a scenario's ``data.path`` or ``data.dataset``.
+
+    ``views``: one ``(n, d_v)`` array per view, rows in the same sample order; a row of
+    NaN means the view is absent for that sample (or give ``present``, an ``(n, V)``
+    bool mask). ``labels`` (optional) are ground truth, used only to score; without them
+    the scenario must give ``data.n_clusters`` and the run reports label-free scores.
+    Checked like a data file: finite values where present, matching row counts.
+    """
+
+    views: Sequence[Any]
+    labels: Any = None
+    present: Any = None
+    view_names: Sequence[str] | None = None
+    name: str = "memory"
+
+    def dataset(self):
+        """The checked :class:`~raymvc.data.types.MultiViewDataset` (a ``ValueError`` names what is wrong)."""
+        from .data import DataError
+        from .data.datasets import _assemble
+
+        views = [np.asarray(v) for v in self.views]
+        if not views:
+            raise ValueError("MultiViewData: no views")
+        try:
+            ds = _assemble(Path(self.name), views, None if self.labels is None else np.asarray(self.labels),
+                           None if self.present is None else np.asarray(self.present), None,
+                           list(self.view_names) if self.view_names else None)
+        except DataError as e:
+            raise ValueError(f"MultiViewData: {str(e).removeprefix(self.name + ': ')}") from None
+        h = hashlib.sha256()
+        for a in (*ds.views, ds.labels, *(() if ds.present is None else (ds.present,))):
+            h.update(np.ascontiguousarray(a).tobytes())
+        ds.source = f"memory:{h.hexdigest()[:16]}"
+        return ds
+
+
+@dataclass
+class Messages:
+    """The ledger (``messages.csv``): one record per message, as dicts of typed values."""
+
+    records: list[dict[str, Any]]
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self):
+        return iter(self.records)
+
+    def to_pandas(self):
+        """A ``pandas.DataFrame`` of the records (pandas is not a dependency: install it to use this)."""
+        try:
+            import pandas as pd
+        except ImportError:
+            raise ImportError("Messages.to_pandas needs pandas: pip install pandas") from None
+        return pd.DataFrame.from_records(self.records)
+
+
+def _typed(value: str) -> Any:
+    if value == "":
+        return None
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            pass
+    return value
+
+
+@dataclass
+class RunResult:
+    """One run's results, as ``raymvc run`` writes them.
+
+    ``status``: ``completed``, ``degraded`` (injected faults only), ``failed``,
+    ``error`` (a party's code raised) or ``interrupted``. ``metrics``: the scores
+    (``None`` when the run produced no labels). ``labels``: one cluster per sample, ``-1``
+    where no label came back. ``rounds``: the round records (``rounds.jsonl``).
+    ``ledger``: every message. ``summary``: the whole ``summary.json``.
+    """
+
+    status: str
+    metrics: dict[str, float] | None
+    labels: np.ndarray
+    communication: dict[str, Any]
+    rounds: list[RoundRecord]
+    ledger: Messages
+    faults: dict[str, Any]
+    out: Path
+    summary: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def load(cls, out: str | Path) -> RunResult:
+        """Read a run folder written by ``raymvc run`` or :func:`run`."""
+        out = Path(out)
+        summary = json.loads((out / "summary.json").read_text())
+        labels = np.zeros(0, dtype=np.int64)
+        if (out / "labels.csv").is_file():
+            with open(out / "labels.csv", newline="") as fh:
+                labels = np.array([int(r["cluster"]) for r in csv.DictReader(fh)], dtype=np.int64)
+        known = {f.name for f in fields(RoundRecord)}
+        rounds = []
+        if (out / "rounds.jsonl").is_file():
+            for line in (out / "rounds.jsonl").read_text().splitlines():
+                if line.strip():
+                    d = json.loads(line)
+                    rounds.append(RoundRecord(**{k: v for k, v in d.items() if k in known}))
+        records = []
+        if (out / "messages.csv").is_file():
+            with open(out / "messages.csv", newline="") as fh:
+                records = [{k: _typed(v) for k, v in r.items()} for r in csv.DictReader(fh)]
+        return cls(status=summary["status"], metrics=summary.get("metrics"), labels=labels,
+                   communication=summary.get("communication", {}), rounds=rounds, ledger=Messages(records),
+                   faults=summary.get("faults", {}), out=out, summary=summary)
+
+
+def _scenario(scenario: str | Path | Mapping | Scenario, overrides: Sequence[str], in_memory: bool = False) -> Scenario:
+    if in_memory and isinstance(scenario, Mapping):  # the data comes with the call: name it in the scenario
+        data = dict(scenario.get("data") or {})
+        if data.get("dataset") is None and data.get("path") is None:
+            data["dataset"] = "memory"
+        scenario = {**scenario, "data": data}
+    if isinstance(scenario, Scenario):
+        import yaml
+
+        raw = yaml.safe_load(scenario.to_yaml())
+        return scenario_from_dict(raw, source=scenario.source, overrides=list(overrides))
+    if isinstance(scenario, Mapping):
+        return scenario_from_dict(dict(scenario), overrides=list(overrides))
+    return load_scenario(scenario, list(overrides))
+
+
+def _progress(show: bool):
+    if show:
+        return lambda line: print(line, file=sys.stderr, flush=True)
+    return lambda line: None
+
+
+def run(scenario: str | Path | Mapping | Scenario, *, data: MultiViewData | None = None,
+        overrides: Sequence[str] = (), out: str | Path | None = None, backend: str | None = None,
+        progress: bool = False, overwrite: bool = False) -> RunResult:
+    """Run one scenario and return its :class:`RunResult`.
+
+    ``scenario``: a YAML file, a dict with the same keys, or a
+    :class:`~raymvc.scenario.Scenario`. ``data``: arrays held in memory instead of the
+    scenario's data set. ``overrides``: ``"key=value"`` strings, as ``--set``.
+    ``backend``: ``"local"`` (in-process) or ``"ray"``; default: the scenario's.
+    ``out``: the run folder (default ``runs/<name>-<time>``; one raymvc wrote before is
+    replaced with ``overwrite=True``, as ``--overwrite``). A bad scenario or bad data
+    raises :class:`~raymvc.scenario.ScenarioError` (or ``ValueError`` for ``data``).
+    """
+    from .results import default_out_dir
+    from .runtime import prepare, run_scenario
+
+    sets = [*overrides, *([f"runtime.backend={backend}"] if backend else [])]
+    sc = _scenario(scenario, sets, in_memory=data is not None)
+    prepared = prepare(sc, dataset=data.dataset()) if data is not None else None
+    out = Path(out) if out is not None else default_out_dir(sc.name)
+    summary = run_scenario(sc, out, progress=_progress(progress), prepared=prepared, overwrite=overwrite)
+    return RunResult.load(summary["out_dir"])
+
+
+@dataclass
+class SweepResult:
+    """A sweep's results: ``runs`` (one dict per run, the columns of ``sweep.csv``),
+    ``aggregate`` (mean and std over seeds per grid point, ``aggregate.csv``), ``out``."""
+
+    runs: list[dict[str, Any]]
+    aggregate: list[dict[str, Any]]
+    out: Path
+
+    @classmethod
+    def load(cls, out: str | Path) -> SweepResult:
+        out = Path(out)
+
+        def rows(name: str) -> list[dict[str, Any]]:
+            if not (out / name).is_file():
+                return []
+            with open(out / name, newline="") as fh:
+                return [{k: _typed(v) for k, v in r.items()} for r in csv.DictReader(fh)]
+
+        return cls(runs=rows("sweep.csv"), aggregate=rows("aggregate.csv"), out=out)
+
+    def result(self, i: int) -> RunResult:
+        """The full :class:`RunResult` of run ``i`` of ``runs``."""
+        run_dir = Path(str(self.runs[i]["run_dir"]))
+        return RunResult.load(run_dir if run_dir.is_absolute() else self.out / run_dir)
+
+
+def sweep(scenarios: str | Path | Sequence[str | Path], *, grid: Mapping[str, Sequence[Any]] | None = None,
+          seeds: Sequence[int] | None = None, overrides: Sequence[str] = (), out: str | Path | None = None,
+          jobs: int = 1, backend: str | None = None, progress: bool = False) -> SweepResult:
+    """Run every scenario at every grid point and seed, as ``raymvc sweep`` does (same
+    folder layout; rerunning into ``out`` reuses the cells that still stand).
+
+    ``grid``: ``{"faults.dropout.rate": [0, 0.3]}``; ``seeds``: e.g. ``range(5)``
+    (default: each scenario's own seed).
+    """
+    from .results import default_out_dir
+    from .studies import run_sweep
+
+    paths = [str(scenarios)] if isinstance(scenarios, (str, Path)) else [str(p) for p in scenarios]
+    if out is None:  # as raymvc sweep names it
+        names = [load_scenario(p, list(overrides)).name for p in paths]
+        out = default_out_dir("sweep-" + "-".join(dict.fromkeys(names))[:60])
+    args = argparse.Namespace(
+        scenario=paths, set=list(overrides), grid=[f"{k}={json.dumps(list(v))}" for k, v in (grid or {}).items()],
+        seeds=",".join(str(int(s)) for s in seeds) if seeds is not None else None, seed=None, repeats=1,
+        jobs=int(jobs), out=str(out) if out is not None else None, address=None, backend=backend,
+        quiet=not progress)
+    with contextlib.nullcontext() if progress else contextlib.redirect_stdout(io.StringIO()):
+        code = run_sweep(args)  # prints its aggregate table: shown only with progress
+    if code == 130:
+        raise KeyboardInterrupt(f"sweep stopped by a signal; the finished runs are in {out}")
+    return SweepResult.load(out)
+
+
+__all__ = ["MultiViewData", "Messages", "RunResult", "SweepResult", "run", "sweep"]

@@ -7,8 +7,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from raymvc.runtime import run_scenario
-from raymvc.scenario import load_scenario
+import raymvc
 
 ap = argparse.ArgumentParser()
 ap.add_argument("scenarios", nargs="+")
@@ -19,8 +18,7 @@ args = ap.parse_args()
 print(f"{'scenario':<28} {'method':<9} {'ACC':>7} {'NMI':>7} {'MB':>8} {'rounds':>6} {'status':>9}")
 with tempfile.TemporaryDirectory() as tmp:
     for path in args.scenarios:
-        sc = load_scenario(path, [f"runtime.backend={args.backend}", *args.set])
-        s = run_scenario(sc, Path(tmp) / Path(path).stem, progress=lambda line: None)
-        m = s["metrics"] or {}
-        print(f"{Path(path).stem:<28} {s['method']:<9} {m.get('acc', float('nan')):7.4f} "
-              f"{m.get('nmi', float('nan')):7.4f} {s['communication']['mb_total']:8.3f} {s['rounds']:6d} {s['status']:>9}")
+        r = raymvc.run(path, overrides=args.set, backend=args.backend, out=Path(tmp) / Path(path).stem)
+        m = r.metrics or {}
+        print(f"{Path(path).stem:<28} {r.summary['method']:<9} {m.get('acc', float('nan')):7.4f} "
+              f"{m.get('nmi', float('nan')):7.4f} {r.communication['mb_total']:8.3f} {len(r.rounds):6d} {r.status:>9}")

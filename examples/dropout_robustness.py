@@ -14,9 +14,11 @@ Rerunning with the same --out resumes: finished runs are not run again.
 """
 
 import argparse
-import sys
 from pathlib import Path
 
+import yaml
+
+import raymvc
 from raymvc.cli import main
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
@@ -26,11 +28,15 @@ ap.add_argument("scenarios", nargs="*", default=[str(SCENARIOS / f) for f in
                                                  ("hw-cefmc.yaml", "hw-efimvc-missing.yaml", "digits-kfed.yaml")])
 ap.add_argument("--backend", default="local", choices=["ray", "local"])
 ap.add_argument("--rates", default="[0, 0.1, 0.3, 0.5]", help="a YAML list of dropout rates")
-ap.add_argument("--seeds", default="0-2")
+ap.add_argument("--seeds", default="0-2", help="first-last")
 ap.add_argument("--jobs", type=int, default=1)
 ap.add_argument("--out", default="runs/dropout")
 args = ap.parse_args()
 
-rc = main(["sweep", *args.scenarios, "--grid", f"faults.dropout.rate={args.rates}", "--seeds", args.seeds,
-           "--backend", args.backend, "--jobs", str(args.jobs), "--out", args.out])
-sys.exit(rc or main(["plot", args.out]))
+first, last = (int(x) for x in args.seeds.split("-"))
+s = raymvc.sweep(args.scenarios, grid={"faults.dropout.rate": yaml.safe_load(args.rates)},
+                 seeds=range(first, last + 1), backend=args.backend, jobs=args.jobs, out=args.out, progress=True)
+for row in s.aggregate:
+    print(f"{row['scenario']:<20} dropout {row['faults.dropout.rate']:<4} ACC {row['acc_mean']:.4f} "
+          f"± {row['acc_std'] or 0:.4f}  MB {row['mb_mean']:.3f}")
+raise SystemExit(main(["plot", args.out]))

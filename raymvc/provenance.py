@@ -77,8 +77,8 @@ def fingerprint(sc, data_source: str | None = None) -> str:
     h = hashlib.sha256(sc.to_yaml().encode())
     if data_source and data_source.startswith("memory:"):
         h.update(data_source.encode())
-    if sc.data.path is not None:
-        p = sc.data_path().resolve()
+    for p in (sc.data_files() if sc.data.path is not None else []):
+        p = p.resolve()
         st = p.stat()
         h.update(_file_digest(str(p), st.st_size, st.st_mtime_ns).encode())
     h.update(code_version(sc.method).encode())

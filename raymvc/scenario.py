@@ -143,7 +143,11 @@ class SyntheticCfg(_Strict):
 
 class DataCfg(_Strict):
     dataset: str | None = None
-    path: str | None = None
+    path: str | list[str] | None = Field(
+        default=None, description="a .npz/.mat file, a .csv/.tsv table (one view), a list of tables (one view "
+                                  "each, rows in the same order) or a folder of tables; relative to the scenario file")
+    label_column: str | int | None = Field(
+        default=None, description="the label column of .csv/.tsv data: a header name, or a 0-based index")
     normalize: Literal["none", "l2", "zscore", "minmax"] = "none"
     partition: Literal["vertical", "horizontal"] | None = None
     views: list[int] | None = None
@@ -282,13 +286,29 @@ class Scenario(_Strict):
             raise ValueError(str(e).strip("'\"")) from None
         return v
 
-    def data_path(self) -> Path | None:
+    def data_path(self) -> Path | list[Path] | None:
+        """``data.path`` resolved relative to the scenario file (a list stays a list)."""
         if self.data.path is None:
             return None
-        p = Path(self.data.path).expanduser()
-        if not p.is_absolute() and self.source:
-            p = Path(self.source).parent / p
-        return p
+
+        def resolve(s: str) -> Path:
+            p = Path(s).expanduser()
+            return Path(self.source).parent / p if not p.is_absolute() and self.source else p
+
+        if isinstance(self.data.path, list):
+            return [resolve(s) for s in self.data.path]
+        return resolve(self.data.path)
+
+    def data_files(self) -> list[Path]:
+        """Every file ``data.path`` reads (a folder's tables included), for the fingerprint."""
+        from .data.tables import table_files
+
+        p = self.data_path()
+        paths = p if isinstance(p, list) else ([] if p is None else [p])
+        out = []
+        for q in paths:
+            out.extend(table_files(q) if q.is_dir() else [q])
+        return out
 
     def protocol_config(self):
         """The method's validated config object (raises ScenarioError)."""
@@ -311,7 +331,8 @@ class Scenario(_Strict):
     def to_yaml(self) -> str:
         d = self.model_dump(mode="json")
         if self.data.path is not None:  # resolved, so the copy in a run folder still finds the file
-            d["data"]["path"] = str(self.data_path().resolve())
+            p = self.data_path()
+            d["data"]["path"] = [str(q.resolve()) for q in p] if isinstance(p, list) else str(p.resolve())
         return yaml.safe_dump(d, sort_keys=False)
 
 
@@ -517,7 +538,12 @@ def scenario_from_dict(raw: dict, source: str | None = None, overrides=(),
     sc.protocol_config()
     _check_split_options(sc)
     p = sc.data_path()
-    if p is not None and not p.is_file():
+    for q in (p if isinstance(p, list) else [] if p is None else [p]):
+        if not (q.is_file() or (q.is_dir() and not isinstance(p, list))):
+            where = f"{source}: " if source else ""
+            raise ScenarioError(blame_override(f"{where}data.path: file not found: {q}", source, overrides))
+    if sc.data.label_column is not None and p is None:
         where = f"{source}: " if source else ""
-        raise ScenarioError(blame_override(f"{where}data.path: file not found: {p}", source, overrides))
+        raise ScenarioError(blame_override(f"{where}data.label_column: applies to .csv/.tsv data (data.path)",
+                                           source, overrides))
     return sc

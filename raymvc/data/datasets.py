@@ -70,8 +70,11 @@ def load_dataset(
     noise: float | None = None,
     seed: int = 0,
     views: Sequence[int | str] | None = None,
+    label_column: str | int | None = None,
 ) -> MultiViewDataset:
-    """Load a built-in data set by ``name`` or a user file by ``path``.
+    """Load a built-in data set by ``name`` or user data by ``path``: an ``.npz`` / ``.mat``
+    file, a ``.csv`` / ``.tsv`` table, a list of tables (one view each) or a folder of them
+    (:mod:`raymvc.data.tables`; ``label_column`` names their label column).
 
     ``n_samples``, ``n_views``, ``dims``, ``n_clusters``, ``noise`` and ``seed`` shape
     the ``"synthetic"`` data set only. ``views`` keeps a subset of views, by index or
@@ -82,8 +85,10 @@ def load_dataset(
     synth = {k: v for k, v in zip(_SYNTH_ARGS, (n_samples, n_views, dims, n_clusters, noise)) if v is not None}
     if name != "synthetic" and synth:
         raise DataError(f"{', '.join(synth)}: only the 'synthetic' data set takes generation options")
+    if label_column is not None and not _tabular(path):
+        raise DataError("data.label_column applies to .csv/.tsv data only")
     if path is not None:
-        ds = _load_file(Path(path))
+        ds = _load_file(path, label_column)
     elif name == "handwritten":
         ds = _handwritten()
     elif name == "handwritten-pix":
@@ -205,17 +210,49 @@ def _select(ds: MultiViewDataset, keep: Sequence[int | str]) -> MultiViewDataset
 # --------------------------------------------------------------------------- user files
 
 
-def _load_file(path: Path) -> MultiViewDataset:
+def _tabular(path) -> bool:
+    from .tables import TABLE_SUFFIXES
+
+    if path is None:
+        return False
+    paths = [Path(p) for p in path] if isinstance(path, (list, tuple)) else [Path(path)]
+    return all(p.is_dir() or p.suffix.lower() in TABLE_SUFFIXES for p in paths)
+
+
+def _load_file(path, label_column: str | int | None = None) -> MultiViewDataset:
+    from .tables import TABLE_SUFFIXES, load_tables, table_files
+
+    if isinstance(path, (list, tuple)):
+        paths = [Path(p) for p in path]
+        if not paths:
+            raise DataError("data.path: an empty list of files")
+        for p in paths:
+            if not p.is_file():
+                raise DataError(f"{p}: file not found")
+            if p.suffix.lower() not in TABLE_SUFFIXES:
+                raise DataError(f"{p}: a list of files holds .csv/.tsv tables, one view each")
+        return load_tables(paths, label_column, str(paths[0].parent))
+    path = Path(path)
+    if path.is_dir():
+        files = table_files(path)
+        if not files:
+            raise DataError(f"{path}: a folder without .csv/.tsv files")
+        return load_tables(files, label_column, str(path))
     if not path.is_file():
         raise DataError(f"{path}: file not found")
     suffix = path.suffix.lower()
+    if suffix in TABLE_SUFFIXES:
+        ds = load_tables([path], label_column, str(path.with_suffix("")))
+        ds.source = str(path)
+        return ds
     if suffix == ".npz":
         raw_views, labels, present, index, names, shapes = _read_npz(path)
     elif suffix == ".mat":
         raw_views, labels, present, index, names = _read_mat(path)
         shapes = None
     else:
-        raise DataError(f"{path}: unsupported file type {suffix!r}; use .npz or .mat")
+        raise DataError(f"{path}: unsupported file type {suffix!r}; use .npz, .mat, .csv or .tsv (or a list or "
+                        "folder of .csv/.tsv files, one view each)")
     ds = _assemble(path, raw_views, labels, present, index, names)
     if shapes is not None:
         try:

@@ -72,7 +72,9 @@ def prepare(sc: Scenario, dataset=None):
         if dataset is not None:
             ds = select_views(dataset, d.views) if d.views is not None else dataset
         elif d.path is not None:
-            ds = load_dataset(path=str(sc.data_path()), views=d.views)
+            p = sc.data_path()
+            ds = load_dataset(path=[str(q) for q in p] if isinstance(p, list) else str(p), views=d.views,
+                              label_column=d.label_column)
         elif d.dataset == "synthetic":
             s = d.synthetic
             ds = load_dataset("synthetic", n_samples=s.n_samples, n_views=s.n_views, dims=s.dims,

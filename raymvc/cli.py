@@ -146,6 +146,24 @@ def cmd_validate(args) -> int:
     return 0
 
 
+def cmd_data(args) -> int:
+    from .data.fetch import REMOTES, FetchError, cache_dir, cached_path, fetch
+
+    if args.data_cmd == "list":
+        print(f"cache: {cache_dir()}  (RAYMVC_DATA sets it; RAYMVC_DATA_MIRROR names a mirror)")
+        for name, r in REMOTES.items():
+            state = "cached" if cached_path(name).is_file() else "not cached"
+            print(f"  {name:<20} {r.description} [{state}]")
+            print(f"  {'':<20} source: {r.source}; licence: {r.licence}")
+        return 0
+    try:
+        path = fetch(args.name, source=args.source)
+    except FetchError as e:
+        return _fail(str(e))
+    print(path)
+    return 0
+
+
 def cmd_list(args) -> int:
     from .data import list_builtin
     from .protocols import available, get
@@ -165,7 +183,14 @@ def cmd_list(args) -> int:
     print("datasets:")
     for name, text in list_builtin().items():
         print(f"  {name:<16} {text}")
-    print("  (or data.path: a .npz or .mat file)")
+    from .data.fetch import REMOTES
+
+    for name, r in REMOTES.items():
+        if name.startswith("proteinfold-per") and name != "proteinfold-per0.5":
+            continue
+        print(f"  {name:<16} {r.description} (fetched on first use: raymvc data list)")
+    print("  proteinfold-per0.1 ... per0.9: the same proteins with 10-90 % incomplete samples")
+    print("  (or data.path: a .npz/.mat file, a .csv/.tsv table, a list or folder of tables)")
     print("faults:")
     for name, text in [
         ("dropout.rate", "chance that a client misses a round (per client and round; each "
@@ -388,6 +413,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     ls = sub.add_parser("list", help="list methods (with their parameters), datasets and fault kinds")
     ls.set_defaults(fn=cmd_list)
+
+    da = sub.add_parser("data", help="data sets fetched on first use: list them, or fetch one ahead of a run")
+    dsub = da.add_subparsers(dest="data_cmd", required=True)
+    dsub.add_parser("list", help="every fetchable data set: description, source, licence, cached or not")
+    df = dsub.add_parser("fetch", help="fetch a data set into the cache ($RAYMVC_DATA or the user cache folder)")
+    df.add_argument("name")
+    df.add_argument("--from", dest="source", metavar="PATH", help="a file or folder you already have (checked)")
+    da.set_defaults(fn=cmd_data)
 
     pa = sub.add_parser("params", help="a method's parameters: type, default, range, description")
     pa.add_argument("method", help="method name or import path")

@@ -35,6 +35,25 @@ def ray_session():
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _data_from_the_shared_folder_only(tmp_path_factory):
+    """Fetched data sets come from a temporary cache, seeded through the shared data folder as
+    a mirror where there is one: no test downloads anything or writes to the user's cache."""
+    old = {k: os.environ.get(k) for k in ("RAYMVC_DATA", "RAYMVC_DATA_MIRROR", "RAYMVC_DATA_OFFLINE")}
+    os.environ["RAYMVC_DATA"] = str(tmp_path_factory.mktemp("data-cache"))
+    os.environ["RAYMVC_DATA_OFFLINE"] = "1"
+    if SHARED_DATA.is_dir():
+        os.environ["RAYMVC_DATA_MIRROR"] = str(SHARED_DATA)
+    else:
+        os.environ["RAYMVC_DATA_MIRROR"] = str(tmp_path_factory.mktemp("no-mirror"))
+    yield
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 @pytest.fixture
 def scenario_path():
     return lambda name: SCENARIOS / name

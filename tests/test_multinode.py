@@ -135,3 +135,59 @@ def test_stale_token_file_is_one_clear_error(cluster, tmp_path):
     assert "Traceback" not in r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and "runtime.address" in last and "RAY_AUTH_MODE=disabled" in last
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_readme_cluster_commands_on_a_two_cpu_ray_start_cluster(tmp_path):
+    """README's two cluster commands as printed (HEAD = this machine), on a cluster of 2 CPUs
+    started with `ray start --block` and stopped by ending that one process (never `ray stop`)."""
+    import re
+    import signal
+    import time
+
+    readme = (REPO / "README.md").read_text()
+    block = re.search(r"## On a Ray cluster\n\n```bash\n(.*?)```", readme, re.S).group(1)
+    start_line, run_line = [line.split("#")[0].strip() for line in block.strip().splitlines()]
+    port = _free_port()
+    home, tmp = tmp_path / "home", Path(tempfile.mkdtemp(prefix="rmvc-", dir="/tmp"))
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "RAY_ADDRESS"))}
+    env["HOME"] = str(home)
+    start = start_line.replace("6379", str(port)).split() + ["--temp-dir", str(tmp), "--include-dashboard=false",
+                                                             "--block"]
+    head = subprocess.Popen(start, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        lines = []
+        while time.monotonic() < deadline:
+            line = head.stdout.readline()
+            lines.append(line)
+            if "Ray runtime started" in line or head.poll() is not None:
+                break
+        assert head.poll() is None, "".join(lines)[-2000:]
+        assert not (home / ".ray" / "auth_token").exists()  # as README says: no token written
+        args = run_line.replace("HEAD:6379", f"127.0.0.1:{port}").split()
+        assert args[:2] == ["raymvc", "run"]
+        r = _cli([*args[1:], "--out", str(tmp_path / "r"), "--json", "--quiet"], env, cwd=REPO)
+        assert r.returncode == 0, r.stderr[-2000:]
+        s = json.loads(r.stdout)
+        assert s["status"] == "completed" and s["placement"]["client_cpus"] == 0.25
+        # the same without auto: the fixed default does not fit, one line says so
+        fixed = [a.replace("runtime.client_cpus=auto", "runtime.client_cpus=0.5") for a in args[1:]]
+        r = _cli([*fixed, "--out", str(tmp_path / "f")], env, cwd=REPO)
+        assert r.returncode == 2 and "has 2 CPUs, the run needs 3.5" in r.stderr and "set it to auto" in r.stderr
+    finally:
+        head.send_signal(signal.SIGTERM)  # `ray start --block` stops the processes it started
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -96,9 +96,14 @@ _started: dict = {"embedded": False, "exit_hook": False, "node": None}
 LOG_TO_DRIVER = {"on": True}
 
 
+AUTO_FLOOR, AUTO_CAP = 0.05, 1.0  # runtime.client_cpus: auto shares the free CPUs within these bounds
+
+
 def cpus_needed(sc: Scenario, n_clients: int) -> float:
+    """CPUs the run cannot do without (with ``client_cpus: auto``, the floor per actor)."""
     rt = sc.runtime
-    return math.ceil(n_clients / rt.clients_per_actor) * rt.client_cpus + rt.server_cpus
+    per = AUTO_FLOOR if rt.client_cpus == "auto" else rt.client_cpus
+    return math.ceil(n_clients / rt.clients_per_actor) * per + rt.server_cpus
 
 
 def _enough(ray, sc: Scenario, n_clients: int) -> bool:
@@ -124,8 +129,8 @@ def init_ray(sc: Scenario, n_clients: int) -> float:
                 have = ray.cluster_resources().get("CPU", 0)
                 raise ClusterError(f"runtime: the running Ray instance has {have:g} CPUs, the run needs "
                                    f"{cpus_needed(sc, n_clients):g} (actors x runtime.client_cpus + "
-                                   "runtime.server_cpus); lower runtime.client_cpus or pool clients "
-                                   "(runtime.clients_per_actor)")
+                                   "runtime.server_cpus); lower runtime.client_cpus (or set it to "
+                                   "auto) or pool clients (runtime.clients_per_actor)")
         stop_embedded()
     t = time.perf_counter()
     rt = sc.runtime
@@ -136,8 +141,8 @@ def init_ray(sc: Scenario, n_clients: int) -> float:
             have = ray.cluster_resources().get("CPU", 0)
             ray.shutdown()
             raise ClusterError(f"runtime.address: the cluster at {rt.address} has {have:g} CPUs, the run needs "
-                               f"{cpus_needed(sc, n_clients):g}; lower runtime.client_cpus or pool clients "
-                               "(runtime.clients_per_actor)")
+                               f"{cpus_needed(sc, n_clients):g}; lower runtime.client_cpus (or set it to auto) "
+                               "or pool clients (runtime.clients_per_actor)")
     else:
         if os.environ.get("RAY_AUTH_MODE") != "disabled" and not (
                 os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")):

@@ -158,7 +158,7 @@ def _spawn(sc: Scenario, part, ds, seats=None) -> tuple[object, list]:
     per = rt.clients_per_actor
     groups = [ids[i:i + per] for i in range(0, len(ids), per)]
     seats = seats or reserve(sc, part.n_clients)  # the server first, beside the driver if it has room
-    PoolActor = ray.remote(num_cpus=rt.client_cpus, max_restarts=0)(ClientPool)
+    PoolActor = ray.remote(num_cpus=seats.client_cpus, max_restarts=0)(ClientPool)
     ServerActor = ray.remote(num_cpus=rt.server_cpus, max_restarts=0)(ServerNode)
     pools = RayPools(
         handles={p: PoolActor.options(scheduling_strategy=seats.pool(p)).remote(
@@ -269,6 +269,8 @@ class _Run:
         connected = call("connect")  # waits for every actor to be up, then agrees keys
         self.timing["startup_s"] = time.perf_counter() - t_start
         self.timing["placement"] = call("placement")
+        if self.seats is not None:
+            self.timing["placement"]["client_cpus"] = self.seats.client_cpus
         progress(f"[{sc.name}] {sc.method}: {len(connected)}/{part.n_clients} clients connected "
                  f"({sc.runtime.backend} backend)")
         logged = 0
@@ -430,6 +432,7 @@ def _write_files(sc, ds, part, end: RunEnd, timing: dict, ray_init_s: float, wal
     where = timing.get("placement") or {}
     clients = where.get("clients") or {}
     summary["placement"] = {"clients_per_actor": sc.runtime.clients_per_actor, "strategy": sc.runtime.placement,
+                            "client_cpus": where.get("client_cpus"),
                             "nodes": sorted(set(clients.values())), "server_node": where.get("server"),
                             "client_node": clients, "shared_bodies": end.shared_bodies}
     writer.summary(summary)

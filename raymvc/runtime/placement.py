@@ -15,14 +15,15 @@ import math
 import time
 
 from ..scenario import Scenario
-from .cluster import ClusterError
+from .cluster import AUTO_CAP, AUTO_FLOOR, ClusterError
 
 
 class Seats:
     """The reservations of one run: where the server and each client actor go."""
 
-    def __init__(self, ray, server_pg, pools_pg, driver_node: str):
+    def __init__(self, ray, server_pg, pools_pg, driver_node: str, client_cpus: float = 0.0):
         self.ray, self.server_pg, self.pools_pg, self.driver_node = ray, server_pg, pools_pg, driver_node
+        self.client_cpus = client_cpus  # what each client actor was given (runtime.client_cpus, resolved)
 
     def server(self):
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
@@ -56,26 +57,37 @@ def _group(ray, bundles: list[dict], strategy: str, near: str | None = None):
     return placement_group(bundles, strategy=strategy)
 
 
+def client_cpus(sc: Scenario, n_actors: int, free: float) -> float:
+    """CPUs per client actor: ``runtime.client_cpus``, or with ``auto`` the ``free`` CPUs left
+    after the server's shared among the actors, in hundredths, within [0.05, 1]."""
+    rt = sc.runtime
+    if rt.client_cpus != "auto":
+        return float(rt.client_cpus)
+    share = math.floor(max(0.0, free - rt.server_cpus) / max(n_actors, 1) * 100) / 100
+    return min(AUTO_CAP, max(AUTO_FLOOR, share))
+
+
 def reserve(sc: Scenario, n_clients: int) -> Seats:
     """Reserve the CPUs of the server and of the actors hosting ``n_clients`` clients, or raise ClusterError."""
     import ray
 
     rt = sc.runtime
     n_actors = math.ceil(n_clients / rt.clients_per_actor)
+    per = client_cpus(sc, n_actors, ray.available_resources().get("CPU", 0.0))
     here = ray.get_runtime_context().get_node_id()
     deadline = time.monotonic() + rt.placement_timeout_s
     server_pg = pools_pg = None
     if rt.server_cpus > 0:
         server_pg = _group(ray, [{"CPU": rt.server_cpus}], "STRICT_PACK", near=here)
-    seats = Seats(ray, server_pg, None, here)
+    seats = Seats(ray, server_pg, None, here, per)
     if server_pg is not None and not server_pg.wait(max(0.0, deadline - time.monotonic())):
-        msg = _unplaced(ray, sc, n_actors, server_placed=False)
+        msg = _unplaced(ray, sc, n_actors, server_placed=False, per=per)
         seats.release()
         raise ClusterError(msg)
-    pools_pg = _group(ray, [{"CPU": rt.client_cpus}] * n_actors, "SPREAD" if rt.placement == "spread" else "PACK")
+    pools_pg = _group(ray, [{"CPU": per}] * n_actors, "SPREAD" if rt.placement == "spread" else "PACK")
     seats.pools_pg = pools_pg
     if not pools_pg.wait(max(0.0, deadline - time.monotonic())):
-        msg = _unplaced(ray, sc, n_actors, server_placed=True)
+        msg = _unplaced(ray, sc, n_actors, server_placed=True, per=per)
         seats.release()
         raise ClusterError(msg)
     return seats
@@ -101,23 +113,25 @@ def _fits(free: list[float], size: float, n: int) -> int:
     return placed
 
 
-def _unplaced(ray, sc: Scenario, n_actors: int, server_placed: bool) -> str:
+def _unplaced(ray, sc: Scenario, n_actors: int, server_placed: bool, per: float | None = None) -> str:
     rt = sc.runtime
+    per = per if per is not None else client_cpus(sc, n_actors, 0.0)
     nodes = _free_per_node(ray)
     if nodes:
         free, total = sum(f for f, _ in nodes), sum(t for _, t in nodes)
-        missing = n_actors - _fits([f for f, _ in nodes], rt.client_cpus, n_actors)
+        missing = n_actors - _fits([f for f, _ in nodes], per, n_actors)
         where = f" (per node, free/total: {', '.join(f'{f:g}/{t:g}' for f, t in nodes)})"
     else:
         free, total = ray.available_resources().get("CPU", 0.0), ray.cluster_resources().get("CPU", 0.0)
-        missing = n_actors - min(n_actors, int((free + 1e-9) // rt.client_cpus))
+        missing = n_actors - min(n_actors, int((free + 1e-9) // per))
         where = ""
     if server_placed:
         missing = missing or n_actors  # the bundles looked as if they fit, yet Ray placed none of them
     what = [] if server_placed else [f"the server ({rt.server_cpus:g} CPU)"]
     if missing:
         of = f"{missing} of {n_actors}" if missing < n_actors else f"{n_actors}"
-        what.append(f"{of} client actor{'s' if n_actors > 1 else ''} ({rt.client_cpus:g} CPU each)")
+        what.append(f"{of} client actor{'s' if n_actors > 1 else ''} ({per:g} CPU each)")
     return (f"runtime: {' and '.join(what)} could not be placed within {rt.placement_timeout_s:g} s "
             f"(runtime.placement_timeout_s); the cluster has {free:g} of {total:g} CPUs free{where}; "
-            "lower runtime.client_cpus, pool clients (runtime.clients_per_actor) or free the cluster's CPUs")
+            "lower runtime.client_cpus (or set it to auto), pool clients (runtime.clients_per_actor) or free the "
+            "cluster's CPUs")

@@ -347,9 +347,14 @@ def _print_report(args, runs, summaries, sweeps, sweep_data) -> int:
     if len(summaries) == 1:
         print(format_summary(summaries[0]))
     elif summaries:
-        diff_cols = [k for k in diff if k not in ("name",)]
+        methods = {str(s.get("method")) for s in summaries}
+        # the method is a column of its own; parameters of different methods are not comparable, and a
+        # key whose whole subtree already shows (params when one run has none) is not a column either
+        diff_cols = [k for k in diff if k not in ("name", "method", "params", "data")
+                     and not (len(methods) > 1 and k.startswith("params."))]
         flat = [flatten(s) for s in scen]
-        print("differing scenario keys: " + (", ".join(diff) if diff else "none"))
+        print("differing scenario keys: " + (", ".join(diff) if diff else "none")
+              + ("; parameters differ by method (raymvc report RUN shows one run's)" if len(methods) > 1 else ""))
         head = ["run", *diff_cols, "method", "status", "ACC", "NMI", "MB", "rounds"]
         body = []
         for p, s, f in zip(runs, summaries, flat):

@@ -301,3 +301,16 @@ def test_the_command_exits_quickly_but_completely(tmp_path):
     r = subprocess.run([sys.executable, "-m", "raymvc.cli", "validate", str(bad)], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 2 and r.stderr.startswith(f"error: {bad}: invalid YAML")
+
+
+def test_report_over_methods_shows_the_method_once_and_no_foreign_parameters(tmp_path, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert main(["run", str(REPO / "scenarios" / "hw-cefmc.yaml"), "--backend", "local", "--out", str(a), "--quiet"]) == 0
+    assert main(["run", str(REPO / "scenarios" / "digits-kfed.yaml"), "--backend", "local", "--out", str(b),
+                 "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["report", str(a), str(b)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = lines[1].split()
+    assert head.count("method") == 1 and not any(h.startswith("params") for h in head)
+    assert "parameters differ by method" in lines[0] and len(head) < 20

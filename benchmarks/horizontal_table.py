@@ -10,9 +10,9 @@ other data set's section is kept.
     python benchmarks/horizontal_table.py --dataset mnist        # MNIST-10k, p in {0, 0.25, 0.5, 0.75, 1}
     python benchmarks/horizontal_table.py --dataset mnist --ps 0 1 --set params.cluster_rounds=40
 
-``--set`` overrides apply to the CCFC runs only. MNIST-10k is read from the shared data
-folder (``../shared/data/mnist10k/mnist10k.npz`` beside the repository); without it the
-script stops with a one-line error. CCFC's NMI at p = 1 (every client holds one class) is
+``--set`` overrides apply to the CCFC runs only. MNIST-10k is ``data.dataset: mnist10k``,
+fetched on first use (``raymvc data fetch mnist10k``; offline, a one-line error says
+where to put it). CCFC's NMI at p = 1 (every client holds one class) is
 expected to collapse, as in the paper's first results table; the table reports it as it is.
 """
 
@@ -35,7 +35,7 @@ DEFAULT_PS = {"digits": [0.0, 0.5, 1.0], "mnist": [0.0, 0.25, 0.5, 0.75, 1.0]}
 PAPER_MNIST = {0.0: (0.508, 0.924), 0.5: (0.452, 0.672), 1.0: (0.414, 0.077)}
 DESCRIPTION = {
     "digits": "digits (1797 images of 8x8, 10 classes)",
-    "mnist": "MNIST-10k (10,000 images of 28x28 from `../shared/data/mnist10k/`, 10 classes)",
+    "mnist": "MNIST-10k (10,000 images of 28x28, `data.dataset: mnist10k`, 10 classes)",
 }
 SHAPE_NOTE = (
     "CCFC's decline as p grows is expected and is reported as measured (the paper's first results table "

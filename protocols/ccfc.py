@@ -83,76 +83,14 @@ for bit, either way; BatchNorm counters (``num_batches_tracked``) are integers a
 missing reply. The server still sees the global model it sends, every client's local
 centroids, its loss and ``n_l``, who took part, and the sum (``docs/threat-model.md``).
 
-Defaults (digits, 2 CPU cores): 100 warm-up + 100 cluster rounds, batch 128 (the
-paper's), Adam 3e-3, λ = 1 (the paper's Fashion-MNIST value; its MNIST value 1e-3 gave
-NMI 0.847 instead of 0.865 on digits at p = 0 and 0.554 instead of 0.663 at p = 0.5, seed
-0), latent 64. Shorter warm-ups, Adam 1e-3 and batch 64 all gave clearly lower NMI.
-
-MNIST-10k (``scenarios/mnist-ccfc.yaml``: 10,000 digits of 28x28, 10 clients). The digits
-settings give NMI 0.258 there after 100 + 100 rounds (22 minutes), below k-FED's 0.48.
-Sizing, on one thread: a SimSiam epoch over the 10,000 images (two views) takes 16.8 s
-with the paper's widths 64/128/256, 5.5 s with 32/64/128 and 3.0 s with 16/32/64; a
-cluster round costs about 1.5 warm-up rounds (the frozen global model's forward passes and
-the labelling). An offline grid (clients and server driven in process, seed 0, p = 0,
-labels used only to score; "NMI" is that of the nearest-global-centroid labels, and during
-the warm-up that of k-means on the global model's embeddings) gave:
-
-* global average pooling is the bottleneck: 32/64/128, crop 0.5, rotation 15, noise 0.1,
-  Adam 1e-3: warm-up NMI 0.21 after 20 rounds (batch 32 instead of 128: no better), 0.24
-  after 5 cluster rounds; the same with ``pool_grid: 4`` (the 4x4 map of a 28x28 image
-  kept, as the paper's flattening does): 0.42, then 0.47;
-* 16/32/64, ``pool_grid: 4``, Adam 2e-3, crop 0.5, rotation 15: 0.56 after 30 warm-up
-  rounds, 0.737 after 30 cluster rounds; a 60-round warm-up reached only 0.59, and 0.751
-  after 40 cluster rounds;
-* from that 30-round warm-up, 20 cluster rounds: 0.720 as is, 0.730 with
-  ``self_positive``, 0.728 with λ = 1, 0.705 with Adam 5e-4, 0.697 with ``cluster_views: 1``
-  -- the cluster-phase options matter little;
-* augmentation strength matters most (30 + 20 rounds; NMI after the warm-up / at the end):
-  crop 0.3, rotation 20, noise 0.2: 0.21 / stopped; crop 0.5, rotation 15: 0.56 / 0.720;
-  crop 0.7, rotation 10: 0.62 / 0.826; crop 0.85, rotation 5: 0.56 / 0.708;
-* a longer cluster phase does not help: with crop 0.7, 0.826 after 20 cluster rounds,
-  0.814 after 30, 0.813 after 40.
-
-Chosen: 16/32/64, ``pool_grid: 4``, latent 128, projector 256, predictor bottleneck 32,
-Adam 2e-3, batch 128, λ = 1e-3 (the paper's MNIST value), crop 0.7, rotation 10, noise
-0.1, no shift, 50 warm-up + 20 cluster rounds. Through the engine (in-process, the
-engine's own split of the data, which the grid did not use) the grid's 30-round warm-up
-gave NMI 0.736 / 0.739 / 0.737 at p = 0 with seeds 0 / 1 / 2 (k-FED 0.483 / 0.488 /
-0.478), 0.314 at p = 0.5 and 0.115 at p = 1 (seed 0), 3.5-4.1 minutes a run; 30 + 50
-rounds gave 0.740 in 7.3 minutes. The grid's 0.826 did not carry over: the grid's driver
-given the engine's split of seed 0 reproduces the engine's 0.736 exactly (warm-up NMI
-0.55 instead of 0.62), so the split alone moved NMI by 0.09. With the warm-up at 50
-rounds (crop 0.7; the grid's 60-round warm-up had used crop 0.5): 0.837 / 0.707 / 0.879
-at p = 0 with seeds 0 / 1 / 2 (mean 0.808), 0.669 at p = 0.25 (0.742 with 30), 0.377 at
-p = 0.5 (seed 0; λ = 1 with the 30-round warm-up gave 0.351), 0.105 at p = 1, 4.6-5.4
-minutes a run on two cores shared with another run. Seed 1 still held two clusters
-that mixed 3 and 5, and p = 0.5 stayed below the paper (0.672) and below k-FED (0.461).
-
-Label skew (p > 0): two departures, both measured on seed 0 at p = 0.5 with 50 + 20
-rounds (labels only to score; "central" = k-means over all 10,000 global-model
-embeddings, an upper bound for the federated labelling):
-
-* BatchNorm in the backbone learns each client's class mix into its batch and running
-  statistics, and the average of ten skewed models embeds poorly: central NMI 0.440 after
-  the warm-up and 0.377 at the end, the same as the federated labels (0.377): the cluster
-  phase made the representation worse. ``norm: group`` (GroupNorm, 8 groups, which
-  normalises each image by itself) gives 0.689 central after the warm-up and 0.712
-  federated at the end (0.701 central). The projector keeps its BatchNorm (SimSiam needs it).
-* The local centroids came from the client's freshly trained local model, whose
-  BatchNorm statistics are its own, while every client labels its images with the global
-  model; under skew the two spaces drift apart, and the global k-means pools centroids
-  from ten different spaces. ``centroid_model: global`` embeds with the global model the
-  client received that round (one aggregation behind the model that labels with the
-  centroids, a small lag beside the drift it removes): federated NMI 0.511 with
-  BatchNorm, 0.866 with GroupNorm.
-
-``scenarios/mnist-ccfc.yaml`` sets both (the defaults stay the paper's BatchNorm and
-local model, so digits runs are unchanged). With them, seed 0: NMI 0.855 / 0.820 /
-0.866 / 0.370 / 0.136 at p = 0 / 0.25 / 0.5 / 0.75 / 1 (k-FED 0.483 / 0.500 / 0.461 /
-0.473 / 0.503); seeds 0 / 1 / 2 at p = 0: 0.855 / 0.872 / 0.910 (mean 0.879), at p =
-0.5: 0.866 / 0.745 / 0.766 (mean 0.792); 4.9-5.9 minutes a run. The collapse at p = 1
-(one class per client, paper 0.077) stays: a client with one class has nothing to
-contrast its clusters against. All five p: ``benchmarks/horizontal_table.md``.
+Departures from the paper (each a named option where it changes the algorithm; the
+defaults are the paper's choices where it states them): ``norm: group`` (GroupNorm in
+the convolutions instead of BatchNorm) and ``centroid_model: global`` (local centroids
+from the global model a client received, not its freshly trained one) carry label-skewed
+splits and are set in ``scenarios/mnist-ccfc.yaml``; ``pool_grid`` keeps a small spatial
+map before the projector instead of global pooling; widths, augmentations and round
+counts are sized for two CPU cores. Why each was chosen, with the measurements (labels
+used only to score, seed 0): ``benchmarks/ccfc_tuning.md``.
 
 Communication per round and client: the model (``4 x`` the number of float parameters
 and buffer entries, plus ``8`` bytes per ``num_batches_tracked``) down and up, plus

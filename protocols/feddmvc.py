@@ -99,31 +99,8 @@ Hyperparameters
 ---------------
 ``γ = 0.1`` (the paper's value for every data set); ``rounds = 3`` fine-tune rounds of
 ``finetune_epochs = 10``, ``pretrain_epochs = 30``, Adam ``lr = 2e-3``, ``batch_size = 128``,
-``hidden = (256, 256, 1024)``, ``d = 10``. Offline grid on handwritten (labels used only
-to score; ACC / NMI of the server's labels; s = wall seconds on 2 cores shared with other
-work, so only roughly comparable; seed 0; "std" = standardised embeddings):
-
-=====================================================  ==========  ==========  ======
-setting                                                δ = 1       δ = 0.5     s
-=====================================================  ==========  ==========  ======
-500-500-2000, 15 + 3x10 epochs, Adam 1e-3, batch 256   .849/.897   --          240
-256-256-1024, 30 + 3x10, Adam 2e-3, batch 128, no std  .980/.955   .823/.843   103/77
-same, no std, 5 rounds, γ = 1                          --          .822/.832   75
-same, no std, 5 rounds, γ = 0.1                        --          .832/.866   76
-256-256-1024, 30 + 3x10, Adam 2e-3, batch 128, std     .978/.950   .885/.862   80/79
-same, seeds 1 / 2 (ACC)                                .979/.967   .821/.825   71-90
-same + fresh k-means each round (default), seed 0      .978/.950   .886/.860   81/71
-same + fresh k-means each round, seeds 1 / 2 (ACC)     .979/.967   .821/.824   60-90
-same, seed 1, standardize = 2, after 3 / 6 rounds      --          .819/.821   --
-=====================================================  ==========  ==========  ======
-
-On seeds 1 and 2 at δ = 0.5, ACC stays at .82 while NMI reaches .86: two digits share a
-cluster and one is split, and neither more rounds, sharper kernels nor fresh k-means
-restarts undo it (table).
-
-Pretraining alone (k-means on the concatenated embeddings, δ = 1, 256-256-1024, Adam
-2e-3, batch 128): ACC .803 / .844 / .819 / .929 after 5 / 10 / 20 / 30 epochs. Seeds 0-2
-of the defaults: ``benchmarks/feddmvc_hw.md``.
+``hidden = (256, 256, 1024)``, ``d = 10``: chosen by the grid in ``benchmarks/feddmvc_tuning.md``
+(handwritten, labels used only to score); seeds 0-2 of the defaults: ``benchmarks/feddmvc_hw.md``.
 
 Determinism: each client's initial weights come from ``ctx.rng_for("init", 0)``
 (the same whenever it first trains); shuffling, k-means and training draw from the

@@ -4,6 +4,7 @@ ledger, state dicts through the channel, determinism and disconnected clients.""
 from __future__ import annotations
 
 import csv
+import os
 from pathlib import Path
 
 import numpy as np
@@ -611,7 +612,13 @@ def test_mnist_scenarios_prepare_on_a_stand_in_file(tmp_path, method):
 
 
 @pytest.mark.skipif(not MNIST.is_file(), reason="MNIST-10k not in the shared data folder")
-def test_mnist_scenarios_find_the_shared_file():
+def test_mnist_scenarios_name_the_fetched_data_set():
+    """The shipped MNIST scenarios read the fetched data set (here from the shared folder as a mirror)."""
+    from raymvc.data.fetch import npz_digest
+
     for method in ("ccfc", "kfed"):
         sc = load_scenario(REPO / "scenarios" / f"mnist-{method}.yaml")
-        assert sc.data_path().resolve() == MNIST.resolve()
+        assert sc.data.dataset == "mnist10k" and sc.data.path is None
+    ds, _ = prepare(load_scenario(REPO / "scenarios" / "mnist-kfed.yaml"))
+    assert ds.name == "mnist10k" and ds.views[0].shape == (10000, 784)
+    assert npz_digest(MNIST) == npz_digest(next(Path(os.environ["RAYMVC_DATA"]).glob("mnist10k/mnist10k.npz")))

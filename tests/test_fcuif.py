@@ -165,7 +165,7 @@ def test_a_run_with_unaligned_and_missing_rows_reports_alignment_and_matches_its
 
 
 def test_prototypes_keep_the_restart_the_label_free_score_prefers(monkeypatch):
-    cfg = fc.Config(**{**fc.PROTOCOL.quick_params, "kmeans_init": 4})
+    cfg = fc.Config(**{**fc.PROTOCOL.quick_params, "kmeans_init": 4, "prototypes": "score"})  # the project's option
     server = fc.FCUIFServer(cfg, ServerContext([0, 1], 3, 0, n_samples=90))
     server.Z = {0: None, 1: None}  # two members
     Zc = np.random.default_rng(3).standard_normal((90, 2 * cfg.latent_dim))  # no clear clusters: restarts differ
@@ -185,3 +185,35 @@ def test_prototypes_keep_the_restart_the_label_free_score_prefers(monkeypatch):
     server.config = cfg.model_copy(update={"prototypes": "inertia"})
     server._prototypes(Zc, np.ones(90, dtype=bool), round=0)
     assert seen == []  # FedDMVC's rule: the lowest k-means objective, no score
+
+
+def test_defaults_are_the_papers_procedure():
+    cfg = fc.Config()
+    assert (cfg.prototypes, cfg.labels, cfg.view_patterns, cfg.align_patterns, cfg.standardize) == \
+        ("inertia", "q", "mlp", True, 0.0)
+
+
+def test_view_patterns_mlp_learns_a_nonlinear_map_the_linear_fit_misses():
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((600, 4))
+    Y = np.tanh(2 * X) ** 2 - X[:, ::-1]  # not linear in X
+    cfg = fc.Config(**{**fc.PROTOCOL.quick_params, "align_epochs": 200, "align_batch": 64, "align_lr": 3e-3})
+    net = fc.fit_pattern_mlp(X[:500], Y[:500], cfg, seed=1)
+    with torch.no_grad():
+        pred = net(torch.from_numpy(X[500:].astype(np.float32))).numpy()
+    W = np.linalg.lstsq(X[:500], Y[:500], rcond=None)[0]
+    assert np.mean((pred - Y[500:]) ** 2) < 0.5 * np.mean((X[500:] @ W - Y[500:]) ** 2)
+
+
+@pytest.mark.parametrize("params", [{"view_patterns": "linear"}, {"view_patterns": "none"},
+                                    {"align_patterns": False}, {"prototypes": "score"}])
+def test_ablation_switches_change_the_run_and_keep_it_whole(tmp_path, params):
+    # argmax P on standardised embeddings: labels that use every cluster, so a switch shows in them
+    common = {"params.labels": "p", "params.standardize": 1.0}
+    sc = tiny_scenario(**common, **{f"params.{k}": v for k, v in params.items()})
+    base = run_scenario(tiny_scenario(**common), tmp_path / "base", progress=lambda line: None)
+    s = run_scenario(sc, tmp_path / "x", progress=lambda line: None)
+    assert s["status"] == "completed" and base["status"] == "completed"
+    a = np.loadtxt(tmp_path / "base" / "labels.csv", delimiter=",", skiprows=1)[:, 1]
+    b = np.loadtxt(tmp_path / "x" / "labels.csv", delimiter=",", skiprows=1)[:, 1]
+    assert (a >= 0).all() and (b >= 0).all() and not np.array_equal(a, b)

@@ -233,7 +233,7 @@ def test_prepare_honours_imbalance_alpha():
 
 
 def test_embeddings_are_standardised_after_pretraining():
-    sc = tiny_scenario()
+    sc = tiny_scenario(**{"params.standardize": 1.0})  # the project's option; the paper's default is off
     _, _, clients, server = parties(sc)
     replies = deliver(clients, server.start(), 0)
     for c, r in replies.items():

@@ -1,0 +1,211 @@
+"""Study files: a paper's table or figure as one YAML file that ``raymvc sweep`` runs.
+
+A study names the scenarios to run (each a *run*: the paper's variant, the project's,
+an ablation), the grid of overrides, the seeds and the paper's own numbers, so that one
+command reproduces the experiment and one script (:mod:`raymvc.pages`) writes its page::
+
+    study:
+      paper: feddmvc                  # the page it belongs to: studies/feddmvc.md
+      title: Overlap rate on HW
+      source: Table 1                 # where the paper reports it
+      seeds: 0-4
+      grid: {data.missing.rate: [0.0, 0.5]}
+      runs:
+        - {id: paper, label: FedDMVC, variant: paper, scenario: ../scenarios/hw-feddmvc.yaml}
+        - {id: ours, label: FedDMVC + standardised embeddings, variant: project,
+           scenario: ../scenarios/hw-feddmvc.yaml, set: {params.standardize: 1.0}}
+      paper_results:
+        - {run: paper, at: {data.missing.rate: 0.5}, acc: 0.893, nmi: 0.824}
+      spread: {run: paper, set: {runtime.threads: 2}}   # the same seeds, another platform setting
+
+``raymvc sweep studies/X.yaml`` runs every (run, grid point, seed), into ``runs/studies/X``
+by default; each run's scenario gets the run's ``set`` values and its ``id`` as name, so
+its cells are told apart in ``sweep.csv``. ``spread`` adds the named run once more with
+other platform settings (thread count, device) to measure how far a seed's result moves.
+Paths in a study file are relative to that file.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .scenario import MAX_FILE_BYTES, ScenarioError, safe_yaml_load
+
+METRIC_NAMES = ("acc", "nmi", "ari", "mb")
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class RunSpec(_Strict):
+    id: str = Field(description="short name of the run; its cells' scenario name")
+    label: str = Field(description="how tables and figures name it")
+    variant: Literal["paper", "project", "ablation", "baseline"] = "paper"
+    scenario: str
+    set: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if not _ID.match(v):
+            raise ValueError("letters, digits, '.', '_' or '-', at most 40, starting with a letter or digit")
+        return v
+
+
+class PaperResult(_Strict):
+    run: str | None = None  # the run it stands beside (default: the first paper-variant run)
+    method: str | None = None  # a label of its own, e.g. k-FED's row in the CCFC paper
+    at: dict[str, Any] = Field(default_factory=dict)
+    acc: float | None = None
+    nmi: float | None = None
+    ari: float | None = None
+    mb: float | None = None
+
+
+class SpreadSpec(_Strict):
+    run: str
+    set: dict[str, Any]
+    label: str | None = None
+
+
+class StudySpec(_Strict):
+    paper: str
+    title: str
+    source: str = ""
+    seeds: str | list[int] = "0-4"
+    grid: dict[str, list] = Field(default_factory=dict)
+    x: str | None = None
+    x_label: str | None = None
+    metrics: list[Literal["acc", "nmi", "ari", "mb"]] = Field(default_factory=lambda: ["acc", "nmi"])
+    runs: list[RunSpec] = Field(min_length=1)
+    paper_results: list[PaperResult] = Field(default_factory=list)
+    spread: SpreadSpec | None = None
+    readme: bool = True
+    notes: str = ""
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        ids = [r.id for r in self.runs]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"runs: two runs share the id {next(i for i in ids if ids.count(i) > 1)!r}")
+        for key, vals in self.grid.items():
+            if not vals:
+                raise ValueError(f"grid.{key}: give at least one value")
+        if self.x is not None and self.x not in self.grid:
+            raise ValueError(f"x: {self.x!r} is not a grid key (grid: {', '.join(self.grid) or 'none'})")
+        for i, pr in enumerate(self.paper_results):
+            if pr.run is not None and pr.run not in ids:
+                raise ValueError(f"paper_results.{i}.run: no run {pr.run!r} (runs: {', '.join(ids)})")
+            for k in pr.at:
+                if k not in self.grid:
+                    raise ValueError(f"paper_results.{i}.at.{k}: not a grid key")
+        if self.spread is not None and self.spread.run not in ids:
+            raise ValueError(f"spread.run: no run {self.spread.run!r} (runs: {', '.join(ids)})")
+        return self
+
+
+class Study:
+    """A loaded study file: its spec, where it lives and what to run."""
+
+    def __init__(self, spec: StudySpec, path: Path):
+        self.spec, self.path = spec, path
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+    def seeds(self) -> list[int]:
+        from .studies import parse_seeds
+
+        s = self.spec.seeds
+        return list(s) if isinstance(s, list) else parse_seeds(str(s))
+
+    def scenario_path(self, run: RunSpec) -> str:
+        p = Path(run.scenario)
+        return str(p if p.is_absolute() else (self.path.parent / p))
+
+    def spread_id(self) -> str | None:
+        sp = self.spec.spread
+        if sp is None:
+            return None
+        tag = "-".join(f"{k.split('.')[-1]}{v}" for k, v in sp.set.items())
+        return _slug_id(f"{sp.run}.{tag}")
+
+    def entries(self) -> list[tuple[str, list[str], RunSpec]]:
+        """``(scenario file, overrides, run)`` per run (and the spread run), overrides as ``key=value``."""
+        out = []
+        for r in self.spec.runs:
+            out.append((self.scenario_path(r), [*_overrides(r.set), f"name={r.id}"], r))
+        sp = self.spec.spread
+        if sp is not None:
+            base = next(r for r in self.spec.runs if r.id == sp.run)
+            label = sp.label or f"{base.label} ({', '.join(f'{k}={v}' for k, v in sp.set.items())})"
+            spread = RunSpec(id=self.spread_id(), label=label, variant=base.variant, scenario=base.scenario,
+                             set={**base.set, **sp.set})
+            out.append((self.scenario_path(base), [*_overrides(spread.set), f"name={spread.id}"], spread))
+        return out
+
+    def labels(self) -> dict[str, RunSpec]:
+        return {r.id: r for _, _, r in self.entries()}
+
+    def default_out(self) -> Path:
+        return Path("runs") / "studies" / self.name
+
+
+def _slug_id(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "", text)[:40]
+
+
+def _overrides(values: dict[str, Any]) -> list[str]:
+    return [f"{k}={yaml.safe_dump(v, default_flow_style=True, width=10**6).strip().removesuffix('...').strip()}"
+            for k, v in values.items()]
+
+
+def is_study_file(path: str | Path) -> bool:
+    """Whether ``path`` is a YAML file whose top level has a ``study`` key."""
+    p = Path(path)
+    if p.suffix not in (".yaml", ".yml") or not p.is_file():
+        return False
+    try:
+        raw = safe_yaml_load(p.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError, OSError):
+        return False
+    return isinstance(raw, dict) and "study" in raw
+
+
+def load_study(path: str | Path) -> Study:
+    """Read and validate a study file; every problem is one ScenarioError naming the file and key."""
+    p = Path(path)
+    src = str(p)
+    try:
+        if p.stat().st_size > MAX_FILE_BYTES:
+            raise ScenarioError(f"{src}: a study file may have at most {MAX_FILE_BYTES} bytes")
+        raw = safe_yaml_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ScenarioError(f"{src}: invalid YAML ({type(e).__name__})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ScenarioError(f"{src}: cannot read ({getattr(e, 'strerror', None) or e})") from None
+    if not isinstance(raw, dict) or set(raw) != {"study"} or not isinstance(raw["study"], dict):
+        raise ScenarioError(f"{src}: a study file holds one mapping under the key 'study'")
+    try:
+        spec = StudySpec.model_validate(raw["study"])
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        raise ScenarioError(f"{src}: study{'.' + loc if loc else ''}: {msg}") from None
+    study = Study(spec, p)
+    if len({r.id for _, _, r in study.entries()}) != len(study.entries()):
+        raise ScenarioError(f"{src}: study.spread: its run id {study.spread_id()!r} is taken by another run")
+    for i, r in enumerate(spec.runs):
+        if not Path(study.scenario_path(r)).is_file():
+            raise ScenarioError(f"{src}: study.runs.{i}.scenario: {r.scenario} not found (paths are relative "
+                                "to the study file)")
+    return study

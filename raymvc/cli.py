@@ -137,6 +137,18 @@ def _default_run_dir(name: str, overrides: list[str]) -> Path:
 
 
 def cmd_validate(args) -> int:
+    from .study import is_study_file, load_study
+
+    if is_study_file(args.scenario):
+        try:
+            study = load_study(args.scenario)
+            n = study.check()
+        except ScenarioError as e:
+            return _fail(str(e))
+        print(f"{args.scenario}: ok -- a study of {study.spec.paper} ({study.spec.title}): {n} cells "
+              f"({len(study.entries())} runs x {n // len(study.entries()) // len(study.seeds())} grid points "
+              f"x {len(study.seeds())} seeds)")
+        return 0
     try:
         sc, (ds, part) = _load_and_prepare(args)
     except ScenarioError as e:

@@ -87,7 +87,7 @@ class StudySpec(_Strict):
     runs: list[RunSpec] = Field(min_length=1)
     paper_results: list[PaperResult] = Field(default_factory=list)
     spread: SpreadSpec | None = None
-    readme: bool = True
+    readme: bool | Literal["mean"] = True  # rows in README's table; "mean": averaged over the grid per seed
     notes: str = ""
 
     @model_validator(mode="after")
@@ -152,6 +152,26 @@ class Study:
             out.append((self.scenario_path(base), [*_overrides(spread.set), f"name={spread.id}"], spread))
         return out
 
+    def check(self) -> int:
+        """Load every run's scenario at every grid point (first seed) without loading data:
+        a bad key or value anywhere is a ScenarioError. Returns the number of runs the study has."""
+        import itertools
+
+        from .scenario import load_scenario
+        from .studies import short_value
+
+        keys = list(self.spec.grid)
+        points = [dict(zip(keys, combo)) for combo in itertools.product(*self.spec.grid.values())]
+        seeds = self.seeds()
+        for scenario, overrides, run in self.entries():
+            for point in points:
+                over = overrides + [f"{k}={short_value(v)}" for k, v in point.items()] + [f"seed={seeds[0]}"]
+                try:
+                    load_scenario(scenario, over)
+                except ScenarioError as e:
+                    raise ScenarioError(f"{self.path}: study run {run.id!r}: {e}") from None
+        return len(self.entries()) * len(points) * len(seeds)
+
     def labels(self) -> dict[str, RunSpec]:
         return {r.id: r for _, _, r in self.entries()}
 
@@ -200,7 +220,8 @@ def load_study(path: str | Path) -> Study:
         err = e.errors()[0]
         loc = ".".join(str(x) for x in err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
-        raise ScenarioError(f"{src}: study{'.' + loc if loc else ''}: {msg}") from None
+        # the cross-field checks name their key at the start of the message
+        raise ScenarioError(f"{src}: study.{loc}: {msg}" if loc else f"{src}: study.{msg}") from None
     study = Study(spec, p)
     if len({r.id for _, _, r in study.entries()}) != len(study.entries()):
         raise ScenarioError(f"{src}: study.spread: its run id {study.spread_id()!r} is taken by another run")

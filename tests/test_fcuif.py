@@ -206,11 +206,11 @@ def test_view_patterns_mlp_learns_a_nonlinear_map_the_linear_fit_misses():
 
 
 @pytest.mark.parametrize("params", [{"view_patterns": "linear"}, {"view_patterns": "none"},
-                                    {"align_patterns": False}, {"prototypes": "score"}])
+                                    {"align_patterns": False}, {"labels": "q"}])
 def test_ablation_switches_change_the_run_and_keep_it_whole(tmp_path, params):
     # argmax P on standardised embeddings: labels that use every cluster, so a switch shows in them
     common = {"params.labels": "p", "params.standardize": 1.0}
-    sc = tiny_scenario(**common, **{f"params.{k}": v for k, v in params.items()})
+    sc = tiny_scenario(**{**common, **{f"params.{k}": v for k, v in params.items()}})
     base = run_scenario(tiny_scenario(**common), tmp_path / "base", progress=lambda line: None)
     s = run_scenario(sc, tmp_path / "x", progress=lambda line: None)
     assert s["status"] == "completed" and base["status"] == "completed"

@@ -1,0 +1,133 @@
+"""Study files: every shipped one validates; a tiny study runs, resumes and gets its generated page."""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from pathlib import Path
+
+import pytest
+
+from raymvc.cli import main
+from raymvc.pages import README_BEGIN, README_END, write_pages
+from raymvc.scenario import ScenarioError
+from raymvc.study import is_study_file, load_study
+
+ROOT = Path(__file__).resolve().parent.parent
+STUDIES = sorted((ROOT / "studies").glob("*.yaml"))
+
+SCENARIO = """
+name: tiny
+method: kfed
+params: {kmeans_init: 1, max_iter: 50}
+data:
+  dataset: synthetic
+  partition: horizontal
+  n_clients: 3
+  synthetic: {n_samples: 150, n_views: 1, dims: 4, n_clusters: 3, noise: 1.5}
+runtime: {backend: local}
+seed: 0
+"""
+
+STUDY = """
+# A tiny study of k-FED on synthetic blobs.
+study:
+  paper: kfed
+  title: Restarts on synthetic blobs
+  source: Table 9
+  seeds: 0-2
+  grid: {data.synthetic.noise: [0.5, 3.0]}
+  metrics: [acc, nmi]
+  runs:
+    - {id: paper, label: k-FED, scenario: ../tiny.yaml}
+    - {id: ours, label: k-FED more restarts, variant: project, scenario: ../tiny.yaml, set: {params.kmeans_init: 5}}
+  paper_results:
+    - {run: paper, at: {data.synthetic.noise: 0.5}, acc: 0.912, nmi: 0.8}
+  spread: {run: paper, set: {runtime.threads: 2}}
+"""
+
+
+def test_there_are_at_least_ten_studies_over_the_five_papers():
+    papers = {load_study(p).spec.paper for p in STUDIES}
+    assert len(STUDIES) >= 10 and {"cefmc", "efimvc", "ccfc", "feddmvc", "fcuif"} <= papers
+
+
+@pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.stem)
+def test_every_shipped_study_validates(path, capsys):
+    study = load_study(path)
+    assert is_study_file(path) and study.seeds()
+    assert study.check() >= len(study.entries())  # every run's scenario at every grid point loads
+    assert all(r.variant in ("paper", "project", "ablation", "baseline") for r in study.spec.runs)
+    assert main(["validate", str(path)]) == 0
+    assert "ok -- a study of" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("text, words", [
+    ("study: {paper: x, title: t, runs: [{id: a, label: A, scenario: ../tiny.yaml}], bogus: 1}", "study.bogus"),
+    ("study: {paper: x, title: t, runs: []}", "study.runs"),
+    ("study: {paper: x, title: t, runs: [{id: a, label: A, scenario: nowhere.yaml}]}", "study.runs.0.scenario"),
+    ("study: {paper: x, title: t, runs: [{id: 'a b', label: A, scenario: ../tiny.yaml}]}", "study.runs.0.id"),
+    ("study: {paper: x, title: t, runs: [{id: a, label: A, scenario: ../tiny.yaml}], spread: {run: b, set: {}}}",
+     "study.spread.run"),
+    ("study: {paper: x, title: t, grid: {seed: [1]}, runs: [{id: a, label: A, scenario: ../tiny.yaml}], "
+     "paper_results: [{at: {params.k: 1}, acc: 0.5}]}", "paper_results.0.at"),
+])
+def test_a_broken_study_is_one_line_naming_file_and_key(tmp_path, capsys, text, words):
+    (tmp_path / "tiny.yaml").write_text(SCENARIO)
+    (tmp_path / "s").mkdir()
+    f = tmp_path / "s" / "bad.yaml"
+    f.write_text(text)
+    with pytest.raises(ScenarioError, match=words):
+        load_study(f)
+    assert main(["sweep", str(f), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(f) in err[0] and words.split(".")[-1] in err[0]
+
+
+def test_a_study_takes_no_grid_or_seeds_from_the_command_line(tmp_path, capsys):
+    (tmp_path / "tiny.yaml").write_text(SCENARIO)
+    (tmp_path / "studies").mkdir()
+    f = tmp_path / "studies" / "tiny-study.yaml"
+    f.write_text(STUDY)
+    assert main(["sweep", str(f), "--seeds", "0-1"]) == 2
+    assert "come from the study file" in capsys.readouterr().err
+
+
+def _csv(path):
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_a_tiny_study_runs_resumes_and_gets_its_page(tmp_path, monkeypatch, capsys):
+    (tmp_path / "tiny.yaml").write_text(SCENARIO)
+    studies = tmp_path / "studies"
+    studies.mkdir()
+    (studies / "tiny-study.yaml").write_text(STUDY)
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", "studies/tiny-study.yaml", "--quiet"]) == 0
+    out = tmp_path / "runs" / "studies" / "tiny-study"  # the study's default folder
+    rows = _csv(out / "sweep.csv")
+    assert len(rows) == 3 * 2 * 3  # (paper, ours, paper with 2 threads) x 2 noise levels x 3 seeds
+    assert {r["scenario"] for r in rows} == {"paper", "ours", "paper.threads2"}
+    capsys.readouterr()
+    assert main(["sweep", "studies/tiny-study.yaml"]) == 0
+    assert "0 runs executed" in capsys.readouterr().err  # nothing changed: every cell reused
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{README_BEGIN}\nold table\n{README_END}\n\nafter\n")
+    written = write_pages(studies, tmp_path / "runs" / "studies", readme)
+    page = (studies / "kfed.md").read_text()
+    assert studies / "kfed.md" in written and (studies / "figures" / "tiny-study.png").stat().st_size > 1000
+    # the page's means are the sweep's own numbers, per run and point
+    for run, label in (("paper", "k-FED"), ("ours", "k-FED more restarts")):
+        accs = [float(r["acc"]) for r in rows if r["scenario"] == run and r["data.synthetic.noise"] == "3.0"]
+        cell = f"{statistics.mean(accs):.3f} ± {statistics.stdev(accs):.3f}"
+        line = next(x for x in page.splitlines() if x.startswith(f"| {label} |") and "| 3.0 |" in x)
+        assert cell in line and "3/3" in line
+        assert " / ".join(f"{a:.3f}" for a in accs) in line  # every seed's value
+    paper_line = next(x for x in page.splitlines() if x.startswith("| k-FED |") and "| 0.5 |" in x)
+    assert "0.912" in paper_line and "0.800" in paper_line
+    assert "A tiny study of k-FED on synthetic blobs." in page and "Table 9" in page
+    assert "run again with `runtime.threads: 2`: 6 of 6 wrote the same `labels.csv`" in page
+    text = readme.read_text()
+    assert "old table" not in text and text.endswith("after\n") and "[tiny-study](studies/kfed.md#" in text

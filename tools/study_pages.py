@@ -1,0 +1,33 @@
+"""Write studies/<paper>.md (and README's results table) from the studies' sweep folders.
+
+    python tools/study_pages.py                      # sweep folders under runs/studies/
+    python tools/study_pages.py --runs /data/studies # or elsewhere
+
+Run each study first: ``raymvc sweep studies/<name>.yaml --backend local --jobs 2``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from raymvc.pages import write_pages
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--studies", default=str(ROOT / "studies"), help="folder of study files (default: studies/)")
+    ap.add_argument("--runs", default=str(ROOT / "runs" / "studies"),
+                    help="folder holding one sweep folder per study, named after it (default: runs/studies/)")
+    ap.add_argument("--readme", default=str(ROOT / "README.md"), help="README whose results table to rewrite")
+    args = ap.parse_args(argv)
+    for p in write_pages(Path(args.studies), Path(args.runs), Path(args.readme)):
+        print(p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -26,11 +26,8 @@ Server, every step (FedDMVC's global self-supervision with two additions)
    previous round's clusters) the server keeps the one with the lowest k-means objective
    (FedDMVC's rule and the paper's, ``prototypes: inertia``, the default). The project's
    option ``prototypes: score`` keeps instead the one whose labels score best by the
-   label-free criterion of step 4. On HW with half the
-   samples incomplete (seed 1, pretrained embeddings of the complete rows, 12 restarts),
-   the lowest objective (14029) merges two digits and splits another (ACC 0.826 on those
-   rows), while the best score (0.176) picks a restart with ACC 0.958; the whole run goes
-   from ACC 0.821 to 0.962.
+   label-free criterion of step 4 (why: ``benchmarks/fcuif_tuning.md``; what it changes
+   over seeds 0-4: ``studies/fcuif.md``).
 2. **Adaptive alignment** (Eqs. 10-11). Sample-commonality features ``H^m = Q^m C``
    (``N_m x Σd``). One small MLP per view, ``Σd -> 32 -> 64 -> Σd`` with ReLU (the
    anchor's ``W^a`` and every other member's ``W^m``), trained with Adam on the trusted

@@ -82,6 +82,8 @@ Departures from the paper
 * Fewer complete samples than clusters (e.g. δ = 0 or a member with no overlap): step 1
   uses every covered sample with missing blocks filled by the block's mean, and step 3
   keeps ``W_m = I`` (imputation ``q_i C^m``).
+* Ablation switch (the paper's Table 2): ``extension: no_w`` imputes ``q_i C^m`` without
+  ``W_m``; ``extension: none`` imputes nothing (absent blocks hold the block's mean).
 * Targets: Eq. 13 as printed divides ``s_ij`` by ``Σ_j s_ij``, a sum over clusters that is
   1, so it only squares and renormalises each row (``target: square``). We read it as
   DEC's target distribution, ``f_j = Σ_i s_ij`` a sum over samples (``target: dec``, the
@@ -157,6 +159,9 @@ class Config(ProtocolConfig):
     scale: str = Field(default="minmax", pattern="^(minmax|none)$", description="client-side scaling of its rows")
     kmeans_init: int = Field(default=10, ge=1, description="k-means restarts (client init, server round 0)")
     ridge: float = Field(default=1e-6, ge=0.0, description="ridge of the W_m least squares, relative to the trace")
+    extension: Literal["full", "no_w", "none"] = Field(
+        default="full", description="the server's data extension (Table 2's ablation): W_m (q_i C^m), q_i C^m "
+                                    "without W_m, or none (absent blocks keep the block's mean)")
     target: Literal["dec", "square"] = Field(
         default="dec", description="Eq. 13's P: DEC's target (divided by cluster frequency) or the equation as printed")
     deterministic: bool = Field(default=True, description="torch.use_deterministic_algorithms during every call")
@@ -487,13 +492,15 @@ class FedDMVCServer(Server):
             Q[rows] += self.Q[c][:, self._column_order(c, anchor)]
         Q[covered] /= H[covered].sum(axis=1, keepdims=True)
         # steps 3-4, Eqs. (9)-(10): W_m from the trusted complete rows, impute the missing z_i^m
-        for j in range(M):
+        for j in range(M if cfg.extension != "none" else 0):
             col = slice(j * d, (j + 1) * d)
             QC = Q @ C[:, col]  # rows q_i C^m
             hole = covered & ~H[:, j]
             if hole.any():
                 Z[hole, col] = self.impute_view(j, QC, Z[:, col], trusted if trusted.sum() >= k else None,
                                                 hole, round)
+        if cfg.extension == "none":  # ablation: no data extension, absent blocks hold the block's mean
+            Z = raw.copy()
         Z = self.choose_features(Z, raw, H, C, round)
         # step 5, Eqs. (11)-(14): k-means on the completed Z (started at C), S, P, labels
         km2 = KMeans(n_clusters=k, init=C, n_init=1).fit(Z[covered])
@@ -543,7 +550,7 @@ class FedDMVCServer(Server):
                     round: int) -> np.ndarray:
         """Eqs. (9)-(10) for view ``j``: ``z_i = W_m (q_i C^m)`` on the ``hole`` rows, ``W_m`` the
         least squares fit on the trusted rows (``W_m = I`` without them)."""
-        if trusted is None:
+        if trusted is None or self.config.extension == "no_w":
             return QC[hole]
         return QC[hole] @ fit_patterns(QC[trusted], Zj[trusted], self.config.ridge)
 

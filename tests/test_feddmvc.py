@@ -242,3 +242,32 @@ def test_embeddings_are_standardised_after_pretraining():
     off = tiny_scenario(**{"params.standardize": 0.0})
     _, _, clients, server = parties(off)
     assert any(abs(float(np.std(r["Z"])) - 1.0) > 0.05 for r in deliver(clients, server.start(), 0).values())
+
+
+@pytest.mark.parametrize("extension", ["no_w", "none"])
+def test_the_data_extension_ablation_changes_the_imputed_blocks(extension, monkeypatch):
+    import raymvc.protocols.feddmvc as fdm
+
+    seen = {}
+    original = fdm.FedDMVCServer.choose_features
+
+    def keep(self, imputed, raw, H, C, round):
+        seen[self.config.extension] = (imputed.copy(), raw.copy(), H.copy())
+        return original(self, imputed, raw, H, C, round)
+
+    monkeypatch.setattr(fdm.FedDMVCServer, "choose_features", keep)
+    for ext in ("full", extension):
+        sc = tiny_scenario(missing=0.5, **{"params.extension": ext})
+        _, _, clients, server = parties(sc)
+        out = server.start()
+        for r in range(3):
+            out = server.step(r, deliver(clients, out, r), set())
+            if not isinstance(out, dict):
+                break
+    full, other = seen["full"], seen[extension]
+    hole = ~full[2]
+    d = full[0].shape[1] // full[2].shape[1]
+    holes = np.repeat(hole, d, axis=1) & full[2].any(axis=1, keepdims=True)
+    if extension == "none":
+        np.testing.assert_array_equal(other[0], other[1])  # nothing imputed: the mean-filled features
+    assert not np.allclose(full[0][holes], other[0][holes])

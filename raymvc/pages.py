@@ -277,14 +277,15 @@ def draw_figure(res: StudyResult, path: Path) -> Path | None:
                 pts.sort()
                 x, y, e = zip(*pts)
                 ax.errorbar(x, y, yerr=e, marker="o", markersize=4, capsize=3, linewidth=1.4, label=r.label)
-        px, py = [], []
+        refs: dict[str, list[tuple[float, float]]] = defaultdict(list)
         for pr in spec.paper_results:
             v = getattr(pr, m)
             if v is not None and xkey in pr.at:
-                px.append(pos[short_value(pr.at[xkey])])
-                py.append(v)
-        if px:
-            ax.plot(px, py, "kx", markersize=8, label="paper")
+                name = pr.method or f"paper: {_label(res.study, pr.run or runs[0].id)}"
+                refs[name].append((pos[short_value(pr.at[xkey])], v))
+        for (name, pts), marker in zip(sorted(refs.items()), "xP*+D"):
+            x, y = zip(*sorted(pts))
+            ax.plot(x, y, marker=marker, linestyle=":", color="k", markersize=7, linewidth=0.8, label=name)
         if logx:
             ax.set_xscale("log")
         if not numeric:

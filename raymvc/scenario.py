@@ -244,6 +244,10 @@ class RuntimeCfg(_Strict):
         default=0.5, description="CPUs reserved per client actor; auto: the cluster's free CPUs shared among the "
                                  "actors (at least 0.05, at most 1 each)")
     server_cpus: float = Field(default=0.5, ge=0.0)
+    client_gpus: float = Field(default=0.0, ge=0.0, description="GPUs reserved per client actor (fractions "
+                                                                "share one GPU); with params.device: auto the "
+                                                                "deep methods train on it")
+    server_gpus: float = Field(default=0.0, ge=0.0, description="GPUs reserved for the server actor")
     num_cpus: int | None = Field(default=None, ge=1)
     reply_timeout_s: float = Field(default=600.0, gt=0.0)
     threads: int = Field(default=1, ge=1)

@@ -237,3 +237,31 @@ def test_client_cpus_auto_shares_the_free_cpus_within_bounds():
     assert client_cpus(sc("auto"), 7, 2.0) == 0.21  # in hundredths, rounded down
     assert client_cpus(sc(0.3), 6, 2.0) == 0.3  # a number is taken as it is
     assert cpus_needed(sc("auto"), 6) == pytest.approx(6 * 0.05 + 0.5)
+
+
+def test_gpus_asked_for_enter_the_bundles_and_a_cluster_without_them_is_one_line():
+    from raymvc.runtime.cluster import ClusterError
+    from raymvc.runtime.placement import _bundle, _check_gpus
+    from raymvc.scenario import scenario_from_dict
+
+    def rt(**kw):
+        return scenario_from_dict({"name": "a", "method": "kfed", "data": {"dataset": "digits"},
+                                   "runtime": kw}).runtime
+
+    class Cluster:
+        def __init__(self, gpus):
+            self.gpus = gpus
+
+        def cluster_resources(self):
+            return {"CPU": 16.0, **({"GPU": self.gpus} if self.gpus else {})}
+
+    assert _bundle(0.5, 0.0) == {"CPU": 0.5} and _bundle(0.5, 0.25) == {"CPU": 0.5, "GPU": 0.25}
+    _check_gpus(Cluster(0), rt(), 6)  # none asked for: nothing to check
+    _check_gpus(Cluster(2), rt(client_gpus=0.25, server_gpus=0.5), 6)  # 2.0 needed, 2 there
+    with pytest.raises(ClusterError, match=r"^runtime.client_gpus: the run needs 1.5 GPUs \(6 client actors x 0.25 "
+                                           r"\+ server 0\), the cluster has 0$"):
+        _check_gpus(Cluster(0), rt(client_gpus=0.25), 6)
+    with pytest.raises(ClusterError, match="^runtime.server_gpus: the run needs 1 GPUs"):
+        _check_gpus(Cluster(0.5), rt(server_gpus=1), 6)
+    with pytest.raises(Exception, match="client_gpus"):
+        rt(client_gpus=-1)

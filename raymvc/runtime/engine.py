@@ -163,8 +163,8 @@ def _spawn(sc: Scenario, part, ds, seats=None) -> tuple[object, list]:
     per = rt.clients_per_actor
     groups = [ids[i:i + per] for i in range(0, len(ids), per)]
     seats = seats or reserve(sc, part.n_clients)  # the server first, beside the driver if it has room
-    PoolActor = ray.remote(num_cpus=seats.client_cpus, max_restarts=0)(ClientPool)
-    ServerActor = ray.remote(num_cpus=rt.server_cpus, max_restarts=0)(ServerNode)
+    PoolActor = ray.remote(num_cpus=seats.client_cpus, num_gpus=rt.client_gpus, max_restarts=0)(ClientPool)
+    ServerActor = ray.remote(num_cpus=rt.server_cpus, num_gpus=rt.server_gpus, max_restarts=0)(ServerNode)
     pools = RayPools(
         handles={p: PoolActor.options(scheduling_strategy=seats.pool(p)).remote(
             {c: part.shards[c] for c in g}, sc.method, sc.params, **common) for p, g in enumerate(groups)},

@@ -74,23 +74,40 @@ def reserve(sc: Scenario, n_clients: int) -> Seats:
     rt = sc.runtime
     n_actors = math.ceil(n_clients / rt.clients_per_actor)
     per = client_cpus(sc, n_actors, ray.available_resources().get("CPU", 0.0))
+    _check_gpus(ray, rt, n_actors)
     here = ray.get_runtime_context().get_node_id()
     deadline = time.monotonic() + rt.placement_timeout_s
     server_pg = pools_pg = None
-    if rt.server_cpus > 0:
-        server_pg = _group(ray, [{"CPU": rt.server_cpus}], "STRICT_PACK", near=here)
+    if rt.server_cpus > 0 or rt.server_gpus > 0:
+        server_pg = _group(ray, [_bundle(rt.server_cpus, rt.server_gpus)], "STRICT_PACK", near=here)
     seats = Seats(ray, server_pg, None, here, per)
     if server_pg is not None and not server_pg.wait(max(0.0, deadline - time.monotonic())):
         msg = _unplaced(ray, sc, n_actors, server_placed=False, per=per)
         seats.release()
         raise ClusterError(msg)
-    pools_pg = _group(ray, [{"CPU": per}] * n_actors, "SPREAD" if rt.placement == "spread" else "PACK")
+    pools_pg = _group(ray, [_bundle(per, rt.client_gpus)] * n_actors, "SPREAD" if rt.placement == "spread" else "PACK")
     seats.pools_pg = pools_pg
     if not pools_pg.wait(max(0.0, deadline - time.monotonic())):
         msg = _unplaced(ray, sc, n_actors, server_placed=True, per=per)
         seats.release()
         raise ClusterError(msg)
     return seats
+
+
+def _bundle(cpus: float, gpus: float) -> dict:
+    return {"CPU": cpus, "GPU": gpus} if gpus > 0 else {"CPU": cpus}
+
+
+def _check_gpus(ray, rt, n_actors: int) -> None:
+    """GPUs asked for that the whole cluster does not have: one line at once, not a wait."""
+    need = rt.client_gpus * n_actors + rt.server_gpus
+    if need <= 0:
+        return
+    have = ray.cluster_resources().get("GPU", 0.0)
+    if need > have + 1e-9:
+        key = "runtime.client_gpus" if rt.client_gpus > 0 else "runtime.server_gpus"
+        raise ClusterError(f"{key}: the run needs {need:g} GPUs ({n_actors} client actors x {rt.client_gpus:g} "
+                           f"+ server {rt.server_gpus:g}), the cluster has {have:g}")
 
 
 def _free_per_node(ray) -> list[tuple[float, float]]:

@@ -232,12 +232,16 @@ def sweep(scenarios: str | Path | Sequence[str | Path], *, grid: Mapping[str, Se
     folder layout; rerunning into ``out`` reuses the cells that still stand).
 
     ``grid``: ``{"faults.dropout.rate": [0, 0.3]}``; ``seeds``: e.g. ``range(5)``
-    (default: each scenario's own seed).
+    (default: each scenario's own seed). A study file (``studies/X.yaml``) brings its own
+    scenarios, grid and seeds; its folder defaults to ``runs/studies/X``.
     """
     from .results import default_out_dir
     from .studies import run_sweep
+    from .study import is_study_file, load_study
 
     paths = [str(scenarios)] if isinstance(scenarios, (str, Path)) else [str(p) for p in scenarios]
+    if out is None and len(paths) == 1 and is_study_file(paths[0]):  # a study file: runs/studies/<name>
+        out = load_study(paths[0]).default_out()
     if out is None:  # as raymvc sweep names it
         names = [load_scenario(p, list(overrides)).name for p in paths]
         out = default_out_dir("sweep-" + "-".join(dict.fromkeys(names))[:60])

@@ -112,6 +112,10 @@ def test_a_tiny_study_runs_resumes_and_gets_its_page(tmp_path, monkeypatch, caps
     capsys.readouterr()
     assert main(["sweep", "studies/tiny-study.yaml"]) == 0
     assert "0 runs executed" in capsys.readouterr().err  # nothing changed: every cell reused
+    import raymvc
+
+    again = raymvc.sweep("studies/tiny-study.yaml")  # the library takes a study file too, same folder
+    assert again.out.resolve() == out.resolve() and len(again.runs) == len(rows)
 
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\n{README_BEGIN}\nold table\n{README_END}\n\nafter\n")

@@ -46,7 +46,8 @@ class StudyResult:
         for r in rows:
             point = {k: r.get(k, "") for k in self.keys}
             self.cells[(r["scenario"], _key(point, text=True))].append(r)
-        self.rows = rows
+        ids = set(study.labels())
+        self.rows = [r for r in rows if r["scenario"] in ids]  # runs the study file still names
 
     def points(self) -> list[dict]:
         grid = self.study.spec.grid
@@ -171,7 +172,7 @@ def study_section(res: StudyResult, fig_dir: Path | None, page_dir: Path) -> str
     lines = [f"## {spec.title}", ""]
     lines.append(f"Paper: {spec.source or 'n/a'} · study file `studies/{st.path.name}` · {seed_text} · "
                  f"{n} runs, {total / 60:.1f} min of run time ({(total / n) if n else 0:.0f} s a run) · reproduce: "
-                 f"`raymvc sweep studies/{st.path.name} --backend local --jobs 2`")
+                 f"`raymvc sweep studies/{st.path.name} --backend local --jobs {1 if spec.spread else 2}`")
     lines.append("")
     comment = _leading_comment(st.path)
     if comment:

@@ -353,7 +353,7 @@ def readme_table(results: list[StudyResult]) -> str:
         if not st.spec.readme:
             continue
         page = f"studies/{st.spec.paper}.md"
-        anchor = re.sub(r"[^a-z0-9 -]", "", st.spec.title.lower()).replace(" ", "-")
+        anchor = re.sub(r"[^\w\- ]", "", st.spec.title.lower()).replace(" ", "-")  # as GitHub makes heading ids
         points = res.points() if st.spec.readme is True else [None]
         for point in points:
             for _, _, r in st.entries():

@@ -135,3 +135,32 @@ def test_a_tiny_study_runs_resumes_and_gets_its_page(tmp_path, monkeypatch, caps
     assert "run again with `runtime.threads: 2`: 6 of 6 wrote the same `labels.csv`" in page
     text = readme.read_text()
     assert "old table" not in text and text.endswith("after\n") and "[tiny-study](studies/kfed.md#" in text
+
+
+def test_readme_mean_averages_each_seed_over_the_grid_first(tmp_path, monkeypatch):
+    (tmp_path / "tiny.yaml").write_text(SCENARIO)
+    studies = tmp_path / "studies"
+    studies.mkdir()
+    (studies / "avg.yaml").write_text("""
+study:
+  paper: kfed
+  title: Averaged over the noise
+  seeds: 0-2
+  grid: {data.synthetic.noise: [0.5, 3.0]}
+  readme: mean
+  runs:
+    - {id: paper, label: k-FED, scenario: ../tiny.yaml}
+  paper_results:
+    - {method: "k-FED (paper, mean of the points)", acc: 0.777}
+""")
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", "studies/avg.yaml", "--quiet"]) == 0
+    rows = _csv(tmp_path / "runs" / "studies" / "avg" / "sweep.csv")
+    per_seed = [statistics.mean(float(r["acc"]) for r in rows if r["seed"] == s) for s in ("0", "1", "2")]
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{README_BEGIN}\n{README_END}\n")
+    write_pages(studies, tmp_path / "runs" / "studies", readme)
+    line = next(x for x in readme.read_text().splitlines() if x.startswith("| [avg]"))
+    assert "mean over noise" in line and "0.777" in line and "3/3" in line
+    assert f"{statistics.mean(per_seed):.3f} ± {statistics.stdev(per_seed):.3f}" in line
+    assert "Mean over the grid's points" in (studies / "kfed.md").read_text()

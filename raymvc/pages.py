@@ -179,8 +179,9 @@ def study_section(res: StudyResult, fig_dir: Path | None, page_dir: Path) -> str
         lines += [comment, ""]
     if spec.notes:
         lines += [spec.notes.strip(), ""]
+    refs = [m for m in metrics if any(getattr(pr, m) is not None for pr in spec.paper_results)]
     head = ["run", "variant", *(short_key(k) for k in spec.grid), "runs ok",
-            *(f"{NAMES[m]}" for m in metrics), *(f"paper {NAMES[m]}" for m in metrics),
+            *(f"{NAMES[m]}" for m in metrics), *(f"paper {NAMES[m]}" for m in refs),
             f"{NAMES[metrics[0]]} per seed"]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
@@ -194,7 +195,7 @@ def study_section(res: StudyResult, fig_dir: Path | None, page_dir: Path) -> str
                 ok_total = f"{ok}/{total_runs}"
                 cells.append(_pm(mean, std, DIGITS[m]))
             paper = []
-            for m in metrics:
+            for m in refs:
                 v = _paper_value(st, r.id, point, m)
                 paper.append(f"{v:.3f}" if v is not None else "")
             row = [r.label, r.variant, *(short_value(point[k]) for k in spec.grid), ok_total or "0/0",
@@ -202,7 +203,7 @@ def study_section(res: StudyResult, fig_dir: Path | None, page_dir: Path) -> str
             lines.append("| " + " | ".join(row) + " |")
     others = [pr for pr in spec.paper_results if pr.method]
     for pr in others:
-        vals = [f"{getattr(pr, m):.3f}" if getattr(pr, m) is not None else "" for m in metrics]
+        vals = [f"{getattr(pr, m):.3f}" if getattr(pr, m) is not None else "" for m in refs]
         row = [pr.method, "paper's number", *(short_value(pr.at.get(k, "")) or "all" for k in spec.grid), "",
                *([""] * len(metrics)), *vals, ""]
         lines.append("| " + " | ".join(row) + " |")

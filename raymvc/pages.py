@@ -296,7 +296,11 @@ def draw_figure(res: StudyResult, path: Path) -> Path | None:
         ax.set_xlabel(spec.x_label or short_key(xkey))
         ax.set_ylabel(NAMES[m])
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
+    handles: dict = {}
+    for ax in axes[0]:  # one legend for every panel's lines (reference lines may be on one panel only)
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    axes[0][0].legend(list(handles.values()), list(handles), fontsize=7)
     fig.suptitle(spec.title, fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,6 @@ regenerate them after a sweep.
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 from collections import defaultdict
@@ -50,11 +49,7 @@ class StudyResult:
         self.rows = [r for r in rows if r["scenario"] in ids]  # runs the study file still names
 
     def points(self) -> list[dict]:
-        grid = self.study.spec.grid
-        if not grid:
-            return [{}]
-        keys = list(grid)
-        return [dict(zip(keys, combo)) for combo in itertools.product(*grid.values())]
+        return self.study.points()
 
     def cell(self, run_id: str, point: dict) -> list[dict]:
         return sorted(self.cells.get((run_id, _key(point)), []), key=lambda r: int(r["seed"]))
@@ -107,10 +102,9 @@ def _paper_value(study: Study, run_id: str, point: dict, metric: str) -> float |
         target = pr.run or first_paper
         if target != run_id or pr.method is not None:
             continue
-        if _key(pr.at) == _key({k: point[k] for k in pr.at}) if pr.at else True:
-            v = getattr(pr, metric)
-            if v is not None:
-                return v
+        at_point = all(short_value(point.get(k)) == short_value(v) for k, v in pr.at.items())
+        if at_point and getattr(pr, metric) is not None:
+            return getattr(pr, metric)
     return None
 
 

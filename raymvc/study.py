@@ -152,16 +152,20 @@ class Study:
             out.append((self.scenario_path(base), [*_overrides(spread.set), f"name={spread.id}"], spread))
         return out
 
+    def points(self) -> list[dict]:
+        """Every grid point (``[{}]`` without a grid), in the sweep's order."""
+        import itertools
+
+        keys = list(self.spec.grid)
+        return [dict(zip(keys, combo)) for combo in itertools.product(*self.spec.grid.values())]
+
     def check(self) -> int:
         """Load every run's scenario at every grid point (first seed) without loading data:
         a bad key or value anywhere is a ScenarioError. Returns the number of runs the study has."""
-        import itertools
-
         from .scenario import load_scenario
         from .studies import short_value
 
-        keys = list(self.spec.grid)
-        points = [dict(zip(keys, combo)) for combo in itertools.product(*self.spec.grid.values())]
+        points = self.points()
         seeds = self.seeds()
         for scenario, overrides, run in self.entries():
             for point in points:

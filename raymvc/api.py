@@ -227,12 +227,15 @@ class SweepResult:
 
 def sweep(scenarios: str | Path | Sequence[str | Path], *, grid: Mapping[str, Sequence[Any]] | None = None,
           seeds: Sequence[int] | None = None, overrides: Sequence[str] = (), out: str | Path | None = None,
-          jobs: int = 1, backend: str | None = None, progress: bool = False) -> SweepResult:
+          jobs: int | None = None, backend: str | None = None, progress: bool = False,
+          fresh_actors: bool = False) -> SweepResult:
     """Run every scenario at every grid point and seed, as ``raymvc sweep`` does (same
     folder layout; rerunning into ``out`` reuses the cells that still stand).
 
     ``grid``: ``{"faults.dropout.rate": [0, 0.3]}``; ``seeds``: e.g. ``range(5)``
-    (default: each scenario's own seed). A study file (``studies/X.yaml``) brings its own
+    (default: each scenario's own seed). ``jobs``: runs at once (default: one with the
+    local backend, as many as the cluster holds on Ray); on Ray the actors are kept from one
+    run to the next unless ``fresh_actors``. A study file (``studies/X.yaml``) brings its own
     scenarios, grid and seeds; its folder defaults to ``runs/studies/X``.
     """
     from .results import default_out_dir
@@ -248,8 +251,8 @@ def sweep(scenarios: str | Path | Sequence[str | Path], *, grid: Mapping[str, Se
     args = argparse.Namespace(
         scenario=paths, set=list(overrides), grid=[f"{k}={json.dumps(list(v))}" for k, v in (grid or {}).items()],
         seeds=",".join(str(int(s)) for s in seeds) if seeds is not None else None, seed=None, repeats=1,
-        jobs=int(jobs), out=str(out) if out is not None else None, address=None, backend=backend,
-        quiet=not progress)
+        jobs=None if jobs is None else int(jobs), out=str(out) if out is not None else None, address=None,
+        backend=backend, quiet=not progress, fresh_actors=fresh_actors)
     with contextlib.nullcontext() if progress else contextlib.redirect_stdout(io.StringIO()):
         code = run_sweep(args)  # prints its aggregate table: shown only with progress
     if code == 130:

@@ -450,7 +450,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a key and a YAML list of values to try; repeat for a product grid")
     sw.add_argument("--seeds", metavar="0,1,2", help="seeds for every grid point (0,1,2 or 0-4)")
     sw.add_argument("--repeats", type=int, default=1, help="seeds per grid point (seed, seed+1, ...) if no --seeds")
-    sw.add_argument("--jobs", type=int, default=1, help="runs at once with the local backend (processes)")
+    sw.add_argument("--jobs", type=_jobs, default=None, metavar="N|auto",
+                    help="runs at once: local backend, worker processes (default 1); Ray, runs side by side "
+                         "as the cluster's CPUs hold them (default auto)")
+    sw.add_argument("--fresh-actors", action="store_true",
+                    help="on Ray, start new actors for every run instead of reusing the last run's")
     sw.add_argument("--out", help="sweep directory (default: runs/sweep-<names>-<time>); rerun to resume")
     sw.add_argument("--address", help="join this Ray cluster")
     sw.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -465,6 +469,18 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--json", action="store_true")
     rp.set_defaults(fn=cmd_report)
     return p
+
+
+def _jobs(text: str) -> int | None:
+    if text == "auto":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of runs or auto, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (or auto), got {n}")
+    return n
 
 
 def main(argv: list[str] | None = None) -> int:

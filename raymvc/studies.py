@@ -172,7 +172,7 @@ def plan(scenarios: list[str | tuple[str, list[str]]], grid: list[tuple[str, lis
                 sc = _load(path, over + [f"seed={seed}"], keys)
                 if j == 0:  # the data and the split for this point load (errors before any run)
                     try:
-                        prepare(sc)
+                        n_clients = prepare(sc)[1].n_clients
                     except ScenarioError as e:
                         raise _grid_blame(sc.blame(e), keys) from None
                 cfg = sc.protocol_config()
@@ -180,7 +180,9 @@ def plan(scenarios: list[str | tuple[str, list[str]]], grid: list[tuple[str, lis
                                   overrides=over + [f"seed={seed}"],
                                   run_dir=out / _run_dir_name(sc.name, point, seed),
                                   max_rounds=getattr(cfg, "max_rounds", None),
-                                  extra={"backend": sc.runtime.backend}, fingerprint=fingerprint(sc)))
+                                  extra={"backend": sc.runtime.backend, "n_clients": n_clients,
+                                         "cpus": footprint(sc, n_clients)},
+                                  fingerprint=fingerprint(sc)))
     dirs = [c.run_dir for c in cells]
     if len(set(dirs)) != len(dirs):
         dup = next(d for d in dirs if dirs.count(d) > 1)
@@ -204,16 +206,26 @@ def _load(path: str, overrides: list[str], grid_keys: list[str]):
 
 
 # --------------------------------------------------------------------------- running
-def _run_cell(scenario: str, overrides: list[str], run_dir: str, progress=None) -> dict:
-    """Run one cell (in this process or a worker process); returns its summary."""
+def footprint(sc, n_clients: int) -> float:
+    """CPUs one run of ``sc`` keeps busy on Ray (``client_cpus: auto`` counts a whole CPU per
+    actor): how many runs side by side a cluster holds."""
+    from .runtime.cluster import AUTO_CAP
+
+    rt = sc.runtime
+    per = AUTO_CAP if rt.client_cpus == "auto" else float(rt.client_cpus)
+    return math.ceil(n_clients / rt.clients_per_actor) * per + rt.server_cpus
+
+
+def _run_cell(scenario: str, overrides: list[str], run_dir: str, progress=None, **kw) -> dict:
+    """Run one cell (in this process, on a thread of it or in a worker process); returns its
+    summary. ``kw`` goes to :func:`raymvc.runtime.run_scenario` (``warm``, ``stop_requested``)."""
     from .runtime import run_scenario
 
     sc = load_scenario(scenario, overrides)
-    kw = {}
     if progress is not None:
-        kw = {"progress": progress.text, "on_round": progress.round}
+        kw.update(progress=progress.text, on_round=progress.round)
     else:
-        kw = {"progress": lambda line: None}
+        kw.update(progress=lambda line: None)
     # only unfinished cells get here: start them afresh (the earlier attempt's files are removed)
     return run_scenario(sc, Path(run_dir), overwrite=True, **kw)
 
@@ -248,9 +260,18 @@ class Outcome:
     interrupted: bool = False
 
 
-def execute(cells: list[Cell], jobs: int = 1, quiet: bool = False, live: bool | None = None) -> Outcome:
+def execute(cells: list[Cell], jobs: int | None = 1, quiet: bool = False, live: bool | None = None,
+            warm: bool = True) -> Outcome:
     """Run every cell that has no reusable result. Ctrl-C/SIGTERM: the runs under way stop
-    (as ``interrupted``), nothing more starts, and the outcome says so."""
+    (as ``interrupted``), nothing more starts, and the outcome says so.
+
+    ``jobs``: runs at once (``None``: one with the local backend, as many as the cluster
+    holds on Ray). Local runs side by side go to worker processes. Ray runs side by side
+    go to threads of this process, each reserving its actors' CPUs whole before it starts
+    them; with ``warm`` (on Ray) actors are kept from one run to the next of the same shape
+    (:mod:`raymvc.runtime.warm`). A Ray run that failed, or had a party on a node the
+    cluster lost while it ran, is run again (at most :data:`RAY_RETRIES` times).
+    """
     from .progress import SweepProgress
 
     states = {id(c): cell_state(c) for c in cells}
@@ -260,32 +281,147 @@ def execute(cells: list[Cell], jobs: int = 1, quiet: bool = False, live: bool | 
     if (res.reused or res.stale) and not quiet:
         prog.line.log(f"[sweep] reusing {res.reused} of {len(cells)} finished runs; running {len(todo)}"
                       + (f" ({res.stale} finished before with other settings or code, run again)" if res.stale else ""))
-    parallel = jobs > 1 and len(todo) > 1 and all(c.extra.get("backend") == "local" for c in todo)
-    if jobs > 1 and not parallel and todo and not quiet:
-        prog.line.log("[sweep] --jobs applies to the local backend; Ray runs go one after another "
-                      "(their clients already run in parallel)")
+    on_ray = bool(todo) and all(c.extra.get("backend") == "ray" for c in todo)
+    parallel = (jobs or 1) > 1 and len(todo) > 1 and all(c.extra.get("backend") == "local" for c in todo)
+    if (jobs or 1) > 1 and not parallel and not on_ray and todo and not quiet:
+        prog.line.log("[sweep] --jobs: the runs mix the local and Ray backends; they go one after another")
     try:
-        with _stop_on_signals() as stop:
+        with _stop_on_signals() as stop, _warm_actors(on_ray and warm) as actors:
             if parallel:
                 _execute_parallel(todo, jobs, prog, stop, res)
+            elif on_ray:
+                _execute_ray(todo, jobs, prog, stop, res, actors, quiet)
             else:
-                for cell in todo:
-                    if stop.signal:
-                        break
-                    rp = prog.run(cell.label, cell.max_rounds)
-                    try:
-                        summary = _run_cell(cell.scenario, cell.overrides, str(cell.run_dir), progress=rp)
-                    except Exception as e:
-                        summary = _failed_summary(cell, e)
-                        _write_failed(cell, summary)
-                    res.executed += 1
-                    prog.finished(cell.label, summary)
-                    if summary.get("status") == "interrupted":
-                        stop.signal = stop.signal or "SIGINT"  # the run stopped on a signal: so does the sweep
+                _execute_here(todo, prog, stop, res)
             res.interrupted = bool(stop.signal)
     finally:
         prog.close()
     return res
+
+
+def _execute_here(todo: list[Cell], prog, stop, res: Outcome, run=None) -> None:
+    """One run after another in this process, each with its live progress."""
+    for cell in todo:
+        if stop.signal:
+            break
+        rp = prog.run(cell.label, cell.max_rounds)
+        if run is not None:
+            summary = run(cell, rp)
+        else:
+            try:
+                summary = _run_cell(cell.scenario, cell.overrides, str(cell.run_dir), progress=rp)
+            except Exception as e:
+                summary = _failed_summary(cell, e)
+                _write_failed(cell, summary)
+        _record(cell, summary, prog, stop, res)
+
+
+def _record(cell: Cell, summary: dict, prog, stop, res: Outcome) -> None:
+    res.executed += 1
+    prog.finished(cell.label, summary)
+    if summary.get("status") == "interrupted":
+        stop.signal = stop.signal or "SIGINT"  # the run stopped on a signal: so does the sweep
+
+
+@contextlib.contextmanager
+def _warm_actors(on: bool):
+    if not on:
+        yield None
+        return
+    from .runtime.warm import WarmActors
+
+    actors = WarmActors()
+    try:
+        yield actors
+    finally:
+        actors.close()
+
+
+RAY_RETRIES = 2  # a Ray run hit by a lost node is run again, at most this often
+
+
+def _alive_nodes() -> set[str]:
+    import ray
+
+    try:
+        return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+    except Exception:
+        return set()
+
+
+def _run_on_ray(cell: Cell, actors, stop, progress=None, log=None) -> dict:
+    """One cell on Ray; run again when a node it ran on was lost while it ran."""
+    for attempt in range(1 + RAY_RETRIES):
+        before = _alive_nodes()
+        try:
+            summary = _run_cell(cell.scenario, cell.overrides, str(cell.run_dir), progress=progress, warm=actors,
+                                stop_requested=lambda: stop.signal)
+        except Exception as e:
+            summary = _failed_summary(cell, e)
+            _write_failed(cell, summary)
+        lost = before - _alive_nodes()
+        if not _hit_by(summary, lost, cell) or stop.signal or attempt == RAY_RETRIES:
+            return summary
+        note = f"[sweep] {cell.label}: a node it ran on left the cluster; running it again"
+        if progress is not None:
+            progress.text(note)
+        elif log is not None:
+            log(note)
+    return summary
+
+
+def _hit_by(summary: dict, lost: set[str], cell: Cell) -> bool:
+    """Whether the cluster, not the cell's faults, spoiled the run: it failed or lost clients
+    while a node it ran on left the cluster, or clients crashed that no crash fault names
+    (their actors died: Ray may not have declared their node dead yet)."""
+    if summary.get("status") not in ("failed", "degraded"):
+        return False
+    where = summary.get("placement") or {}
+    nodes = {where.get("server_node"), *(where.get("client_node") or {}).values()}
+    if nodes & lost:
+        return True
+    crashed = set((summary.get("faults") or {}).get("crashed_clients") or [])
+    if not crashed:
+        return summary.get("status") == "failed" and bool(lost)
+    injected = {c.client for c in load_scenario(cell.scenario, cell.overrides).faults.crash}
+    return bool(crashed - injected)
+
+
+def ray_slots(todo: list[Cell], jobs: int | None) -> int:
+    """Start (or join) Ray for the largest run; how many runs side by side it holds (at most ``jobs``)."""
+    import ray
+
+    from .runtime.cluster import init_ray
+
+    big = max(todo, key=lambda c: c.extra.get("cpus", 0.0))
+    init_ray(load_scenario(big.scenario, big.overrides), big.extra.get("n_clients", 1))
+    if jobs == 1 or len(todo) == 1:
+        return 1
+    fits = int((ray.cluster_resources().get("CPU", 0.0) + 1e-9) // max(big.extra.get("cpus", 1.0), 1e-9))
+    return max(1, min(fits, len(todo), jobs or len(todo)))
+
+
+def _execute_ray(todo: list[Cell], jobs: int | None, prog, stop, res: Outcome, actors, quiet: bool) -> None:
+    """Runs on Ray: one after another, or side by side on threads of this process."""
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    slots = ray_slots(todo, jobs)
+    if slots == 1:
+        _execute_here(todo, prog, stop, res, run=lambda cell, rp: _run_on_ray(cell, actors, stop, rp))
+        return
+    if not quiet:
+        prog.line.log(f"[sweep] {slots} runs at a time on Ray")
+    queue, running = list(todo), {}
+    with ThreadPoolExecutor(max_workers=slots, thread_name_prefix="raymvc-run") as pool:
+        while queue or running:
+            while queue and len(running) < slots and not stop.signal:
+                c = queue.pop(0)
+                running[pool.submit(_run_on_ray, c, actors, stop, None, None if quiet else prog.line.log)] = c
+            if not running:
+                break
+            done, _ = wait(list(running), timeout=0.5, return_when=FIRST_COMPLETED)
+            for fut in done:
+                _record(running.pop(fut), fut.result(), prog, stop, res)
 
 
 class _SweepStop:
@@ -524,7 +660,7 @@ def run_sweep(args) -> int:
         seeds = [s0 + i for i in range(args.repeats)]
     else:
         seeds = None  # each scenario's own seed
-    if args.jobs < 1:
+    if args.jobs is not None and args.jobs < 1:
         raise ScenarioError(f"--jobs {args.jobs}: must be >= 1")
     if args.out:
         out = Path(args.out)
@@ -540,7 +676,7 @@ def run_sweep(args) -> int:
                              "runs": {i: {"label": r.label, "variant": r.variant, "set": r.set}
                                       for i, r in study.labels().items()}}
         write_file(out / "sweep.json", json.dumps(meta, indent=2, default=str) + "\n")
-        res = execute(cells, jobs=args.jobs, quiet=args.quiet)
+        res = execute(cells, jobs=args.jobs, quiet=args.quiet, warm=not getattr(args, "fresh_actors", False))
         # what finished, whether or not a signal stopped the sweep; cells never started are left out
         started = [c for c in cells if _current(c)]
         rows = collect(started, out)

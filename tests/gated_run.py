@@ -12,7 +12,8 @@ test acts, however fast or loaded the machine is:
 
 As a script (what :class:`GatedRun` starts): ``python gated_run.py ROUND READY_FD GO_FD ARGS...``
 runs ``raymvc ARGS...``; after the record of round ROUND has been handled, it writes one
-line to READY_FD and waits for a byte (or end of file) on GO_FD.
+line to READY_FD and waits for a byte (or end of file) on GO_FD (in a sweep, the first run
+to reach that round only).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def _main() -> None:
     from raymvc import cli, runtime
 
     real = runtime.run_scenario
+    gate = {"open": False}  # a sweep's runs: only the first to reach the round waits there
 
     def gated(sc, out_dir=None, **kw):
         inner = kw.get("on_round")
@@ -35,7 +37,8 @@ def _main() -> None:
         def on_round(record: dict) -> None:
             if inner is not None:
                 inner(record)
-            if record["round"] == at:
+            if record["round"] == at and not gate["open"]:
+                gate["open"] = True
                 os.write(ready, b"ready\n")
                 os.read(go, 1)
 

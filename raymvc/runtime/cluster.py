@@ -16,6 +16,7 @@ import math
 import os
 import secrets
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -110,7 +111,16 @@ def _enough(ray, sc: Scenario, n_clients: int) -> bool:
     return ray.cluster_resources().get("CPU", 0.0) + 1e-9 >= cpus_needed(sc, n_clients)
 
 
+_INIT_LOCK = threading.Lock()  # runs of a sweep on several threads start Ray once
+
+
 def init_ray(sc: Scenario, n_clients: int) -> float:
+    """Start (or join) Ray; returns the seconds it took (0 if already running); see :func:`_init_ray`."""
+    with _INIT_LOCK:
+        return _init_ray(sc, n_clients)
+
+
+def _init_ray(sc: Scenario, n_clients: int) -> float:
     """Start (or join) Ray; returns the seconds it took (0 if already running).
 
     An instance this module started that is too small for the run (a sweep's later,
@@ -164,6 +174,13 @@ def init_ray(sc: Scenario, n_clients: int) -> float:
 def _node(ray):
     """Ray's handle on the processes this driver started (private; None if Ray has no such attribute)."""
     return getattr(getattr(ray, "_private", None) and ray._private.worker, "_global_node", None)
+
+
+def current_node():
+    """The running Ray instance's handle in this process (None when Ray is not running)."""
+    import ray
+
+    return _node(ray) if ray.is_initialized() else None
 
 
 def _ours(ray) -> bool:

@@ -30,14 +30,15 @@ from ..results import OutputFolder, ResultsError, RunWriter, default_out_dir, fo
 from ..scenario import ChannelCfg, Scenario, ScenarioError
 from ..scenario import one_line as one_line_text
 from . import checkpoint
-from .cluster import ClusterError, init_ray
+from .cluster import ClusterError, current_node, init_ray
 from .nodes import ClientNode, ClientPool, ServerNode, one_line, party_error
 from .placement import Seats, reserve
 from .records import RoundRecord, RunEnd
 from .secagg import KINDS as SECAGG_KINDS
 from .signals import on_stop_signals
 from .threads import release_threads
-from .transport import Interruption, RayPools
+from .transport import Interruption, RayPools, party_lost
+from .warm import Crew, WarmActors, crew_key
 
 
 def _err(sc: Scenario, key: str, msg: str) -> ScenarioError:
@@ -142,9 +143,12 @@ def _progress_default(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _spawn(sc: Scenario, part, ds, seats=None) -> tuple[object, list]:
+def _spawn(sc: Scenario, part, ds, seats=None, crew: Crew | None = None) -> tuple[object, list]:
     """Create the parties (on Ray in the CPUs ``seats`` reserved, else reserved here); returns
-    (server node or actor, what to stop at the end: actor handles, then the reservation)."""
+    (server node or actor, what to stop at the end: actor handles, then the reservation).
+    With a warm ``crew`` (:mod:`raymvc.runtime.warm`) its actors are reset to this run
+    instead (what to stop is then the crew); a crew whose actors are gone is ended and
+    fresh actors start in a new reservation."""
     rt = sc.runtime
     ids = list(range(part.n_clients))
     search = tuple(search_paths())  # where the driver looks for a method's module
@@ -162,6 +166,17 @@ def _spawn(sc: Scenario, part, ds, seats=None) -> tuple[object, list]:
 
     per = rt.clients_per_actor
     groups = [ids[i:i + per] for i in range(0, len(ids), per)]
+    if crew is not None and crew.server is not None:
+        try:
+            ray.get([crew.pools[p].reset.remote({c: part.shards[c] for c in g}, sc.method, sc.params, **common)
+                     for p, g in enumerate(groups)])
+            pools = RayPools(handles=dict(crew.pools), owner={c: p for p, g in enumerate(groups) for c in g},
+                             sizes={p: len(g) for p, g in enumerate(groups)})
+            ray.get(crew.server.reset.remote(sc.method, sc.params, pools, **srv_kw))
+            return crew.server, [crew]
+        except Exception:  # an actor died between runs (a lost node): start afresh
+            crew.stop()
+            crew.seats = seats = reserve(sc, part.n_clients)
     seats = seats or reserve(sc, part.n_clients)  # the server first, beside the driver if it has room
     PoolActor = ray.remote(num_cpus=seats.client_cpus, num_gpus=rt.client_gpus, max_restarts=0)(ClientPool)
     ServerActor = ray.remote(num_cpus=rt.server_cpus, num_gpus=rt.server_gpus, max_restarts=0)(ServerNode)
@@ -171,6 +186,9 @@ def _spawn(sc: Scenario, part, ds, seats=None) -> tuple[object, list]:
         owner={c: p for p, g in enumerate(groups) for c in g},
         sizes={p: len(g) for p, g in enumerate(groups)})
     server = ServerActor.options(scheduling_strategy=seats.server()).remote(sc.method, sc.params, pools, **srv_kw)
+    if crew is not None:
+        crew.server, crew.pools = server, dict(pools.handles)
+        return server, [crew]
     return server, [server, *pools.handles.values(), seats]
 
 
@@ -205,10 +223,11 @@ class _StopRequest:
     rounds (one round, or fast rounds filling ``ROUNDS_CALL_S``; the driver is often inside
     Ray, where raising from a signal handler is not safe); a second one stops at once."""
 
-    def __init__(self, progress: Callable[[str], None]):
+    def __init__(self, progress: Callable[[str], None], external: Callable[[], str | None] | None = None):
         self.signal: str | None = None
         self.saving = False
         self.progress = progress
+        self.external = external  # a stop asked for elsewhere (a sweep running this run on a thread)
 
     def __call__(self, signum, frame):
         name = signal.Signals(signum).name
@@ -221,14 +240,16 @@ class _StopRequest:
         self.progress(f"{name}: stopping after the rounds under way (send it again to stop now)")
 
     def check(self) -> None:
+        if self.signal is None and self.external is not None:
+            self.signal = self.external()
         if self.signal is not None:
             self.saving = True
             raise RunInterrupted(self.signal)
 
 
 @contextlib.contextmanager
-def _stop_on_signals(progress: Callable[[str], None]):
-    request = _StopRequest(progress)
+def _stop_on_signals(progress: Callable[[str], None], external: Callable[[], str | None] | None = None):
+    request = _StopRequest(progress, external)
     with on_stop_signals(request):
         yield request
 
@@ -243,8 +264,10 @@ class _Run:
     """The parties of one run and what is known about it, kept so that a run stopped
     half-way can still hand over its ledger and rounds."""
 
-    def __init__(self, sc: Scenario, part, ds):
+    def __init__(self, sc: Scenario, part, ds, warm: WarmActors | None = None):
         self.sc, self.part, self.ds = sc, part, ds
+        self.warm = warm if sc is not None and sc.runtime.backend == "ray" else None
+        self.crew: Crew | None = None
         self.timing: dict = {"startup_s": 0.0, "protocol_s": 0.0}
         self.t_rounds: float | None = None  # when the rounds began
         self.handles: list = []
@@ -254,16 +277,39 @@ class _Run:
 
     def reserve(self) -> None:
         """On Ray: wait until the cluster has room for the parties (else ClusterError)."""
-        if self.sc.runtime.backend == "ray":
+        if self.sc.runtime.backend != "ray":
+            return
+        if self.warm is None:
             self.seats = reserve(self.sc, self.part.n_clients)
             self.handles = [self.seats]
+            return
+        key = crew_key(self.sc, self.part.n_clients)
+        crew = self.warm.take(key)
+        if crew is None:
+            self.warm.make_room(key)
+            with self.warm.reserving():
+                crew = Crew(key, reserve(self.sc, self.part.n_clients), current_node())
+            self.warm.started += 1
+        self.crew, self.seats, self.handles = crew, crew.seats, [crew]
+
+    def release(self, reusable: bool) -> None:
+        """End the parties (on Ray: kill the actors, free their CPUs), or with warm actors hand
+        them back for the next run when the run ended cleanly."""
+        if self.crew is not None and self.warm is not None:
+            self.warm.give(self.crew, reusable)
+        else:
+            _stop(self.handles)
 
     def drive(self, writer: RunWriter, progress: Callable[[str], None],
               on_round: Callable[[dict], None] | None, stop: _StopRequest, resume: tuple | None = None) -> RunEnd:
         sc, part = self.sc, self.part
-        server, self.handles = _spawn(sc, part, self.ds, self.seats)
-        call = self.call = _Call(server, sc.runtime.backend)
         t_start = time.perf_counter()
+        warm_server = self.crew.server if self.crew is not None else None
+        server, self.handles = _spawn(sc, part, self.ds, self.seats, self.crew)
+        if self.crew is not None:
+            self.seats = self.crew.seats
+        self.timing["reused_actors"] = warm_server is not None and server is warm_server  # not if they were gone
+        call = self.call = _Call(server, sc.runtime.backend)
         connected = call("connect")  # waits for every actor to be up, then agrees keys
         self.timing["startup_s"] = time.perf_counter() - t_start
         self.timing["placement"] = call("placement")
@@ -346,7 +392,8 @@ def _load_checkpoint(sc: Scenario, out: Path) -> tuple[dict, int]:
 
 def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: Callable[[str], None] | None = None,
                  prepared=None, on_round: Callable[[dict], None] | None = None, overwrite: bool = False,
-                 resume: bool = False) -> dict:
+                 resume: bool = False, warm: WarmActors | None = None,
+                 stop_requested: Callable[[], str | None] | None = None) -> dict:
     """Run one scenario end to end and return its summary (also written to disk).
 
     ``on_round(record)``, if given, receives every round's record instead of the
@@ -358,7 +405,11 @@ def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: C
     ``messages.csv`` and ``labels.csv`` are written with what the run has so far
     (``status`` ``failed`` or ``interrupted``). With ``resume``, ``out_dir`` is a run
     folder whose run stopped with ``runtime.checkpoint`` on: the run carries on from its
-    last checkpoint and ends as the uninterrupted run would have.
+    last checkpoint and ends as the uninterrupted run would have. ``warm`` (a sweep's
+    :class:`~raymvc.runtime.warm.WarmActors`): on Ray, reuse actors an earlier run of the
+    same shape left, and leave this run's for the next. ``stop_requested()``, asked before
+    every call for rounds, returns the name of a stop request made elsewhere (or None): a
+    run on a thread other than the main one gets no signal of its own.
     """
     progress = progress or _progress_default
     wall0 = time.perf_counter()
@@ -367,25 +418,27 @@ def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: C
         raise ScenarioError("--resume: give the run folder")
     with _out_dir(sc, out_dir, overwrite, resume) as out:  # held before Ray starts, until the files are written
         ck = _load_checkpoint(sc, out) if resume else None
-        return _run_in(sc, out, ck, ds, part, wall0, progress, on_round)
+        return _run_in(sc, out, ck, ds, part, wall0, progress, on_round, warm, stop_requested)
 
 
-def _run_in(sc: Scenario, out: Path, ck, ds, part, wall0: float, progress, on_round) -> dict:
+def _run_in(sc: Scenario, out: Path, ck, ds, part, wall0: float, progress, on_round, warm=None,
+            stop_requested=None) -> dict:
     if sc.runtime.backend == "ray":
         preload()  # the driver mostly waits while Ray and the actors start
     ray_init_s = init_ray(sc, part.n_clients) if sc.runtime.backend == "ray" else 0.0
-    run = _Run(sc, part, ds)
+    run = _Run(sc, part, ds, warm)
     run.reserve()  # a cluster that cannot place the parties: a ClusterError before anything is written
     try:
         writer = RunWriter(out, keep_rounds=ck[1] if ck else None)
         writer.scenario(sc.to_yaml())
     except BaseException:
-        _stop(run.handles)
+        run.release(reusable=False)
         raise
-    interrupted = False
-    with _stop_on_signals(progress) as stop:
+    interrupted = reusable = False
+    with _stop_on_signals(progress, stop_requested) as stop:
         try:
             end = run.drive(writer, progress, on_round, stop, resume=ck)
+            reusable = end.status == "finished" and not code_errors(end)
         except (KeyboardInterrupt, RunInterrupted) as e:
             stop.saving = True
             interrupted = True
@@ -397,7 +450,7 @@ def _run_in(sc: Scenario, out: Path, ck, ds, part, wall0: float, progress, on_ro
             else:  # code raised (the protocol's, in setup or a round, or the engine's)
                 end = run.salvage("error", one_line(e), writer, [party_error("driver", "run", run.last_round + 1, e)])
         finally:
-            _stop(run.handles)
+            run.release(reusable)
             if sc.runtime.backend == "local":
                 release_threads()  # the driver gets its own thread limits back
         summary = _write_results(sc, ds, part, end, run.timing, ray_init_s, wall0, out, writer)
@@ -432,7 +485,8 @@ def _write_files(sc, ds, part, end: RunEnd, timing: dict, ray_init_s: float, wal
     summary["placement"] = {"clients_per_actor": sc.runtime.clients_per_actor, "strategy": sc.runtime.placement,
                             "client_cpus": where.get("client_cpus"),
                             "nodes": sorted(set(clients.values())), "server_node": where.get("server"),
-                            "client_node": clients, "shared_bodies": end.shared_bodies}
+                            "client_node": clients, "shared_bodies": end.shared_bodies,
+                            "reused_actors": bool(timing.get("reused_actors"))}
     writer.summary(summary)
     return summary
 
@@ -442,18 +496,9 @@ def _is_failure(e: BaseException) -> bool:
     (the run could not finish), rather than code that raised."""
     from .state import StateError
 
-    if isinstance(e, (TimeoutError, ClusterError, StateError)):  # StateError: a checkpoint refused on resume
+    if isinstance(e, (ClusterError, StateError)):  # StateError: a checkpoint refused on resume
         return True
-    ray = sys.modules.get("ray")
-    if ray is None:
-        return False
-    from ray import exceptions as rex
-
-    if isinstance(e, rex.RayTaskError) or "creation task" in str(e):  # the remote code raised
-        return False
-    lost = tuple(getattr(rex, n) for n in ("RayActorError", "ObjectLostError", "NodeDiedError", "WorkerCrashedError",
-                                           "OwnerDiedError", "ActorUnavailableError") if hasattr(rex, n))
-    return isinstance(e, lost)
+    return party_lost(e)
 
 
 def _stop(handles: list) -> None:

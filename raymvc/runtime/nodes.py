@@ -35,7 +35,7 @@ from .records import FaultCounts, Participation, RoundRecord, RunEnd
 from .secure import ClientLayer, ServerLayer
 from .state import dump_state, load_state
 from .threads import pin_threads
-from .transport import Interruption, LocalTransport, Outcome, make_transport
+from .transport import Interruption, LocalTransport, Outcome, make_transport, party_lost
 
 SERVER = "server"
 PROTOCOL_INPUTS = ("config", "shard", "ctx")  # rebuilt from the scenario, never checkpointed
@@ -115,8 +115,8 @@ def _reply_name(reply: object) -> str:
 
 
 def _unreachable(e: BaseException) -> bool:
-    """A party that did not answer in time (rather than one whose code raised)."""
-    return isinstance(e, TimeoutError)  # Ray's GetTimeoutError is one too
+    """A party that did not answer in time or is gone (rather than one whose code raised)."""
+    return party_lost(e)
 
 
 # ---------------------------------------------------------------------------
@@ -248,6 +248,18 @@ class ClientPool:
         self.busy: dict[int, _Job] = {}  # clients whose call overran its deadline and still runs
         self.worker: _Worker | None = None
 
+    def reset(self, shards: dict[int, object], method: str, params: dict, **common) -> None:
+        """Host a new run's clients (warm actors, :mod:`raymvc.runtime.warm`): built exactly as
+        a fresh pool's, the earlier run's clients dropped."""
+        if self.worker is not None:
+            self.worker.jobs.put(None)  # its thread ends
+        self.__dict__.clear()  # not even an attribute set after construction survives
+        self.__init__(shards, method, params, **common)
+
+    def reusable(self) -> bool:
+        """Whether a new run may reset this pool: no call of this run still running."""
+        return not any(not job.done.is_set() for job in self.busy.values())
+
     def hello_all(self, server_key: bytes | None) -> dict[int, bytes | None]:
         return {cid: node.hello(server_key) for cid, node in self.nodes.items()}
 
@@ -359,6 +371,15 @@ class ServerNode:
         self.compute_s = 0.0
         self.unreported: list[RoundRecord] = []  # the rounds of the latest run_rounds call
         self.deferred: Exception | None = None  # raised by the next run_rounds call
+
+    def reset(self, method: str, params: dict, clients: dict, **kw) -> None:
+        """Serve a new run (warm actors, :mod:`raymvc.runtime.warm`): built exactly as a fresh
+        server, nothing of the earlier run kept."""
+        self.__dict__.clear()
+        self.__init__(method, params, clients, **kw)
+
+    def reusable(self) -> bool:
+        return True
 
     # -- setup -------------------------------------------------------------
     def connect(self) -> list[int]:

@@ -12,6 +12,7 @@ never a run that waits forever for a busy or too small node.
 from __future__ import annotations
 
 import math
+import threading
 import time
 
 from ..scenario import Scenario
@@ -67,8 +68,21 @@ def client_cpus(sc: Scenario, n_actors: int, free: float) -> float:
     return min(AUTO_CAP, max(AUTO_FLOOR, share))
 
 
+_RESERVING = threading.Lock()
+
+
 def reserve(sc: Scenario, n_clients: int) -> Seats:
-    """Reserve the CPUs of the server and of the actors hosting ``n_clients`` clients, or raise ClusterError."""
+    """Reserve the CPUs of the server and of the actors hosting ``n_clients`` clients, or raise ClusterError.
+
+    One reservation at a time in this process: runs of a sweep started side by side never
+    each hold part of what they need while waiting for the rest (a deadlock); the one
+    waiting holds nothing until all of its reservation is placed.
+    """
+    with _RESERVING:
+        return _reserve(sc, n_clients)
+
+
+def _reserve(sc: Scenario, n_clients: int) -> Seats:
     import ray
 
     rt = sc.runtime

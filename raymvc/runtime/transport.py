@@ -66,6 +66,29 @@ def _wall_limit(seconds: float | None):
         signal.signal(signal.SIGALRM, old)
 
 
+_LOST_NAMES = ("RayActorError", "ActorDiedError", "ActorUnavailableError", "NodeDiedError", "ObjectLostError",
+               "OwnerDiedError", "WorkerCrashedError")  # ObjectLostError covers ObjectReconstructionFailedError
+
+
+def party_lost(e: BaseException) -> bool:
+    """Whether an exception means a party (or an object it held) is gone or out of reach --
+    its process or node lost, no answer in time -- rather than code that raised. An actor
+    whose constructor raised is code that raised; so is a remote call that raised, unless
+    what it raised is itself a lost party (a server that lost an object with its node)."""
+    if isinstance(e, TimeoutError):  # Ray's GetTimeoutError is one too
+        return True
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is None or "creation task" in str(e):
+        return False
+    rex = ray.exceptions
+    if isinstance(e, rex.RayTaskError):
+        cause = getattr(e, "cause", None)
+        return cause is not None and cause is not e and party_lost(cause)
+    return isinstance(e, tuple(getattr(rex, n) for n in _LOST_NAMES if hasattr(rex, n)))
+
+
 class LocalTransport:
     """Calls client nodes directly, in this process, each call limited to ``timeout_s`` of wall time."""
 
@@ -186,7 +209,9 @@ class RayTransport:
                 continue
             try:
                 out.update({cid: Outcome(*res) for cid, res in ray.get(ref).items()})
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError) as e:
+            except Exception as e:  # the actor, its node or an object it held is gone: its clients crashed
+                if not party_lost(e):
+                    raise
                 out.update({cid: Outcome("crashed", detail=type(e).__name__) for cid in groups[pid]})
         return {cid: out[cid] for cid in frames}
 

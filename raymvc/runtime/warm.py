@@ -1,0 +1,129 @@
+"""Warm actors: a sweep's server and client actors kept from one run to the next.
+
+Starting a Ray actor costs a process and its imports (about a second of a core each on
+a small machine), so a sweep of many short runs spends most of its time starting
+actors. Within one sweep, a run that ends cleanly hands its actors and their reserved
+CPUs (a :class:`Crew`) back to :class:`WarmActors`; the next run of the same *shape*
+(the same number of client actors, the same CPUs and GPUs per actor, the same placement)
+takes them and resets every actor to a new run: each rebuilds its protocol object,
+endpoint, keys, fault plan and ledger from the new run's arguments exactly as a fresh
+actor's constructor does (``reset`` calls ``__init__``), so nothing of the earlier run
+is left but the process and its imports. A crew is kept only when every actor answers
+after the run and none is still busy with an abandoned call; anything else (a crash
+fault, a lost node, a stopped run) ends its actors as a run without warm actors would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass, field
+
+KEEP_CHECK_S = 10.0  # how long a finished run's actors may take to say they can be reused
+
+
+@dataclass
+class Crew:
+    """One run's actors and the reservation they sit in."""
+
+    key: tuple
+    seats: object  # placement.Seats
+    node: object  # the Ray instance the actors live in (a restarted instance has none of them)
+    server: object = None  # actor handles, once spawned
+    pools: dict = field(default_factory=dict)
+    runs: int = 0  # runs these actors have hosted
+
+    def actors(self) -> list:
+        return [a for a in (self.server, *self.pools.values()) if a is not None]
+
+    def stop(self) -> None:
+        """End the actors, then free their CPUs."""
+        import ray
+
+        for a in self.actors():
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception:
+                pass
+        self.server, self.pools = None, {}
+        self.seats.release()
+
+
+def crew_key(sc, n_clients: int) -> tuple:
+    """What two runs must share for one to reuse the other's actors."""
+    rt = sc.runtime
+    return (rt.address, n_clients, rt.clients_per_actor, rt.client_cpus, rt.client_gpus, rt.server_cpus,
+            rt.server_gpus, rt.placement)
+
+
+class WarmActors:
+    """Idle crews between the runs of one sweep (thread-safe: concurrent runs share it).
+
+    ``take`` hands a run an idle crew of its shape (or ``None``: the run reserves and
+    starts its own); ``give`` takes a finished run's crew back if every actor can be
+    reused, else ends it; ``close`` ends every idle crew. Counts of started and reused
+    crews are kept for the sweep's report.
+    """
+
+    def __init__(self):
+        self.idle: list[Crew] = []
+        self.lock = threading.Lock()
+        self.started = 0
+        self.reused = 0
+        self.waiting = 0  # runs waiting for room to reserve a new crew: crews given back are ended for them
+
+    @contextlib.contextmanager
+    def reserving(self):
+        """A new crew's reservation is under way (it may wait for CPUs idle crews hold)."""
+        with self.lock:
+            self.waiting += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.waiting -= 1
+
+    def take(self, key: tuple) -> Crew | None:
+        from .cluster import current_node
+
+        node = current_node()
+        with self.lock:
+            self.idle = [c for c in self.idle if c.node is node]  # a restarted Ray took the others with it
+            for i, c in enumerate(self.idle):
+                if c.key == key:
+                    self.reused += 1
+                    return self.idle.pop(i)
+            return None
+
+    def make_room(self, key: tuple) -> None:
+        """End idle crews of other shapes: their reserved CPUs may be what a new crew needs."""
+        with self.lock:
+            other = [c for c in self.idle if c.key != key]
+            self.idle = [c for c in self.idle if c.key == key]
+        for c in other:
+            c.stop()
+
+    def give(self, crew: Crew, reusable: bool) -> None:
+        if reusable and crew.server is not None and _all_reusable(crew):
+            crew.runs += 1
+            with self.lock:
+                if not self.waiting:
+                    self.idle.append(crew)
+                    return
+        crew.stop()
+
+    def close(self) -> None:
+        with self.lock:
+            idle, self.idle = self.idle, []
+        for c in idle:
+            c.stop()
+
+
+def _all_reusable(crew: Crew) -> bool:
+    """Every actor answers, and none still runs a call that overran its deadline."""
+    import ray
+
+    try:
+        return all(ray.get([a.reusable.remote() for a in crew.actors()], timeout=KEEP_CHECK_S))
+    except Exception:
+        return False

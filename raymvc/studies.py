@@ -207,13 +207,17 @@ def _load(path: str, overrides: list[str], grid_keys: list[str]):
 
 # --------------------------------------------------------------------------- running
 def footprint(sc, n_clients: int) -> float:
-    """CPUs one run of ``sc`` keeps busy on Ray (``client_cpus: auto`` counts a whole CPU per
-    actor): how many runs side by side a cluster holds."""
+    """CPUs one run of ``sc`` keeps busy on Ray: how many runs side by side a cluster holds.
+    ``client_cpus: auto`` counts a whole CPU per actor, and with ``runtime.threads: T`` above
+    1 every actor counts at least T (its threads run at once, whatever it reserved)."""
     from .runtime.cluster import AUTO_CAP
 
     rt = sc.runtime
     per = AUTO_CAP if rt.client_cpus == "auto" else float(rt.client_cpus)
-    return math.ceil(n_clients / rt.clients_per_actor) * per + rt.server_cpus
+    server = rt.server_cpus
+    if rt.threads > 1:
+        per, server = max(per, rt.threads), max(server, rt.threads)
+    return math.ceil(n_clients / rt.clients_per_actor) * per + server
 
 
 def _run_cell(scenario: str, overrides: list[str], run_dir: str, progress=None, **kw) -> dict:

@@ -195,8 +195,8 @@ def test_the_readme_cluster_commands_on_a_two_cpu_ray_start_cluster(tmp_path):
 
 
 def test_a_sweep_on_the_cluster_reruns_the_run_a_removed_node_hit(cluster, tmp_path):
-    """Runs side by side on three nodes; one node is taken away while the first run waits at a
-    gate: that run is run again on the nodes left, and the sweep ends with every run done and
+    """Runs side by side on three nodes; one node is taken away while a run waits at a gate
+    (the first to reach it): that run is run again on the nodes left, and the sweep ends with every run done and
     the same numbers as the same sweep in-process."""
     c, _, env = cluster
     victim = c.add_node(num_cpus=2)
@@ -210,7 +210,8 @@ def test_a_sweep_on_the_cluster_reruns_the_run_a_removed_node_hit(cluster, tmp_p
         stdout, stderr = run.proc.communicate(timeout=600)
     assert run.proc.returncode == 0, stderr[-3000:]
     assert "runs at a time on Ray" in stderr
-    assert "seed 0: a node it ran on left the cluster; running it again" in stderr
+    # the run held at the gate (whichever of the two side by side reached it) had clients there
+    assert "a node it ran on left the cluster; running it again" in stderr, stderr[-3000:]
     here = _cli(["sweep", *cells, "--backend", "local", "--out", str(tmp_path / "here"), "--quiet"], env)
     assert here.returncode == 0, here.stderr[-2000:]
     rows = {p: list(csv.DictReader(open(tmp_path / p / "sweep.csv"))) for p in ("ray", "here")}

@@ -332,7 +332,7 @@ Seeds: the defaults were chosen before these studies, in part on seed 0 (the gri
 `benchmarks/*_tuning.md`); nothing was chosen on the numbers below. Platforms: where a
 study has a `spread`, the same seeds run again with two threads per party instead of one
 (floating-point sums in another order); no CUDA machine was available for these runs.
-Runs: in-process backend, two runs at a time on a 2-core machine.
+Runs: in-process backend, one or two runs at a time on a 2-core machine.
 """
 
 

@@ -181,7 +181,7 @@ def plan(scenarios: list[str | tuple[str, list[str]]], grid: list[tuple[str, lis
                                   run_dir=out / _run_dir_name(sc.name, point, seed),
                                   max_rounds=getattr(cfg, "max_rounds", None),
                                   extra={"backend": sc.runtime.backend, "n_clients": n_clients,
-                                         "cpus": footprint(sc, n_clients)},
+                                         "cpus": footprint(sc, n_clients), "address": sc.runtime.address},
                                   fingerprint=fingerprint(sc)))
     dirs = [c.run_dir for c in cells]
     if len(set(dirs)) != len(dirs):
@@ -367,10 +367,10 @@ def _run_on_ray(cell: Cell, actors, stop, progress=None, log=None) -> dict:
         if not _hit_by(summary, lost, cell) or stop.signal or attempt == RAY_RETRIES:
             return summary
         note = f"[sweep] {cell.label}: a node it ran on left the cluster; running it again"
-        if progress is not None:
-            progress.text(note)
-        elif log is not None:
+        if log is not None:
             log(note)
+        elif progress is not None:
+            progress.text(note)
     return summary
 
 
@@ -385,9 +385,16 @@ def _hit_by(summary: dict, lost: set[str], cell: Cell) -> bool:
     if nodes & lost:
         return True
     crashed = set((summary.get("faults") or {}).get("crashed_clients") or [])
+    if summary.get("status") == "failed":  # a party lost (by name, where Ray has not yet declared its node dead)
+        from .runtime.transport import LOST_NAMES
+
+        error = str(summary.get("error") or "")
+        if lost or any(name in error for name in LOST_NAMES):
+            return True
     if not crashed:
-        return summary.get("status") == "failed" and bool(lost)
+        return False
     injected = {c.client for c in load_scenario(cell.scenario, cell.overrides).faults.crash}
+    injected |= set((summary.get("faults") or {}).get("evicted_clients") or [])  # hung, then evicted: the run's own
     return bool(crashed - injected)
 
 
@@ -399,8 +406,8 @@ def ray_slots(todo: list[Cell], jobs: int | None) -> int:
 
     big = max(todo, key=lambda c: c.extra.get("cpus", 0.0))
     init_ray(load_scenario(big.scenario, big.overrides), big.extra.get("n_clients", 1))
-    if jobs == 1 or len(todo) == 1:
-        return 1
+    if jobs == 1 or len(todo) == 1 or len({c.extra.get("address") for c in todo}) > 1:
+        return 1  # runs naming different clusters (or none) would restart Ray under each other
     fits = int((ray.cluster_resources().get("CPU", 0.0) + 1e-9) // max(big.extra.get("cpus", 1.0), 1e-9))
     return max(1, min(fits, len(todo), jobs or len(todo)))
 
@@ -411,7 +418,8 @@ def _execute_ray(todo: list[Cell], jobs: int | None, prog, stop, res: Outcome, a
 
     slots = ray_slots(todo, jobs)
     if slots == 1:
-        _execute_here(todo, prog, stop, res, run=lambda cell, rp: _run_on_ray(cell, actors, stop, rp))
+        log = None if quiet else prog.line.log
+        _execute_here(todo, prog, stop, res, run=lambda cell, rp: _run_on_ray(cell, actors, stop, rp, log))
         return
     if not quiet:
         prog.line.log(f"[sweep] {slots} runs at a time on Ray")

@@ -169,14 +169,15 @@ def _spawn(sc: Scenario, part, ds, seats=None, crew: Crew | None = None) -> tupl
     if crew is not None and crew.server is not None:
         try:
             ray.get([crew.pools[p].reset.remote({c: part.shards[c] for c in g}, sc.method, sc.params, **common)
-                     for p, g in enumerate(groups)])
+                     for p, g in enumerate(groups)], timeout=rt.reply_timeout_s)
             pools = RayPools(handles=dict(crew.pools), owner={c: p for p, g in enumerate(groups) for c in g},
                              sizes={p: len(g) for p, g in enumerate(groups)})
-            ray.get(crew.server.reset.remote(sc.method, sc.params, pools, **srv_kw))
+            ray.get(crew.server.reset.remote(sc.method, sc.params, pools, **srv_kw), timeout=rt.reply_timeout_s)
             return crew.server, [crew]
-        except Exception:  # an actor died between runs (a lost node): start afresh
+        except Exception:  # an actor died between runs (a lost node), or does not answer: start afresh
             crew.stop()
             crew.seats = seats = reserve(sc, part.n_clients)
+            crew.node = current_node()
     seats = seats or reserve(sc, part.n_clients)  # the server first, beside the driver if it has room
     PoolActor = ray.remote(num_cpus=seats.client_cpus, num_gpus=rt.client_gpus, max_restarts=0)(ClientPool)
     ServerActor = ray.remote(num_cpus=rt.server_cpus, num_gpus=rt.server_gpus, max_restarts=0)(ServerNode)
@@ -283,13 +284,8 @@ class _Run:
             self.seats = reserve(self.sc, self.part.n_clients)
             self.handles = [self.seats]
             return
-        key = crew_key(self.sc, self.part.n_clients)
-        crew = self.warm.take(key)
-        if crew is None:
-            self.warm.make_room(key)
-            with self.warm.reserving():
-                crew = Crew(key, reserve(self.sc, self.part.n_clients), current_node())
-            self.warm.started += 1
+        crew = self.warm.acquire(crew_key(self.sc, self.part.n_clients),
+                                 lambda: reserve(self.sc, self.part.n_clients))
         self.crew, self.seats, self.handles = crew, crew.seats, [crew]
 
     def release(self, reusable: bool) -> None:
@@ -309,6 +305,8 @@ class _Run:
         if self.crew is not None:
             self.seats = self.crew.seats
         self.timing["reused_actors"] = warm_server is not None and server is warm_server  # not if they were gone
+        if warm_server is not None and server is not warm_server and self.warm is not None:
+            self.warm.renewed(self.crew)
         call = self.call = _Call(server, sc.runtime.backend)
         connected = call("connect")  # waits for every actor to be up, then agrees keys
         self.timing["startup_s"] = time.perf_counter() - t_start

@@ -66,7 +66,7 @@ def _wall_limit(seconds: float | None):
         signal.signal(signal.SIGALRM, old)
 
 
-_LOST_NAMES = ("RayActorError", "ActorDiedError", "ActorUnavailableError", "NodeDiedError", "ObjectLostError",
+LOST_NAMES = ("RayActorError", "ActorDiedError", "ActorUnavailableError", "NodeDiedError", "ObjectLostError",
                "OwnerDiedError", "WorkerCrashedError")  # ObjectLostError covers ObjectReconstructionFailedError
 
 
@@ -86,7 +86,7 @@ def party_lost(e: BaseException) -> bool:
     if isinstance(e, rex.RayTaskError):
         cause = getattr(e, "cause", None)
         return cause is not None and cause is not e and party_lost(cause)
-    return isinstance(e, tuple(getattr(rex, n) for n in _LOST_NAMES if hasattr(rex, n)))
+    return isinstance(e, tuple(getattr(rex, n) for n in LOST_NAMES if hasattr(rex, n)))
 
 
 class LocalTransport:

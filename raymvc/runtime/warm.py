@@ -83,24 +83,48 @@ class WarmActors:
             with self.lock:
                 self.waiting -= 1
 
+    def acquire(self, key: tuple, reserve) -> Crew:
+        """An idle crew of this shape, or a new one in the CPUs ``reserve()`` reserves. While
+        it reserves, every idle crew is ended (their CPUs may be what it needs) and so is
+        every crew handed back (see :meth:`give`)."""
+        from .cluster import current_node
+
+        with self.reserving():
+            crew = self.take(key)
+            if crew is not None:
+                return crew
+            self.make_room()
+            crew = Crew(key, reserve(), current_node())
+            with self.lock:
+                self.started += 1
+            return crew
+
+    def renewed(self, crew: Crew) -> None:
+        """The crew's actors were gone and it started new ones: count it as started."""
+        with self.lock:
+            self.reused -= 1
+            self.started += 1
+
     def take(self, key: tuple) -> Crew | None:
         from .cluster import current_node
 
         node = current_node()
         with self.lock:
-            self.idle = [c for c in self.idle if c.node is node]  # a restarted Ray took the others with it
-            for i, c in enumerate(self.idle):
-                if c.key == key:
-                    self.reused += 1
-                    return self.idle.pop(i)
-            return None
+            gone = [c for c in self.idle if c.node is not node]  # crews of a Ray instance since restarted
+            self.idle = [c for c in self.idle if c.node is node]
+            found = next((i for i, c in enumerate(self.idle) if c.key == key), None)
+            crew = self.idle.pop(found) if found is not None else None
+            if crew is not None:
+                self.reused += 1
+        for c in gone:
+            c.stop()
+        return crew
 
-    def make_room(self, key: tuple) -> None:
-        """End idle crews of other shapes: their reserved CPUs may be what a new crew needs."""
+    def make_room(self) -> None:
+        """End every idle crew: their reserved CPUs may be what a new crew needs."""
         with self.lock:
-            other = [c for c in self.idle if c.key != key]
-            self.idle = [c for c in self.idle if c.key == key]
-        for c in other:
+            idle, self.idle = self.idle, []
+        for c in idle:
             c.stop()
 
     def give(self, crew: Crew, reusable: bool) -> None:

@@ -65,7 +65,9 @@ class GatedRun:
         """Until the run is at the gate; fails if it ended first (a guard against hanging, not a timing bound)."""
         readable, _, _ = select.select([self._ready_r], [], [], limit_s)
         line = os.read(self._ready_r, 64) if readable else b""
-        assert line == b"ready\n", f"the run never reached the gate (exit code {self.proc.poll()})"
+        if line != b"ready\n":
+            err = self.proc.stderr.read()[-3000:] if self.proc.poll() is not None and self.proc.stderr else ""
+            raise AssertionError(f"the run never reached the gate (exit code {self.proc.poll()}): {err}")
 
     def go(self) -> None:
         self._close("_go_w")  # end of file: the gate opens

@@ -199,8 +199,15 @@ def test_a_sweep_on_the_cluster_reruns_the_run_a_removed_node_hit(cluster, tmp_p
     that run is run again on the nodes left, and the sweep ends with every run done and
     the same numbers as the same sweep in-process."""
     c, _, env = cluster
-    victim = c.add_node(num_cpus=2)
-    c.wait_for_nodes()
+    # the node joins as the fixture's did: without token authentication, whatever this process's environment
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("RAY_AUTH")}
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    try:
+        victim = c.add_node(num_cpus=2)
+        c.wait_for_nodes()
+    finally:
+        os.environ.pop("RAY_AUTH_MODE", None)
+        os.environ.update(saved)
     # checkpoints make the driver ask for one round at a time: the run stops at the gate after round 1
     cells = [str(QUICK), "--set", "runtime.client_cpus=0.25", "--set", "runtime.server_cpus=0.25",
              "--set", "runtime.checkpoint=true", "--seeds", "0-2"]

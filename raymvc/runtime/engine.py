@@ -166,12 +166,13 @@ def _spawn(sc: Scenario, part, ds, seats=None, crew: Crew | None = None) -> tupl
 
     per = rt.clients_per_actor
     groups = [ids[i:i + per] for i in range(0, len(ids), per)]
+    owner = {c: p for p, g in enumerate(groups) for c in g}
+    sizes = {p: len(g) for p, g in enumerate(groups)}
     if crew is not None and crew.server is not None:
         try:
             ray.get([crew.pools[p].reset.remote({c: part.shards[c] for c in g}, sc.method, sc.params, **common)
                      for p, g in enumerate(groups)], timeout=rt.reply_timeout_s)
-            pools = RayPools(handles=dict(crew.pools), owner={c: p for p, g in enumerate(groups) for c in g},
-                             sizes={p: len(g) for p, g in enumerate(groups)})
+            pools = RayPools(handles=dict(crew.pools), owner=owner, sizes=sizes)
             ray.get(crew.server.reset.remote(sc.method, sc.params, pools, **srv_kw), timeout=rt.reply_timeout_s)
             return crew.server, [crew]
         except Exception:  # an actor died between runs (a lost node), or does not answer: start afresh
@@ -184,8 +185,7 @@ def _spawn(sc: Scenario, part, ds, seats=None, crew: Crew | None = None) -> tupl
     pools = RayPools(
         handles={p: PoolActor.options(scheduling_strategy=seats.pool(p)).remote(
             {c: part.shards[c] for c in g}, sc.method, sc.params, **common) for p, g in enumerate(groups)},
-        owner={c: p for p, g in enumerate(groups) for c in g},
-        sizes={p: len(g) for p, g in enumerate(groups)})
+        owner=owner, sizes=sizes)
     server = ServerActor.options(scheduling_strategy=seats.server()).remote(sc.method, sc.params, pools, **srv_kw)
     if crew is not None:
         crew.server, crew.pools = server, dict(pools.handles)

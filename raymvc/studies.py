@@ -47,6 +47,7 @@ import yaml
 
 from .provenance import fingerprint
 from .results import FINAL_STATUSES, OutputFolder, default_out_dir, read_summary, short_value, write_file
+from .runtime.warm import actors_needed, crew_key
 from .scenario import ScenarioError, load_scenario, safe_yaml_load
 
 METRICS = ("acc", "nmi", "ari")
@@ -181,7 +182,8 @@ def plan(scenarios: list[str | tuple[str, list[str]]], grid: list[tuple[str, lis
                                   run_dir=out / _run_dir_name(sc.name, point, seed),
                                   max_rounds=getattr(cfg, "max_rounds", None),
                                   extra={"backend": sc.runtime.backend, "n_clients": n_clients,
-                                         "cpus": footprint(sc, n_clients), "address": sc.runtime.address},
+                                         "cpus": footprint(sc, n_clients), "address": sc.runtime.address,
+                                         "crew": (crew_key(sc), actors_needed(sc, n_clients))},
                                   fingerprint=fingerprint(sc)))
     dirs = [c.run_dir for c in cells]
     if len(set(dirs)) != len(dirs):
@@ -290,7 +292,7 @@ def execute(cells: list[Cell], jobs: int | None = 1, quiet: bool = False, live: 
     if (jobs or 1) > 1 and not parallel and not on_ray and todo and not quiet:
         prog.line.log("[sweep] --jobs: the runs mix the local and Ray backends; they go one after another")
     try:
-        with _stop_on_signals() as stop, _warm_actors(on_ray and warm) as actors:
+        with _stop_on_signals() as stop, _warm_actors(on_ray and warm, todo) as actors:
             if parallel:
                 _execute_parallel(todo, jobs, prog, stop, res)
             elif on_ray:
@@ -328,13 +330,14 @@ def _record(cell: Cell, summary: dict, prog, stop, res: Outcome) -> None:
 
 
 @contextlib.contextmanager
-def _warm_actors(on: bool):
+def _warm_actors(on: bool, todo: list[Cell]):
     if not on:
         yield None
         return
     from .runtime.warm import WarmActors
 
     actors = WarmActors()
+    actors.plan(c.extra["crew"] for c in todo if "crew" in c.extra)
     try:
         yield actors
     finally:

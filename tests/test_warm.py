@@ -80,3 +80,16 @@ def test_how_many_runs_a_cluster_holds(tmp_path, ray_session):
     assert ray_slots(cells, None) == 2  # 3.5 CPUs a run, 8 in the session's instance
     assert ray_slots(cells, 1) == 1
     assert ray_slots(cells[:1], None) == 1
+
+
+def test_one_crew_serves_runs_of_different_client_counts(tmp_path):
+    kfed = str(REPO / "scenarios" / "digits-kfed.yaml")
+    args = [kfed, *SMALL, "--grid", "data.n_clients=[3, 5, 4]", "--seeds", "0", "--quiet"]
+    assert main(["sweep", *args, "--backend", "local", "--out", str(tmp_path / "here")]) == 0
+    assert main(["sweep", *args, "--jobs", "1", "--out", str(tmp_path / "warm")]) == 0
+    _same_runs(tmp_path / "here", tmp_path / "warm")
+    # the first run reserves room for five client actors and starts three; the next starts two more
+    assert _reused(tmp_path / "warm") == [False, True, True]
+    nodes = [json.loads((tmp_path / "warm" / r["run_dir"] / "summary.json").read_text())["placement"]
+             for r in _rows(tmp_path / "warm")]
+    assert [len(p["client_node"]) for p in nodes] == [3, 5, 4]

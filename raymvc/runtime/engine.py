@@ -38,7 +38,7 @@ from .secagg import KINDS as SECAGG_KINDS
 from .signals import on_stop_signals
 from .threads import release_threads
 from .transport import Interruption, RayPools, party_lost
-from .warm import Crew, WarmActors, crew_key
+from .warm import Crew, WarmActors, actors_needed, crew_key
 
 
 def _err(sc: Scenario, key: str, msg: str) -> ScenarioError:
@@ -170,27 +170,36 @@ def _spawn(sc: Scenario, part, ds, seats=None, crew: Crew | None = None) -> tupl
     sizes = {p: len(g) for p, g in enumerate(groups)}
     if crew is not None and crew.server is not None:
         try:
-            ray.get([crew.pools[p].reset.remote({c: part.shards[c] for c in g}, sc.method, sc.params, **common)
-                     for p, g in enumerate(groups)], timeout=rt.reply_timeout_s)
-            pools = RayPools(handles=dict(crew.pools), owner=owner, sizes=sizes)
+            kept = [p for p in range(len(groups)) if p in crew.pools]
+            crew.pools.update(_start_pools(sc, part, groups, crew.seats, common,
+                                           [p for p in range(len(groups)) if p not in crew.pools]))
+            ray.get([crew.pools[p].reset.remote({c: part.shards[c] for c in groups[p]}, sc.method, sc.params,
+                                                **common) for p in kept], timeout=rt.reply_timeout_s)
+            pools = RayPools(handles={p: crew.pools[p] for p in range(len(groups))}, owner=owner, sizes=sizes)
             ray.get(crew.server.reset.remote(sc.method, sc.params, pools, **srv_kw), timeout=rt.reply_timeout_s)
             return crew.server, [crew]
         except Exception:  # an actor died between runs (a lost node), or does not answer: start afresh
             crew.stop()
-            crew.seats = seats = reserve(sc, part.n_clients)
+            crew.seats = seats = reserve(sc, part.n_clients, crew.room)
             crew.node = current_node()
     seats = seats or reserve(sc, part.n_clients)  # the server first, beside the driver if it has room
-    PoolActor = ray.remote(num_cpus=seats.client_cpus, num_gpus=rt.client_gpus, max_restarts=0)(ClientPool)
     ServerActor = ray.remote(num_cpus=rt.server_cpus, num_gpus=rt.server_gpus, max_restarts=0)(ServerNode)
-    pools = RayPools(
-        handles={p: PoolActor.options(scheduling_strategy=seats.pool(p)).remote(
-            {c: part.shards[c] for c in g}, sc.method, sc.params, **common) for p, g in enumerate(groups)},
-        owner=owner, sizes=sizes)
+    pools = RayPools(handles=_start_pools(sc, part, groups, seats, common, range(len(groups))), owner=owner,
+                     sizes=sizes)
     server = ServerActor.options(scheduling_strategy=seats.server()).remote(sc.method, sc.params, pools, **srv_kw)
     if crew is not None:
         crew.server, crew.pools = server, dict(pools.handles)
         return server, [crew]
     return server, [server, *pools.handles.values(), seats]
+
+
+def _start_pools(sc: Scenario, part, groups: list[list[int]], seats, common: dict, which) -> dict:
+    """Client actors (pools) ``which`` of ``groups``, each in its reserved seat."""
+    import ray
+
+    PoolActor = ray.remote(num_cpus=seats.client_cpus, num_gpus=sc.runtime.client_gpus, max_restarts=0)(ClientPool)
+    return {p: PoolActor.options(scheduling_strategy=seats.pool(p)).remote(
+        {c: part.shards[c] for c in groups[p]}, sc.method, sc.params, **common) for p in which}
 
 
 # the driver asks the server for rounds until this much wall time has passed (at least one
@@ -284,8 +293,8 @@ class _Run:
             self.seats = reserve(self.sc, self.part.n_clients)
             self.handles = [self.seats]
             return
-        crew = self.warm.acquire(crew_key(self.sc, self.part.n_clients),
-                                 lambda: reserve(self.sc, self.part.n_clients))
+        crew = self.warm.acquire(crew_key(self.sc), actors_needed(self.sc, self.part.n_clients),
+                                 lambda room: reserve(self.sc, self.part.n_clients, room))
         self.crew, self.seats, self.handles = crew, crew.seats, [crew]
 
     def release(self, reusable: bool) -> None:

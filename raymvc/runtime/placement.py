@@ -71,22 +71,23 @@ def client_cpus(sc: Scenario, n_actors: int, free: float) -> float:
 _RESERVING = threading.Lock()
 
 
-def reserve(sc: Scenario, n_clients: int) -> Seats:
-    """Reserve the CPUs of the server and of the actors hosting ``n_clients`` clients, or raise ClusterError.
+def reserve(sc: Scenario, n_clients: int, n_actors: int | None = None) -> Seats:
+    """Reserve the CPUs of the server and of the actors hosting ``n_clients`` clients (or of
+    ``n_actors`` client actors, where a warm crew keeps room for larger runs), or raise ClusterError.
 
     One reservation at a time in this process: runs of a sweep started side by side never
     each hold part of what they need while waiting for the rest (a deadlock); the one
     waiting holds nothing until all of its reservation is placed.
     """
     with _RESERVING:
-        return _reserve(sc, n_clients)
+        return _reserve(sc, n_clients, n_actors)
 
 
-def _reserve(sc: Scenario, n_clients: int) -> Seats:
+def _reserve(sc: Scenario, n_clients: int, n_actors: int | None = None) -> Seats:
     import ray
 
     rt = sc.runtime
-    n_actors = math.ceil(n_clients / rt.clients_per_actor)
+    n_actors = n_actors or math.ceil(n_clients / rt.clients_per_actor)
     per = client_cpus(sc, n_actors, ray.available_resources().get("CPU", 0.0))
     _check_gpus(ray, rt, n_actors)
     here = ray.get_runtime_context().get_node_id()

@@ -3,12 +3,16 @@
 Starting a Ray actor costs a process and its imports (about a second of a core each on
 a small machine), so a sweep of many short runs spends most of its time starting
 actors. Within one sweep, a run that ends cleanly hands its actors and their reserved
-CPUs (a :class:`Crew`) back to :class:`WarmActors`; the next run of the same *shape*
-(the same number of client actors, the same CPUs and GPUs per actor, the same placement)
-takes them and resets every actor to a new run: each rebuilds its protocol object,
+CPUs (a :class:`Crew`) back to :class:`WarmActors`; the next run of the same *kind*
+(the same CPUs and GPUs per actor, clients per actor and placement) with at most as many
+client actors as the crew has room for takes them and resets every actor it uses to a
+new run: each rebuilds its protocol object,
 endpoint, keys, fault plan and ledger from the new run's arguments exactly as a fresh
 actor's constructor does (``reset`` calls ``__init__``), so nothing of the earlier run
-is left but the process and its imports. A crew is kept only when every actor answers
+is left but the process and its imports. A crew reserves room for the most client
+actors any run of its kind in the sweep needs (:meth:`WarmActors.plan`) and starts its
+client actors as runs first need them, so a sweep over scenarios with different client
+counts starts one set of actors, not one per client count. A crew is kept only when every actor answers
 after the run and none is still busy with an abandoned call; anything else (a crash
 fault, a lost node, a stopped run) ends its actors as a run without warm actors would.
 """
@@ -16,6 +20,7 @@ fault, a lost node, a stopped run) ends its actors as a run without warm actors 
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 from dataclasses import dataclass, field
 
@@ -29,6 +34,7 @@ class Crew:
     key: tuple
     seats: object  # placement.Seats
     node: object  # the Ray instance the actors live in (a restarted instance has none of them)
+    room: int = 0  # client actors its reservation holds (it starts them as runs need them)
     server: object = None  # actor handles, once spawned
     pools: dict = field(default_factory=dict)
     runs: int = 0  # runs these actors have hosted
@@ -49,18 +55,24 @@ class Crew:
         self.seats.release()
 
 
-def crew_key(sc, n_clients: int) -> tuple:
-    """What two runs must share for one to reuse the other's actors."""
+def crew_key(sc) -> tuple:
+    """What two runs must share for one to reuse the other's actors (besides room enough)."""
     rt = sc.runtime
-    return (rt.address, n_clients, rt.clients_per_actor, rt.client_cpus, rt.client_gpus, rt.server_cpus,
-            rt.server_gpus, rt.placement)
+    return (rt.address, rt.clients_per_actor, rt.client_cpus, rt.client_gpus, rt.server_cpus, rt.server_gpus,
+            rt.placement)
+
+
+def actors_needed(sc, n_clients: int) -> int:
+    """Client actors a run of ``n_clients`` clients uses."""
+    return math.ceil(n_clients / sc.runtime.clients_per_actor)
 
 
 class WarmActors:
     """Idle crews between the runs of one sweep (thread-safe: concurrent runs share it).
 
-    ``take`` hands a run an idle crew of its shape (or ``None``: the run reserves and
-    starts its own); ``give`` takes a finished run's crew back if every actor can be
+    ``take`` hands a run an idle crew of its kind with room enough, the smallest such (or
+    ``None``: the run reserves and starts its own, with the room :meth:`plan` gave its
+    kind); ``give`` takes a finished run's crew back if every actor can be
     reused, else ends it; ``close`` ends every idle crew. Counts of started and reused
     crews are kept for the sweep's report.
     """
@@ -71,6 +83,13 @@ class WarmActors:
         self.started = 0
         self.reused = 0
         self.waiting = 0  # runs waiting for room to reserve a new crew: crews given back are ended for them
+        self.rooms: dict[tuple, int] = {}  # kind -> client actors a new crew of it reserves
+
+    def plan(self, needs) -> None:
+        """``needs``: (kind, client actors) of every run to come; a new crew of a kind
+        reserves room for the largest of its runs."""
+        for key, n in needs:
+            self.rooms[key] = max(self.rooms.get(key, 0), int(n))
 
     @contextlib.contextmanager
     def reserving(self):
@@ -83,18 +102,20 @@ class WarmActors:
             with self.lock:
                 self.waiting -= 1
 
-    def acquire(self, key: tuple, reserve) -> Crew:
-        """An idle crew of this shape, or a new one in the CPUs ``reserve()`` reserves. While
-        it reserves, every idle crew is ended (their CPUs may be what it needs) and so is
-        every crew handed back (see :meth:`give`)."""
+    def acquire(self, key: tuple, n_actors: int, reserve) -> Crew:
+        """An idle crew of this kind with room for ``n_actors`` client actors, or a new one in
+        the CPUs ``reserve(room)`` reserves for ``room`` client actors. While it reserves,
+        every idle crew is ended (their CPUs may be what it needs) and so is every crew
+        handed back (see :meth:`give`)."""
         from .cluster import current_node
 
         with self.reserving():
-            crew = self.take(key)
+            crew = self.take(key, n_actors)
             if crew is not None:
                 return crew
             self.make_room()
-            crew = Crew(key, reserve(), current_node())
+            room = max(n_actors, self.rooms.get(key, 0))
+            crew = Crew(key, reserve(room), current_node(), room=room)
             with self.lock:
                 self.started += 1
             return crew
@@ -105,14 +126,15 @@ class WarmActors:
             self.reused -= 1
             self.started += 1
 
-    def take(self, key: tuple) -> Crew | None:
+    def take(self, key: tuple, n_actors: int) -> Crew | None:
         from .cluster import current_node
 
         node = current_node()
         with self.lock:
             gone = [c for c in self.idle if c.node is not node]  # crews of a Ray instance since restarted
             self.idle = [c for c in self.idle if c.node is node]
-            found = next((i for i, c in enumerate(self.idle) if c.key == key), None)
+            fit = [i for i, c in enumerate(self.idle) if c.key == key and c.room >= n_actors]
+            found = min(fit, key=lambda i: self.idle[i].room) if fit else None
             crew = self.idle.pop(found) if found is not None else None
             if crew is not None:
                 self.reused += 1

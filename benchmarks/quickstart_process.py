@@ -17,6 +17,13 @@ under all of it (``raymvc.bench.floor``): a process that starts Ray as raymvc do
 as many empty actors as the run has (same CPU requests), calls each once and exits as
 the ``raymvc`` command does; its ``outside`` is the interpreter's start and ``import ray``.
 
+With ``--ray-alone`` it also times the imports raymvc adds to each process over
+``import ray`` (CPU seconds in a fresh interpreter, median of three): a client actor's
+(the node module and the method's module), the server's (the same) and the driver's
+(the command line, the engine and the metrics). The actors' imports over the run's
+cores are a floor under the gap between the run and Ray alone that no scheduling
+removes.
+
 Output: stdout and ``benchmarks/quickstart_process.md`` (command line, machine, date).
 """
 
@@ -28,6 +35,7 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +50,7 @@ from raymvc.bench.timed import run_timed  # noqa: E402
 
 OUT_MD = REPO / "benchmarks" / "quickstart_process.md"
 TARGET_S = 6.0  # the quickstart as a process on Ray, idle 2-core machine
+TARGET_GAP_S = 0.75  # the quickstart on Ray minus Ray alone with as many empty actors
 PAUSE_S = 2.0  # between runs
 
 
@@ -132,6 +141,19 @@ def main() -> None:
                   f"less Ray's start (its noisiest part, {inits[0]:.1f} to {inits[-1]:.1f} s in this loop): "
                   f"{less_init('ray'):.2f} / "
                   f"{less_init(name):.2f} s = {less_init('ray') / less_init(name):.2f}."]
+    if args.ray_alone:
+        from protocols import _REGISTRY
+
+        method = f"protocols.{_REGISTRY[sc.method]}"
+        actor = import_cpu(["raymvc.runtime.nodes", method])
+        driver = import_cpu(["raymvc.cli", "raymvc.runtime.engine", "raymvc.metrics", method])
+        gap = ray_med - statistics.median(r["process_s"] for r in runs[f"Ray alone, {n_actors} empty actors"])
+        floor = actor * n_actors / (os.cpu_count() or 1)
+        lines += ["", f"Imports over `import ray` (CPU s, median of 3 fresh interpreters): a client or server "
+                  f"actor {actor:.2f} ({', '.join(['raymvc.runtime.nodes', method])}), the driver {driver:.2f}. "
+                  f"The run's {n_actors} actors import {actor * n_actors:.2f} CPU s, at least {floor:.2f} s of wall "
+                  f"time on {os.cpu_count()} cores. Ray vs Ray alone: {gap:+.2f} s (target +{TARGET_GAP_S:g} s: "
+                  f"{'met' if gap <= TARGET_GAP_S else 'not met'})."]
     lines += ["", f"Process on Ray, median {ray_med:.2f} s (best {min(r['process_s'] for r in runs['ray']):.2f} s); "
               f"target <= {TARGET_S:.0f} s: {'met' if ray_med <= TARGET_S else 'not met'}. "
               f"Same NMI and MB in every run: {len(same) == 1}.", "",
@@ -140,6 +162,15 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     args.md.write_text(text)
+
+
+def import_cpu(modules: list[str], repeats: int = 3) -> float:
+    """CPU seconds that importing ``modules`` takes after ``import ray``, in a fresh interpreter."""
+    code = ("import time, ray; t = time.process_time(); "
+            + "; ".join(f"import {m}" for m in modules) + "; print(time.process_time() - t)")
+    got = [float(subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                                check=True).stdout.split()[-1]) for _ in range(repeats)]
+    return statistics.median(got)
 
 
 if __name__ == "__main__":

@@ -93,3 +93,28 @@ def test_one_crew_serves_runs_of_different_client_counts(tmp_path):
     nodes = [json.loads((tmp_path / "warm" / r["run_dir"] / "summary.json").read_text())["placement"]
              for r in _rows(tmp_path / "warm")]
     assert [len(p["client_node"]) for p in nodes] == [3, 5, 4]
+    assert [p["actors_started"] for p in nodes] == [4, 2, 0]  # server + 3 pools, then 2 more pools, then none
+
+
+def test_a_crew_reserves_the_planned_room_only_where_the_cluster_could_hold_it():
+    from raymvc.runtime.warm import WarmActors
+
+    class Seats:
+        def release(self):
+            pass
+
+    warm, asked = WarmActors(), []
+    warm.plan([("kind", 10), ("kind", 3)])
+
+    def reserve(room):
+        asked.append(room)
+        return Seats()
+
+    big = warm.acquire("kind", 3, reserve)
+    assert (big.room, asked) == (10, [10])  # room for the sweep's largest run of the kind
+    small = warm.acquire("kind", 3, reserve, fits=lambda room: room <= 4)
+    assert (small.room, asked[-1]) == (3, 3)  # the cluster could never hold 10: the run's own need
+    warm.idle += [big, small]
+    assert warm.take("kind", 3) is small  # the smallest crew with room enough
+    assert warm.take("kind", 11) is None and warm.take("other", 1) is None
+    assert warm.take("kind", 8) is big

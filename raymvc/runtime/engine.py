@@ -32,7 +32,7 @@ from ..scenario import one_line as one_line_text
 from . import checkpoint
 from .cluster import ClusterError, current_node, init_ray
 from .nodes import ClientNode, ClientPool, ServerNode, one_line, party_error
-from .placement import Seats, reserve
+from .placement import Seats, could_hold, reserve
 from .records import RoundRecord, RunEnd
 from .secagg import KINDS as SECAGG_KINDS
 from .signals import on_stop_signals
@@ -171,10 +171,13 @@ def _spawn(sc: Scenario, part, ds, seats=None, crew: Crew | None = None) -> tupl
     if crew is not None and crew.server is not None:
         try:
             kept = [p for p in range(len(groups)) if p in crew.pools]
-            crew.pools.update(_start_pools(sc, part, groups, crew.seats, common,
-                                           [p for p in range(len(groups)) if p not in crew.pools]))
-            ray.get([crew.pools[p].reset.remote({c: part.shards[c] for c in groups[p]}, sc.method, sc.params,
-                                                **common) for p in kept], timeout=rt.reply_timeout_s)
+            idle = [p for p in crew.pools if p >= len(groups)]  # emptied: no earlier run's clients stay
+            new = _start_pools(sc, part, groups, crew.seats, common, [p for p in range(len(groups)) if p not in crew.pools])
+            crew.pools.update(new)
+            crew.started_now = len(new)
+            ray.get([crew.pools[p].reset.remote({c: part.shards[c] for c in groups[p]} if p < len(groups) else {},
+                                                sc.method, sc.params, **common) for p in kept + idle],
+                    timeout=rt.reply_timeout_s)
             pools = RayPools(handles={p: crew.pools[p] for p in range(len(groups))}, owner=owner, sizes=sizes)
             ray.get(crew.server.reset.remote(sc.method, sc.params, pools, **srv_kw), timeout=rt.reply_timeout_s)
             return crew.server, [crew]
@@ -188,7 +191,7 @@ def _spawn(sc: Scenario, part, ds, seats=None, crew: Crew | None = None) -> tupl
                      sizes=sizes)
     server = ServerActor.options(scheduling_strategy=seats.server()).remote(sc.method, sc.params, pools, **srv_kw)
     if crew is not None:
-        crew.server, crew.pools = server, dict(pools.handles)
+        crew.server, crew.pools, crew.started_now = server, dict(pools.handles), len(groups) + 1
         return server, [crew]
     return server, [server, *pools.handles.values(), seats]
 
@@ -294,7 +297,8 @@ class _Run:
             self.handles = [self.seats]
             return
         crew = self.warm.acquire(crew_key(self.sc), actors_needed(self.sc, self.part.n_clients),
-                                 lambda room: reserve(self.sc, self.part.n_clients, room))
+                                 lambda room: reserve(self.sc, self.part.n_clients, room),
+                                 fits=lambda room: could_hold(self.sc, room))
         self.crew, self.seats, self.handles = crew, crew.seats, [crew]
 
     def release(self, reusable: bool) -> None:
@@ -314,6 +318,9 @@ class _Run:
         if self.crew is not None:
             self.seats = self.crew.seats
         self.timing["reused_actors"] = warm_server is not None and server is warm_server  # not if they were gone
+        self.timing["actors_started"] = (self.crew.started_now if self.crew is not None
+                                         else 0 if sc.runtime.backend == "local"
+                                         else actors_needed(sc, part.n_clients) + 1)
         if warm_server is not None and server is not warm_server and self.warm is not None:
             self.warm.renewed(self.crew)
         call = self.call = _Call(server, sc.runtime.backend)
@@ -493,7 +500,8 @@ def _write_files(sc, ds, part, end: RunEnd, timing: dict, ray_init_s: float, wal
                             "client_cpus": where.get("client_cpus"),
                             "nodes": sorted(set(clients.values())), "server_node": where.get("server"),
                             "client_node": clients, "shared_bodies": end.shared_bodies,
-                            "reused_actors": bool(timing.get("reused_actors"))}
+                            "reused_actors": bool(timing.get("reused_actors")),
+                            "actors_started": int(timing.get("actors_started") or 0)}
     writer.summary(summary)
     return summary
 

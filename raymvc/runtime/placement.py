@@ -71,6 +71,18 @@ def client_cpus(sc: Scenario, n_actors: int, free: float) -> float:
 _RESERVING = threading.Lock()
 
 
+def could_hold(sc: Scenario, n_actors: int) -> bool:
+    """Whether the cluster's CPUs and GPUs, all of them free, would hold the server and
+    ``n_actors`` client actors (a warm crew's room is cut to its run's own need otherwise)."""
+    import ray
+
+    rt = sc.runtime
+    total = ray.cluster_resources()
+    cpus = n_actors * client_cpus(sc, n_actors, total.get("CPU", 0.0)) + rt.server_cpus
+    gpus = n_actors * rt.client_gpus + rt.server_gpus
+    return cpus <= total.get("CPU", 0.0) + 1e-9 and gpus <= total.get("GPU", 0.0) + 1e-9
+
+
 def reserve(sc: Scenario, n_clients: int, n_actors: int | None = None) -> Seats:
     """Reserve the CPUs of the server and of the actors hosting ``n_clients`` clients (or of
     ``n_actors`` client actors, where a warm crew keeps room for larger runs), or raise ClusterError.

@@ -35,6 +35,7 @@ class Crew:
     seats: object  # placement.Seats
     node: object  # the Ray instance the actors live in (a restarted instance has none of them)
     room: int = 0  # client actors its reservation holds (it starts them as runs need them)
+    started_now: int = 0  # actors the current run started (the rest were reset)
     server: object = None  # actor handles, once spawned
     pools: dict = field(default_factory=dict)
     runs: int = 0  # runs these actors have hosted
@@ -102,11 +103,12 @@ class WarmActors:
             with self.lock:
                 self.waiting -= 1
 
-    def acquire(self, key: tuple, n_actors: int, reserve) -> Crew:
+    def acquire(self, key: tuple, n_actors: int, reserve, fits=lambda room: True) -> Crew:
         """An idle crew of this kind with room for ``n_actors`` client actors, or a new one in
-        the CPUs ``reserve(room)`` reserves for ``room`` client actors. While it reserves,
-        every idle crew is ended (their CPUs may be what it needs) and so is every crew
-        handed back (see :meth:`give`)."""
+        the CPUs ``reserve(room)`` reserves for ``room`` client actors: the room planned for
+        the kind where the cluster could hold it at all (``fits(room)``), else the run's own
+        count. While it reserves, every idle crew is ended (their CPUs may be what it needs)
+        and so is every crew handed back (see :meth:`give`)."""
         from .cluster import current_node
 
         with self.reserving():
@@ -115,6 +117,8 @@ class WarmActors:
                 return crew
             self.make_room()
             room = max(n_actors, self.rooms.get(key, 0))
+            if room > n_actors and not fits(room):
+                room = n_actors
             crew = Crew(key, reserve(room), current_node(), room=room)
             with self.lock:
                 self.started += 1

@@ -2,6 +2,7 @@
 
     python benchmarks/deep_step.py              # 1 thread, FedDMVC's defaults
     python benchmarks/deep_step.py --threads 2
+    python benchmarks/deep_step.py --runs      # + where whole FedDMVC and FCUIF runs spend their time
 
 For each HW view (as a client holds it: 2,000 rows, min-max scaled) the script builds
 FedDMVC's autoencoder with its defaults (``hidden`` 256-256-1024, ``latent_dim`` 10),
@@ -11,6 +12,12 @@ gives the achieved GFLOP/s. ``steps x time per step`` over the run's epochs is t
 training time a run cannot go below at these settings on this CPU; the rest of a run
 (k-means, messages, start-up) is compared with it. It also times the same step with
 deterministic algorithms off, and the step's Python (the same loop on a batch of 2 rows).
+
+With ``--runs`` it also profiles one whole in-process run (seed 0, 1 thread) of
+``hw-feddmvc-partial.yaml`` and ``hw-fcuif-missing.yaml`` with :mod:`cProfile` and splits
+its time: the clients' training (of it: the forward pass's matrix products, the backward
+pass, Adam's update), the server's step, and everything else (data, k-means on the
+clients, messages, results).
 
 Output: stdout and ``benchmarks/deep_step.md``.
 """
@@ -76,11 +83,46 @@ def flops(n_in: int, cfg: Config, batch: int) -> float:
     return 2 * macs * batch * 3  # forward, and backward (about twice the forward)
 
 
+RUNS = ("hw-feddmvc-partial.yaml", "hw-fcuif-missing.yaml")
+
+
+def profile_run(scenario: Path) -> dict[str, float]:
+    """Seconds of one in-process run, split by where cProfile saw them spent."""
+    import cProfile
+    import pstats
+    import tempfile
+
+    import raymvc
+
+    with tempfile.TemporaryDirectory(prefix="deep-run-") as tmp:
+        prof = cProfile.Profile()
+        prof.enable()
+        raymvc.run(scenario, overrides=["runtime.backend=local", "runtime.threads=1"], out=Path(tmp) / "run",
+                   progress=False)
+        prof.disable()
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (calls, primitive calls, own s, cumulative s, callers)
+
+    def cum(file_end: str, name: str) -> float:
+        return sum(v[3] for (f, _, n), v in stats.items() if f.endswith(file_end) and n == name)
+
+    def own(name: str) -> float:
+        return sum(v[2] for (_, _, n), v in stats.items() if n == name)
+
+    total = cum("raymvc/api.py", "run")
+    train = cum("protocols/feddmvc.py", "_train")
+    server = cum("protocols/feddmvc.py", "_global_step")
+    return {"total": total, "train": train, "linear": own("<built-in method torch._C._nn.linear>"),
+            "backward": own("<method 'run_backward' of 'torch._C._EngineBase' objects>"),
+            "adam": cum("torch/optim/adam.py", "_single_tensor_adam"), "server": server,
+            "other": total - train - server}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=60)
     ap.add_argument("--md", type=Path, default=OUT_MD)
+    ap.add_argument("--runs", action="store_true", help="also profile whole FedDMVC and FCUIF runs")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     cfg = Config()
@@ -90,7 +132,7 @@ def main() -> None:
     steps_per_epoch = math.ceil(n / cfg.batch_size)
     epochs = cfg.pretrain_epochs + cfg.rounds * cfg.finetune_epochs
     lines = ["# FedDMVC on HW: one training step against its arithmetic", "",
-             f"- command: `python benchmarks/deep_step.py --threads {args.threads}`",
+             f"- command: `python benchmarks/deep_step.py --threads {args.threads}{' --runs' if args.runs else ''}`",
              f"- machine: {os.cpu_count()} cores ({cpu_model()}), torch {torch.__version__}, "
              f"{args.threads} thread(s), {args.repeats} steps timed after 5 warm-up steps",
              f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
@@ -118,6 +160,18 @@ def main() -> None:
         print(lines[-1], file=sys.stderr, flush=True)
     lines += ["", f"Training alone, all {len(ds.views)} clients: {total:.1f} s of one core at {args.threads} "
               f"thread(s) ({total / 2:.1f} s of wall time on two cores, if the clients shared them perfectly)."]
+    if args.runs:
+        lines += ["", "## Whole runs, in-process, seed 0, 1 thread (cProfile; its own overhead included)", "",
+                  "| scenario | run s | clients' training s | of it: forward products | backward | Adam update | "
+                  "server step s | everything else s |", "|---|---|---|---|---|---|---|---|"]
+        for name in RUNS:
+            r = profile_run(REPO / "scenarios" / name)
+            pct = {k: 100 * r[k] / r["total"] for k in r}
+            lines.append(f"| {name} | {r['total']:.1f} | {r['train']:.1f} ({pct['train']:.0f}%) | "
+                         f"{r['linear']:.1f} ({pct['linear']:.0f}%) | {r['backward']:.1f} ({pct['backward']:.0f}%) | "
+                         f"{r['adam']:.1f} ({pct['adam']:.0f}%) | {r['server']:.1f} ({pct['server']:.0f}%) | "
+                         f"{r['other']:.1f} ({pct['other']:.0f}%) |")
+            print(lines[-1], file=sys.stderr, flush=True)
     text = "\n".join(lines) + "\n"
     print(text)
     args.md.write_text(text)

@@ -274,7 +274,7 @@ def execute(cells: list[Cell], jobs: int | None = 1, quiet: bool = False, live: 
     ``jobs``: runs at once (``None``: one with the local backend, as many as the cluster
     holds on Ray). Local runs side by side go to worker processes. Ray runs side by side
     go to threads of this process, each reserving its actors' CPUs whole before it starts
-    them; with ``warm`` (on Ray) actors are kept from one run to the next of the same shape
+    them; with ``warm`` (on Ray) actors are kept from one run to the next of the same kind
     (:mod:`raymvc.runtime.warm`). A Ray run that failed, or had a party on a node the
     cluster lost while it ran, is run again (at most :data:`RAY_RETRIES` times).
     """

@@ -94,13 +94,13 @@ def main() -> None:
     if args.compare:
         systems.append(("ray, " + label, "ray", args.compare.resolve(), []))
     if args.ray_alone:
-        from raymvc.runtime.cluster import cpus_needed
+        from raymvc.runtime.cluster import actors_needed, cpus_needed
         from raymvc.runtime.engine import prepare
         from raymvc.scenario import load_scenario
 
         sc = load_scenario(args.scenario)
         n_clients = prepare(sc)[1].n_clients
-        n_actors = math.ceil(n_clients / sc.runtime.clients_per_actor) + 1
+        n_actors = actors_needed(sc, n_clients) + 1
         alone = (n_actors, math.ceil(cpus_needed(sc, n_clients)), sc.runtime.client_cpus, sc.runtime.server_cpus)
         systems.append((f"Ray alone, {n_actors} empty actors", "alone", None, []))
     runs: dict[str, list[dict]] = {s[0]: [] for s in systems}

@@ -47,7 +47,8 @@ import yaml
 
 from .provenance import fingerprint
 from .results import FINAL_STATUSES, OutputFolder, default_out_dir, read_summary, short_value, write_file
-from .runtime.warm import actors_needed, crew_key
+from .runtime.cluster import AUTO_CAP, actors_needed
+from .runtime.warm import crew_key
 from .scenario import ScenarioError, load_scenario, safe_yaml_load
 
 METRICS = ("acc", "nmi", "ari")
@@ -212,14 +213,12 @@ def footprint(sc, n_clients: int) -> float:
     """CPUs one run of ``sc`` keeps busy on Ray: how many runs side by side a cluster holds.
     ``client_cpus: auto`` counts a whole CPU per actor, and with ``runtime.threads: T`` above
     1 every actor counts at least T (its threads run at once, whatever it reserved)."""
-    from .runtime.cluster import AUTO_CAP
-
     rt = sc.runtime
     per = AUTO_CAP if rt.client_cpus == "auto" else float(rt.client_cpus)
     server = rt.server_cpus
     if rt.threads > 1:
         per, server = max(per, rt.threads), max(server, rt.threads)
-    return math.ceil(n_clients / rt.clients_per_actor) * per + server
+    return actors_needed(sc, n_clients) * per + server
 
 
 def _run_cell(scenario: str, overrides: list[str], run_dir: str, progress=None, **kw) -> dict:

@@ -100,11 +100,16 @@ LOG_TO_DRIVER = {"on": True}
 AUTO_FLOOR, AUTO_CAP = 0.05, 1.0  # runtime.client_cpus: auto shares the free CPUs within these bounds
 
 
+def actors_needed(sc: Scenario, n_clients: int) -> int:
+    """Client actors (pools) a run of ``n_clients`` clients uses."""
+    return math.ceil(n_clients / sc.runtime.clients_per_actor)
+
+
 def cpus_needed(sc: Scenario, n_clients: int) -> float:
     """CPUs the run cannot do without (with ``client_cpus: auto``, the floor per actor)."""
     rt = sc.runtime
     per = AUTO_FLOOR if rt.client_cpus == "auto" else rt.client_cpus
-    return math.ceil(n_clients / rt.clients_per_actor) * per + rt.server_cpus
+    return actors_needed(sc, n_clients) * per + rt.server_cpus
 
 
 def _enough(ray, sc: Scenario, n_clients: int) -> bool:

@@ -30,7 +30,7 @@ from ..results import OutputFolder, ResultsError, RunWriter, default_out_dir, fo
 from ..scenario import ChannelCfg, Scenario, ScenarioError
 from ..scenario import one_line as one_line_text
 from . import checkpoint
-from .cluster import ClusterError, current_node, init_ray
+from .cluster import ClusterError, actors_needed, current_node, init_ray
 from .nodes import ClientNode, ClientPool, ServerNode, one_line, party_error
 from .placement import Seats, could_hold, reserve
 from .records import RoundRecord, RunEnd
@@ -38,7 +38,7 @@ from .secagg import KINDS as SECAGG_KINDS
 from .signals import on_stop_signals
 from .threads import release_threads
 from .transport import Interruption, RayPools, party_lost
-from .warm import Crew, WarmActors, actors_needed, crew_key
+from .warm import Crew, WarmActors, crew_key
 
 
 def _err(sc: Scenario, key: str, msg: str) -> ScenarioError:
@@ -321,8 +321,6 @@ class _Run:
         self.timing["actors_started"] = (self.crew.started_now if self.crew is not None
                                          else 0 if sc.runtime.backend == "local"
                                          else actors_needed(sc, part.n_clients) + 1)
-        if warm_server is not None and server is not warm_server and self.warm is not None:
-            self.warm.renewed(self.crew)
         call = self.call = _Call(server, sc.runtime.backend)
         connected = call("connect")  # waits for every actor to be up, then agrees keys
         self.timing["startup_s"] = time.perf_counter() - t_start

@@ -16,7 +16,7 @@ import threading
 import time
 
 from ..scenario import Scenario
-from .cluster import AUTO_CAP, AUTO_FLOOR, ClusterError
+from .cluster import AUTO_CAP, AUTO_FLOOR, ClusterError, actors_needed
 
 
 class Seats:
@@ -99,7 +99,7 @@ def _reserve(sc: Scenario, n_clients: int, n_actors: int | None = None) -> Seats
     import ray
 
     rt = sc.runtime
-    n_actors = n_actors or math.ceil(n_clients / rt.clients_per_actor)
+    n_actors = n_actors or actors_needed(sc, n_clients)
     per = client_cpus(sc, n_actors, ray.available_resources().get("CPU", 0.0))
     _check_gpus(ray, rt, n_actors)
     here = ray.get_runtime_context().get_node_id()

@@ -20,7 +20,6 @@ fault, a lost node, a stopped run) ends its actors as a run without warm actors 
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 from dataclasses import dataclass, field
 
@@ -63,26 +62,18 @@ def crew_key(sc) -> tuple:
             rt.placement)
 
 
-def actors_needed(sc, n_clients: int) -> int:
-    """Client actors a run of ``n_clients`` clients uses."""
-    return math.ceil(n_clients / sc.runtime.clients_per_actor)
-
-
 class WarmActors:
     """Idle crews between the runs of one sweep (thread-safe: concurrent runs share it).
 
     ``take`` hands a run an idle crew of its kind with room enough, the smallest such (or
     ``None``: the run reserves and starts its own, with the room :meth:`plan` gave its
     kind); ``give`` takes a finished run's crew back if every actor can be
-    reused, else ends it; ``close`` ends every idle crew. Counts of started and reused
-    crews are kept for the sweep's report.
+    reused, else ends it; ``close`` ends every idle crew.
     """
 
     def __init__(self):
         self.idle: list[Crew] = []
         self.lock = threading.Lock()
-        self.started = 0
-        self.reused = 0
         self.waiting = 0  # runs waiting for room to reserve a new crew: crews given back are ended for them
         self.rooms: dict[tuple, int] = {}  # kind -> client actors a new crew of it reserves
 
@@ -119,16 +110,7 @@ class WarmActors:
             room = max(n_actors, self.rooms.get(key, 0))
             if room > n_actors and not fits(room):
                 room = n_actors
-            crew = Crew(key, reserve(room), current_node(), room=room)
-            with self.lock:
-                self.started += 1
-            return crew
-
-    def renewed(self, crew: Crew) -> None:
-        """The crew's actors were gone and it started new ones: count it as started."""
-        with self.lock:
-            self.reused -= 1
-            self.started += 1
+            return Crew(key, reserve(room), current_node(), room=room)
 
     def take(self, key: tuple, n_actors: int) -> Crew | None:
         from .cluster import current_node
@@ -140,8 +122,6 @@ class WarmActors:
             fit = [i for i, c in enumerate(self.idle) if c.key == key and c.room >= n_actors]
             found = min(fit, key=lambda i: self.idle[i].room) if fit else None
             crew = self.idle.pop(found) if found is not None else None
-            if crew is not None:
-                self.reused += 1
         for c in gone:
             c.stop()
         return crew

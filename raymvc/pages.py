@@ -146,6 +146,36 @@ def spread_summary(res: StudyResult) -> str | None:
             f"{max(diffs):.4f} at most (mean {sum(diffs) / n:.4f}).")
 
 
+def tuning_summary(res: StudyResult) -> str | None:
+    """For a tuning study: the grid point with the best mean of its metric, and where the default stands."""
+    st = res.study
+    t = st.spec.tuning
+    if t is None:
+        return None
+    run = st.tuned_run()
+    name = NAMES[t.metric]
+    scored = []
+    for point in res.points():
+        mean, std, ok, total = res.stat(run.id, point, t.metric)
+        if mean is not None and ok == total:
+            scored.append((mean, std or 0.0, point))
+    is_default = [all(short_value(p.get(k)) == short_value(v) for k, v in t.default.items()) for _, _, p in scored]
+    default_text = _fmt_point({k: v for k, v in t.default.items()})
+    if not scored or not any(is_default):
+        return f"**Tuning.** The default ({default_text}) has no complete cell yet."
+    ranked = sorted(range(len(scored)), key=lambda i: -scored[i][0])
+    best_mean, best_std, best_point = scored[ranked[0]]
+    d = ranked.index(is_default.index(True))
+    d_mean, d_std, _ = scored[is_default.index(True)]
+    head = (f"**Tuning** (seeds the reported tables never use). Of {len(scored)} grid points of *{run.label}*, "
+            f"the best mean {name} is {best_mean:.3f} ± {best_std:.3f} at {_fmt_point(best_point)}.")
+    if d == 0:
+        return head + f" That is the default ({default_text})."
+    near = "within" if best_mean - d_mean <= max(best_std, d_std) else "beyond"
+    return (head + f" The default ({default_text}) ranks {d + 1} of {len(scored)} with {d_mean:.3f} ± {d_std:.3f}, "
+            f"{best_mean - d_mean:.3f} below the best ({near} one std of either).")
+
+
 def _label(study: Study, run_id: str) -> str:
     r = study.labels().get(run_id)
     return r.label if r else run_id
@@ -208,6 +238,9 @@ def study_section(res: StudyResult, fig_dir: Path | None, page_dir: Path) -> str
     spread = spread_summary(res)
     if spread:
         lines += [spread, ""]
+    tuning = tuning_summary(res)
+    if tuning:
+        lines += [tuning, ""]
     if fig_dir is not None and spec.grid:
         path = draw_figure(res, fig_dir / f"{st.name}.png")
         if path is not None:

@@ -18,6 +18,14 @@ command reproduces the experiment and one script (:mod:`raymvc.pages`) writes it
         - {run: paper, at: {data.missing.rate: 0.5}, acc: 0.893, nmi: 0.824}
       spread: {run: paper, set: {runtime.threads: 2}}   # the same seeds, another platform setting
 
+A *tuning* study checks a default on seeds the reported tables never use: its grid holds
+the candidate values, ``tuning.default`` names the grid point the run's scenario resolves
+to (``Study.check`` verifies that), and the page says which point scores best there::
+
+      seeds: 100-102
+      grid: {params.lr: [0.001, 0.002]}
+      tuning: {run: paper, default: {params.lr: 0.002}, metric: acc}
+
 ``raymvc sweep studies/X.yaml`` runs every (run, grid point, seed), into ``runs/studies/X``
 by default; each run's scenario gets the run's ``set`` values and its ``id`` as name, so
 its cells are told apart in ``sweep.csv``. ``spread`` adds the named run once more with
@@ -75,6 +83,15 @@ class SpreadSpec(_Strict):
     label: str | None = None
 
 
+class TuningSpec(_Strict):
+    run: str | None = None  # the run whose grid is tuned (default: the first run)
+    default: dict[str, Any] = Field(min_length=1)
+    metric: Literal["acc", "nmi", "ari"] = "acc"
+
+
+TUNING_MIN_SEED = 100  # tuning studies run on these seeds or above, never on the reported 0-4
+
+
 class StudySpec(_Strict):
     paper: str
     title: str
@@ -87,6 +104,7 @@ class StudySpec(_Strict):
     runs: list[RunSpec] = Field(min_length=1)
     paper_results: list[PaperResult] = Field(default_factory=list)
     spread: SpreadSpec | None = None
+    tuning: TuningSpec | None = None
     readme: bool | Literal["mean"] = True  # rows in README's table; "mean": averaged over the grid per seed
     notes: str = ""
 
@@ -108,7 +126,30 @@ class StudySpec(_Strict):
                     raise ValueError(f"paper_results.{i}.at.{k}: not a grid key")
         if self.spread is not None and self.spread.run not in ids:
             raise ValueError(f"spread.run: no run {self.spread.run!r} (runs: {', '.join(ids)})")
+        if self.tuning is not None:
+            self._check_tuning(ids)
         return self
+
+    def _check_tuning(self, ids: list[str]) -> None:
+        from .studies import parse_seeds
+
+        t = self.tuning
+        if t.run is not None and t.run not in ids:
+            raise ValueError(f"tuning.run: no run {t.run!r} (runs: {', '.join(ids)})")
+        try:
+            seeds = list(self.seeds) if isinstance(self.seeds, list) else parse_seeds(str(self.seeds))
+        except ScenarioError as e:
+            raise ValueError(f"seeds: {e}") from None
+        if not seeds or min(seeds) < TUNING_MIN_SEED:
+            raise ValueError(f"tuning: a tuning study runs on seeds >= {TUNING_MIN_SEED}, never on the "
+                             f"reported ones (seeds: {self.seeds})")
+        if self.readme:
+            raise ValueError("tuning: a tuning study has no rows in README's table (set readme: false)")
+        for k, v in t.default.items():
+            if k not in self.grid:
+                raise ValueError(f"tuning.default.{k}: not a grid key")
+            if v not in self.grid[k]:
+                raise ValueError(f"tuning.default.{k}: {v!r} is not one of the grid's values {self.grid[k]}")
 
 
 class Study:
@@ -161,7 +202,8 @@ class Study:
 
     def check(self) -> int:
         """Load every run's scenario at every grid point (first seed) without loading data:
-        a bad key or value anywhere is a ScenarioError. Returns the number of runs the study has."""
+        a bad key or value anywhere is a ScenarioError; a tuning study's ``default`` must be
+        what its run's scenario resolves to. Returns the number of runs the study has."""
         from .scenario import load_scenario
         from .studies import short_value
 
@@ -174,13 +216,56 @@ class Study:
                     load_scenario(scenario, over)
                 except ScenarioError as e:
                     raise ScenarioError(f"{self.path}: study run {run.id!r}: {e}") from None
+        if self.spec.tuning is not None:
+            self._check_default()
         return len(self.entries()) * len(points) * len(seeds)
+
+    def tuned_run(self) -> RunSpec:
+        t = self.spec.tuning
+        return next(r for r in self.spec.runs if t is None or t.run is None or r.id == t.run)
+
+    def _check_default(self) -> None:
+        """The default point must be the value the tuned run gets without the grid."""
+        from .scenario import load_scenario
+
+        run = self.tuned_run()
+        sc = load_scenario(self.scenario_path(run), [*_overrides(run.set), f"seed={self.seeds()[0]}"])
+        for key, want in self.spec.tuning.default.items():
+            have = resolved_value(sc, key)
+            if not _same(have, want):
+                raise ScenarioError(f"{self.path}: study.tuning.default.{key}: {want!r}, but run {run.id!r} "
+                                    f"resolves it to {have!r} without the grid")
 
     def labels(self) -> dict[str, RunSpec]:
         return {r.id: r for _, _, r in self.entries()}
 
     def default_out(self) -> Path:
         return Path("runs") / "studies" / self.name
+
+
+def resolved_value(scenario, key: str) -> Any:
+    """The value a dotted key (``params.lr``, ``data.missing.rate``) has in a loaded scenario,
+    with the method's defaults filled in for ``params.*``."""
+    parts = key.split(".")
+    if parts[0] == "params":
+        cfg = scenario.protocol_config()
+        tree: Any = {**cfg.model_dump(), **cfg.model_dump(by_alias=True)}
+        parts = parts[1:]
+    else:
+        tree = scenario.model_dump(mode="json")
+    for p in parts:
+        if not isinstance(tree, dict) or p not in tree:
+            return None
+        tree = tree[p]
+    return tree
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return float(a) == float(b)
+    return a == b
 
 
 def _slug_id(text: str) -> str:

@@ -71,6 +71,20 @@ def test_every_shipped_study_validates(path, capsys):
      "study.spread.run"),
     ("study: {paper: x, title: t, grid: {seed: [1]}, runs: [{id: a, label: A, scenario: ../tiny.yaml}], "
      "paper_results: [{at: {params.k: 1}, acc: 0.5}]}", "paper_results.0.at"),
+    # a tuning study never runs on the reported seeds, never fills README's table, and its
+    # default is a point of its grid
+    ("study: {paper: x, title: t, seeds: 0-2, readme: false, grid: {params.kmeans_init: [1, 5]}, "
+     "tuning: {default: {params.kmeans_init: 1}}, runs: [{id: a, label: A, scenario: ../tiny.yaml}]}",
+     "study.tuning"),
+    ("study: {paper: x, title: t, seeds: 100-102, grid: {params.kmeans_init: [1, 5]}, "
+     "tuning: {default: {params.kmeans_init: 1}}, runs: [{id: a, label: A, scenario: ../tiny.yaml}]}",
+     "study.tuning"),
+    ("study: {paper: x, title: t, seeds: 100-102, readme: false, grid: {params.kmeans_init: [1, 5]}, "
+     "tuning: {default: {params.kmeans_init: 3}}, runs: [{id: a, label: A, scenario: ../tiny.yaml}]}",
+     "study.tuning.default.params.kmeans_init"),
+    ("study: {paper: x, title: t, seeds: 100-102, readme: false, grid: {params.kmeans_init: [1, 5]}, "
+     "tuning: {default: {params.max_iter: 50}}, runs: [{id: a, label: A, scenario: ../tiny.yaml}]}",
+     "study.tuning.default.params.max_iter"),
 ])
 def test_a_broken_study_is_one_line_naming_file_and_key(tmp_path, capsys, text, words):
     (tmp_path / "tiny.yaml").write_text(SCENARIO)
@@ -164,3 +178,56 @@ study:
     assert "mean over noise" in line and "0.777" in line and "3/3" in line
     assert f"{statistics.mean(per_seed):.3f} ± {statistics.stdev(per_seed):.3f}" in line
     assert "Mean over the grid's points" in (studies / "kfed.md").read_text()
+
+
+TUNING = """
+study:
+  paper: kfed
+  title: Tuning the restarts
+  seeds: 100-102
+  grid: {params.kmeans_init: [1, 5], data.synthetic.noise: [0.5, 4.0]}
+  readme: false
+  tuning: {default: {params.kmeans_init: 1, data.synthetic.noise: 4.0}, metric: acc}
+  runs:
+    - {id: paper, label: k-FED, scenario: ../tiny.yaml}
+"""
+
+
+def test_a_tuning_default_must_be_what_the_scenario_resolves_to(tmp_path):
+    (tmp_path / "tiny.yaml").write_text(SCENARIO)  # kmeans_init 1, noise 1.5
+    (tmp_path / "s").mkdir()
+    f = tmp_path / "s" / "tune.yaml"
+    f.write_text(TUNING)
+    with pytest.raises(ScenarioError, match=r"tuning.default.data.synthetic.noise: 4.0, but run 'paper' "
+                                            r"resolves it to 1.5"):
+        load_study(f).check()
+    f.write_text(TUNING.replace("noise: 4.0}, metric", "noise: 0.5}, metric").replace("0.5, 4.0]", "0.5, 1.5]")
+                 .replace("noise: 0.5}, metric", "noise: 1.5}, metric"))
+    assert load_study(f).check() == 12
+
+
+def test_a_tuning_page_names_the_best_point_and_where_the_default_stands(tmp_path, monkeypatch):
+    (tmp_path / "tiny.yaml").write_text(SCENARIO.replace("noise: 1.5", "noise: 4.0"))
+    studies = tmp_path / "studies"
+    studies.mkdir()
+    (studies / "tune.yaml").write_text(TUNING)
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", "studies/tune.yaml", "--quiet"]) == 0
+    rows = _csv(tmp_path / "runs" / "studies" / "tune" / "sweep.csv")
+    assert {r["seed"] for r in rows} == {"100", "101", "102"}
+    means = {}
+    for r in rows:
+        means.setdefault((r["params.kmeans_init"], r["data.synthetic.noise"]), []).append(float(r["acc"]))
+    means = {k: statistics.mean(v) for k, v in means.items()}
+    best = max(means, key=means.get)
+    write_pages(studies, tmp_path / "runs" / "studies")
+    line = next(x for x in (studies / "kfed.md").read_text().splitlines() if x.startswith("**Tuning**"))
+    assert f"Of 4 grid points of *k-FED*, the best mean ACC is {means[best]:.3f}" in line
+    assert f"at kmeans_init = {best[0]}, noise = {best[1]}" in line
+    default = ("1", "4.0")
+    if best == default:
+        assert "That is the default (kmeans_init = 1, noise = 4.0)." in line
+    else:
+        rank = 1 + sorted(means.values(), reverse=True).index(means[default])
+        assert f"The default (kmeans_init = 1, noise = 4.0) ranks {rank} of 4 with {means[default]:.3f}" in line
+        assert f"{means[best] - means[default]:.3f} below the best" in line

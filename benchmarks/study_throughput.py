@@ -15,6 +15,12 @@ timed from start to exit, in one loop:
 * ``Ray, warm actors, runs side by side``: the default (``--jobs auto``: as many runs at
   once as the cluster's CPUs hold, each crew reused by later runs of its kind).
 
+The floor under the 8-run sweep on Ray is one more process in the same loop: Ray alone
+(``raymvc.bench.floor``) starting as many actors as the default sweep started (the sum of
+its runs' ``placement.actors_started``), each importing the libraries the two methods'
+parties import whatever runs them (NumPy, SciPy, scikit-learn), then stopping. The
+sweep's time above in-process, less that floor, is what raymvc adds on Ray.
+
 The 24-run sweep adds hw-efimvc-missing and dropout {0, 0.1, 0.2, 0.3}; it runs on the
 embedded instance and on a three-node ``ray.cluster_utils.Cluster`` on this machine
 (nodes of ``--node-cpus`` logical CPUs each; the machine's cores are shared by all
@@ -39,6 +45,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from raymvc.bench.floor import ray_alone  # noqa: E402
 from raymvc.bench.machine import cpu_model  # noqa: E402
 
 OUT_MD = REPO / "benchmarks" / "study_throughput.md"
@@ -48,6 +55,17 @@ LARGE = {"scenarios": [SC / "hw-cefmc.yaml", SC / "digits-kfed.yaml", SC / "hw-e
          "dropout": "[0, 0.1, 0.2, 0.3]"}
 SAME = ("scenario", "faults.dropout.rate", "seed", "status", "acc", "nmi", "ari", "mb")
 TARGET_EXTRA_S = 8.0  # the 8-run sweep on Ray: at most this much more than in-process
+FLOOR_IMPORTS = ("numpy", "scipy.linalg", "sklearn.cluster", "sklearn.metrics")  # CeFMC's and k-FED's parties
+
+
+def actors_started(out: Path) -> int:
+    """Actors a Ray sweep started, over all its runs (from each run's summary.json)."""
+    import json
+
+    n = 0
+    for f in out.glob("*/summary.json"):
+        n += int(json.loads(f.read_text()).get("placement", {}).get("actors_started") or 0)
+    return n
 
 
 def sweep(study: dict, out: Path, *flags: str, env: dict | None = None) -> tuple[float, list[dict]]:
@@ -101,6 +119,14 @@ def main() -> None:
                 base = got if base is None else base
                 rows.append((name, label, wall, same(got, base)))
                 print(f"{name}, {label}: {wall:.1f} s", file=sys.stderr, flush=True)
+                if name == "8 runs" and label == default:
+                    n_actors = actors_started(Path(tmp) / f"{name[:2]}-{i}")
+                    t = time.perf_counter()
+                    ray_alone(n_actors, os.cpu_count() or 1, 0.5, 0.5, imports=FLOOR_IMPORTS)
+                    floor = time.perf_counter() - t
+                    rows.append((name, f"floor: Ray alone, {n_actors} actors importing NumPy, SciPy, scikit-learn",
+                                 floor, True))
+                    print(f"{name}, floor with {n_actors} actors: {floor:.1f} s", file=sys.stderr, flush=True)
         if args.large:
             c, env = three_nodes(args.node_cpus)
             try:
@@ -120,14 +146,19 @@ def main() -> None:
              "| sweep | how | wall s | minus in-process s | same sweep.csv as in-process |", "|---|---|---|---|---|"]
     for name, label, wall, ok in rows:
         ref = here.get(name.split(",")[0])
+        if label.startswith("floor"):
+            lines.append(f"| {name} | {label} | {wall:.1f} | - | - |")
+            continue
         lines.append(f"| {name} | {label} | {wall:.1f} | {wall - ref:+.1f} | {'yes' if ok else 'NO'} |")
     small = {label: wall for name, label, wall, _ in rows if name == "8 runs"}
+    floor = next(wall for name, label, wall, _ in rows if name == "8 runs" and label.startswith("floor"))
     extra = small[default] - small["in-process"]
     lines += ["", f"8 runs, warm actors on Ray (the default): {extra:+.1f} s against in-process (target at most "
               f"+{TARGET_EXTRA_S:g} s: {'met' if extra <= TARGET_EXTRA_S else 'not met'}); one at a time "
               f"{small[systems[2][0]] - small['in-process']:+.1f} s; fresh actors one at a "
               f"time: {small[systems[1][0]] - small['in-process']:+.1f} s; warm / fresh = "
-              f"{small[default] / small[systems[1][0]]:.2f}."]
+              f"{small[default] / small[systems[1][0]]:.2f}. The floor (Ray alone with the sweep's actors and "
+              f"their libraries) takes {floor:.1f} s, so raymvc adds {extra - floor:+.1f} s on Ray above it."]
     text = "\n".join(lines) + "\n"
     print(text)
     args.md.write_text(text)

@@ -107,9 +107,12 @@ Departures from the paper
 Hyperparameters
 ---------------
 ``γ = 0.1`` (the paper's value for every data set); ``rounds = 3`` fine-tune rounds of
-``finetune_epochs = 10``, ``pretrain_epochs = 30``, Adam ``lr = 2e-3``, ``batch_size = 128``,
+``finetune_epochs = 10``, ``pretrain_epochs = 30``, ``batch_size = 128``,
 ``hidden = (256, 256, 1024)``, ``d = 10``: chosen by the grid in ``benchmarks/feddmvc_tuning.md``
-(handwritten, labels used only to score); seeds 0-2 of the defaults: ``benchmarks/feddmvc_hw.md``.
+(handwritten, labels used only to score). Adam ``lr = 1e-3`` (the learning rate FCUIF's
+paper gives for the same autoencoders): chosen on seeds 100-102 by ``studies/feddmvc-tuning.yaml``
+(δ = 0.5: ACC 0.952 against 0.821 for the earlier 2e-3, which merged two digits on all
+three seeds), seeds the reported tables never use.
 
 Determinism: each client's initial weights come from ``ctx.rng_for("init", 0)``
 (the same whenever it first trains); shuffling, k-means and training draw from the
@@ -149,7 +152,7 @@ class Config(ProtocolConfig):
     pretrain_epochs: int = Field(default=30, ge=1, description="autoencoder epochs in the pretraining round")
     finetune_epochs: int = Field(default=10, ge=1, description="T_1, local epochs per fine-tune round")
     batch_size: int = Field(default=128, ge=2, description="rows per training step of a client's autoencoder")
-    lr: float = Field(default=2e-3, gt=0.0, description="Adam learning rate")
+    lr: float = Field(default=1e-3, gt=0.0, description="Adam learning rate")
     hidden: tuple[int, ...] = Field(default=(256, 256, 1024), min_length=1, description="encoder widths")
     latent_dim: int = Field(default=10, ge=1, description="d, embedding size per view")
     gamma: float = Field(default=0.1, ge=0.0, description="γ, weight of KL(P || Q)")

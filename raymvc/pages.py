@@ -165,14 +165,19 @@ def tuning_summary(res: StudyResult) -> str | None:
         return f"**Tuning.** The default ({default_text}) has no complete cell yet."
     ranked = sorted(range(len(scored)), key=lambda i: -scored[i][0])
     best_mean, best_std, best_point = scored[ranked[0]]
-    d = ranked.index(is_default.index(True))
-    d_mean, d_std, _ = scored[is_default.index(True)]
+    tied = sum(1 for m, _, _ in scored if m >= best_mean - 1e-12)
+    di = is_default.index(True)
+    d_mean, d_std, _ = scored[di]
+    where = (f"at {_fmt_point(best_point)}" if tied == 1 else
+             f"shared by {tied} points (their labels score the same)")
     head = (f"**Tuning** (seeds the reported tables never use). Of {len(scored)} grid points of *{run.label}*, "
-            f"the best mean {name} is {best_mean:.3f} ± {best_std:.3f} at {_fmt_point(best_point)}.")
-    if d == 0:
-        return head + f" That is the default ({default_text})."
+            f"the best mean {name} is {best_mean:.3f} ± {best_std:.3f}, {where}.")
+    if d_mean >= best_mean - 1e-12:
+        return head + (f" That is the default ({default_text})." if tied == 1 else
+                       f" The default ({default_text}) is one of them.")
+    rank = 1 + sum(1 for m, _, _ in scored if m > d_mean)
     near = "within" if best_mean - d_mean <= max(best_std, d_std) else "beyond"
-    return (head + f" The default ({default_text}) ranks {d + 1} of {len(scored)} with {d_mean:.3f} ± {d_std:.3f}, "
+    return (head + f" The default ({default_text}) ranks {rank} of {len(scored)} with {d_mean:.3f} ± {d_std:.3f}, "
             f"{best_mean - d_mean:.3f} below the best ({near} one std of either).")
 
 

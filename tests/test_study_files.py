@@ -223,11 +223,46 @@ def test_a_tuning_page_names_the_best_point_and_where_the_default_stands(tmp_pat
     write_pages(studies, tmp_path / "runs" / "studies")
     line = next(x for x in (studies / "kfed.md").read_text().splitlines() if x.startswith("**Tuning**"))
     assert f"Of 4 grid points of *k-FED*, the best mean ACC is {means[best]:.3f}" in line
-    assert f"at kmeans_init = {best[0]}, noise = {best[1]}" in line
+    tied = sum(1 for m in means.values() if m == means[best])
+    assert (f"at kmeans_init = {best[0]}, noise = {best[1]}" if tied == 1 else f"shared by {tied} points") in line
     default = ("1", "4.0")
-    if best == default:
-        assert "That is the default (kmeans_init = 1, noise = 4.0)." in line
+    if means[default] == means[best]:
+        assert ("That is the default (kmeans_init = 1, noise = 4.0)." if tied == 1 else
+                "The default (kmeans_init = 1, noise = 4.0) is one of them.") in line
     else:
         rank = 1 + sorted(means.values(), reverse=True).index(means[default])
         assert f"The default (kmeans_init = 1, noise = 4.0) ranks {rank} of 4 with {means[default]:.3f}" in line
         assert f"{means[best] - means[default]:.3f} below the best" in line
+
+
+class _FakeResult:
+    """A study's results as tuning_summary reads them: (mean, std) per grid point."""
+
+    def __init__(self, study, means):
+        self.study, self.means = study, means
+
+    def points(self):
+        return self.study.points()
+
+    def stat(self, run_id, point, metric):
+        mean, std = self.means[point["params.kmeans_init"]]
+        return mean, std, 3, 3
+
+
+@pytest.mark.parametrize("means, words", [
+    ({1: (0.90, 0.01), 5: (0.80, 0.02)}, "the best mean ACC is 0.900 ± 0.010, at kmeans_init = 1. That is the default"),
+    ({1: (0.85, 0.01), 5: (0.85, 0.01)}, "shared by 2 points (their labels score the same). The default "
+                                         "(kmeans_init = 1) is one of them."),
+    ({1: (0.80, 0.01), 5: (0.90, 0.05)}, "The default (kmeans_init = 1) ranks 2 of 2 with 0.800 ± 0.010, 0.100 "
+                                         "below the best (beyond one std of either)."),
+    ({1: (0.88, 0.01), 5: (0.90, 0.05)}, "0.020 below the best (within one std of either)."),
+])
+def test_the_tuning_line_says_where_the_default_stands(tmp_path, means, words):
+    from raymvc.pages import tuning_summary
+
+    (tmp_path / "tiny.yaml").write_text(SCENARIO)
+    (tmp_path / "s").mkdir()
+    f = tmp_path / "s" / "tune.yaml"
+    f.write_text(TUNING.replace(", data.synthetic.noise: [0.5, 4.0]", "").replace(", data.synthetic.noise: 4.0", ""))
+    line = tuning_summary(_FakeResult(load_study(f), means))
+    assert line.startswith("**Tuning**") and words in line

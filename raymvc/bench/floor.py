@@ -1,14 +1,16 @@
 """The floor under a run on Ray: Ray alone, with as many empty actors as the run has parties.
 
-``python -m raymvc.bench.floor N CPUS CLIENT_CPUS SERVER_CPUS`` imports Ray, starts an
+``python -m raymvc.bench.floor N CPUS CLIENT_CPUS SERVER_CPUS [TIMEOUT [MODULES]]`` imports Ray, starts an
 embedded instance the way raymvc does (``address="local"``, no dashboard, workers' output
 not copied to the driver as with ``raymvc run --json``, a token of this process's own),
 starts one actor asking for ``SERVER_CPUS`` (the server) and ``N - 1`` asking for
 ``CLIENT_CPUS`` (one per client actor), calls each once, prints its timings as one JSON
 line and exits the way the ``raymvc`` command does (autoscaler monitor killed first, Ray
 shut down, no module teardown). The actors import nothing of raymvc, so a run's time
-above this process's time is what raymvc itself costs. :func:`ray_alone` runs it and
-times the whole process.
+above this process's time is what raymvc itself costs. ``MODULES`` (comma-separated, e.g.
+``sklearn.cluster``) are imported by every actor as it starts: the libraries a method's
+parties need whatever runs them, for a floor that includes them. :func:`ray_alone` runs it
+and times the whole process.
 """
 
 from __future__ import annotations
@@ -23,14 +25,16 @@ from pathlib import Path
 from .timed import run_timed
 
 
-def ray_alone(n_actors: int, cpus: int, client_cpus: float, server_cpus: float, timeout_s: float = 300.0) -> dict:
+def ray_alone(n_actors: int, cpus: int, client_cpus: float, server_cpus: float, timeout_s: float = 300.0,
+              imports: tuple[str, ...] = ()) -> dict:
     """Run the floor process. Returns ``outside_s`` (interpreter start and ``import ray``,
     timed from here), ``ray_init_s``, ``startup_s`` (actors up), ``exit_s`` (after its
     line) and ``process_s``."""
     root = Path(__file__).resolve().parents[2]  # this checkout first on the path
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     run = run_timed([sys.executable, "-m", "raymvc.bench.floor", str(n_actors), str(cpus), str(client_cpus),
-                     str(server_cpus), str(timeout_s)], last_line=lambda line: True, cwd=tempfile.gettempdir(), env=env)
+                     str(server_cpus), str(timeout_s), ",".join(imports)],
+                    last_line=lambda line: True, cwd=tempfile.gettempdir(), env=env)
     r = json.loads(run.answer)
     return {"outside_s": run.answer_s - r["ray_init_s"] - r["startup_s"], "ray_init_s": r["ray_init_s"],
             "startup_s": r["startup_s"], "exit_s": run.exit_s, "process_s": run.process_s}
@@ -43,14 +47,21 @@ def main(argv: list[str]) -> None:
     import ray
 
     os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))  # nothing written to ~/.ray
-    n, cpus, client_cpus, server_cpus, timeout_s = int(argv[0]), int(argv[1]), float(argv[2]), float(argv[3]), \
-        float(argv[4])
+    n, cpus, client_cpus, server_cpus = int(argv[0]), int(argv[1]), float(argv[2]), float(argv[3])
+    timeout_s = float(argv[4]) if len(argv) > 4 else 300.0
+    modules = [m for m in (argv[5] if len(argv) > 5 else "").split(",") if m]
     t1 = time.perf_counter()
     ray.init(address="local", num_cpus=max(os.cpu_count() or 1, cpus), include_dashboard=False,
              configure_logging=False, log_to_driver=False)
     t2 = time.perf_counter()
 
     class Empty:
+        def __init__(self):
+            import importlib
+
+            for m in modules:
+                importlib.import_module(m)
+
         def ping(self) -> int:
             return 1
 

@@ -97,7 +97,7 @@ mean per entry: with a squared error for ``f`` the MLPs did not learn
 Defaults: α = 0.1 and Adam 1e-3 (the paper's) for the alignment MLPs, 60 passes over the
 trusted rows in batches of 256 (a few seconds per round), 20% of the trusted rows held out
 to score the match; FedDMVC's defaults for everything else (the autoencoders' Adam 1e-3 is
-also the paper's). Seeds 0-2: ``benchmarks/fcuif_hw.md``.
+also the paper's). Seeds 0-2 at the earlier learning rate 2e-3: ``benchmarks/fcuif_hw.md``.
 """
 
 from __future__ import annotations

@@ -649,6 +649,7 @@ def _study_args(args):
     if args.grid or args.seeds is not None or args.seed is not None or args.repeats > 1:
         raise ScenarioError(f"{studies[0]}: --grid, --seeds, --seed and --repeats come from the study file")
     study = load_study(studies[0])
+    study.check_default()  # a tuning study never runs under a default its page would misname
     args.grid = [f"{k}={json.dumps(v)}" for k, v in study.spec.grid.items()]
     args.seeds = ",".join(str(s) for s in study.seeds())
     if not args.out:

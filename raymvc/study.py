@@ -24,7 +24,7 @@ to (``Study.check`` verifies that), and the page says which point scores best th
 
       seeds: 100-102
       grid: {params.lr: [0.001, 0.002]}
-      tuning: {run: paper, default: {params.lr: 0.002}, metric: acc}
+      tuning: {run: paper, default: {params.lr: 0.001}, metric: acc}
 
 ``raymvc sweep studies/X.yaml`` runs every (run, grid point, seed), into ``runs/studies/X``
 by default; each run's scenario gets the run's ``set`` values and its ``id`` as name, so
@@ -148,8 +148,14 @@ class StudySpec(_Strict):
         for k, v in t.default.items():
             if k not in self.grid:
                 raise ValueError(f"tuning.default.{k}: not a grid key")
-            if v not in self.grid[k]:
-                raise ValueError(f"tuning.default.{k}: {v!r} is not one of the grid's values {self.grid[k]}")
+            same = [g for g in self.grid[k] if _same(g, v)]
+            if not same:
+                hint = " (YAML reads 1e-3 as text: write 0.001)" if isinstance(v, str) else ""
+                raise ValueError(f"tuning.default.{k}: {v!r} is not one of the grid's values {self.grid[k]}{hint}")
+            t.default[k] = same[0]  # the grid's own value, as the cells are named by it
+        missing = [k for k in self.grid if k not in t.default]
+        if missing:
+            raise ValueError(f"tuning.default: name the default of every grid key (missing: {', '.join(missing)})")
 
 
 class Study:
@@ -216,25 +222,29 @@ class Study:
                     load_scenario(scenario, over)
                 except ScenarioError as e:
                     raise ScenarioError(f"{self.path}: study run {run.id!r}: {e}") from None
-        if self.spec.tuning is not None:
-            self._check_default()
+        self.check_default()
         return len(self.entries()) * len(points) * len(seeds)
 
     def tuned_run(self) -> RunSpec:
         t = self.spec.tuning
         return next(r for r in self.spec.runs if t is None or t.run is None or r.id == t.run)
 
-    def _check_default(self) -> None:
-        """The default point must be the value the tuned run gets without the grid."""
+    def check_default(self) -> None:
+        """A tuning study's default point must be the value its run gets without the grid."""
         from .scenario import load_scenario
 
+        if self.spec.tuning is None:
+            return
         run = self.tuned_run()
-        sc = load_scenario(self.scenario_path(run), [*_overrides(run.set), f"seed={self.seeds()[0]}"])
+        try:
+            sc = load_scenario(self.scenario_path(run), [*_overrides(run.set), f"seed={self.seeds()[0]}"])
+            values = {key: resolved_value(sc, key) for key in self.spec.tuning.default}
+        except ScenarioError as e:
+            raise ScenarioError(f"{self.path}: study run {run.id!r}: {e}") from None
         for key, want in self.spec.tuning.default.items():
-            have = resolved_value(sc, key)
-            if not _same(have, want):
+            if not _same(values[key], want):
                 raise ScenarioError(f"{self.path}: study.tuning.default.{key}: {want!r}, but run {run.id!r} "
-                                    f"resolves it to {have!r} without the grid")
+                                    f"resolves it to {values[key]!r} without the grid")
 
     def labels(self) -> dict[str, RunSpec]:
         return {r.id: r for _, _, r in self.entries()}

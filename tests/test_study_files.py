@@ -75,10 +75,13 @@ def test_every_shipped_study_validates(path, capsys):
     # default is a point of its grid
     ("study: {paper: x, title: t, seeds: 0-2, readme: false, grid: {params.kmeans_init: [1, 5]}, "
      "tuning: {default: {params.kmeans_init: 1}}, runs: [{id: a, label: A, scenario: ../tiny.yaml}]}",
-     "study.tuning"),
+     "study.tuning: a tuning study runs on seeds >= 100"),
     ("study: {paper: x, title: t, seeds: 100-102, grid: {params.kmeans_init: [1, 5]}, "
      "tuning: {default: {params.kmeans_init: 1}}, runs: [{id: a, label: A, scenario: ../tiny.yaml}]}",
-     "study.tuning"),
+     "study.tuning: a tuning study has no rows in README's table"),
+    ("study: {paper: x, title: t, seeds: 100-102, readme: false, grid: {params.kmeans_init: [1, 5], "
+     "params.max_iter: [50, 100]}, tuning: {default: {params.kmeans_init: 1}}, "
+     "runs: [{id: a, label: A, scenario: ../tiny.yaml}]}", "study.tuning.default: name the default of every grid key"),
     ("study: {paper: x, title: t, seeds: 100-102, readme: false, grid: {params.kmeans_init: [1, 5]}, "
      "tuning: {default: {params.kmeans_init: 3}}, runs: [{id: a, label: A, scenario: ../tiny.yaml}]}",
      "study.tuning.default.params.kmeans_init"),
@@ -224,7 +227,7 @@ def test_a_tuning_page_names_the_best_point_and_where_the_default_stands(tmp_pat
     line = next(x for x in (studies / "kfed.md").read_text().splitlines() if x.startswith("**Tuning**"))
     assert f"Of 4 grid points of *k-FED*, the best mean ACC is {means[best]:.3f}" in line
     tied = sum(1 for m in means.values() if m == means[best])
-    assert (f"at kmeans_init = {best[0]}, noise = {best[1]}" if tied == 1 else f"shared by {tied} points") in line
+    assert (f"at kmeans_init = {best[0]}, noise = {best[1]}" if tied == 1 else f"shared by {tied} points (equal") in line
     default = ("1", "4.0")
     if means[default] == means[best]:
         assert ("That is the default (kmeans_init = 1, noise = 4.0)." if tied == 1 else
@@ -245,14 +248,20 @@ class _FakeResult:
         return self.study.points()
 
     def stat(self, run_id, point, metric):
-        mean, std = self.means[point["params.kmeans_init"]]
-        return mean, std, 3, 3
+        mean, std, *counts = self.means[point["params.kmeans_init"]]
+        ok, total = counts or (3, 3)
+        return (mean if ok else None), std, ok, total
 
 
 @pytest.mark.parametrize("means, words", [
     ({1: (0.90, 0.01), 5: (0.80, 0.02)}, "the best mean ACC is 0.900 ± 0.010, at kmeans_init = 1. That is the default"),
-    ({1: (0.85, 0.01), 5: (0.85, 0.01)}, "shared by 2 points (their labels score the same). The default "
-                                         "(kmeans_init = 1) is one of them."),
+    ({1: (0.85, 0.01), 5: (0.85, 0.01)}, "shared by 2 points (equal means: kmeans_init = 1; kmeans_init = 5). "
+                                         "The default (kmeans_init = 1) is one of them."),
+    # a point with a failed seed takes no part; the default with one has no verdict
+    ({1: (0.80, 0.01), 5: (0.95, 0.01, 2, 3)}, "Of 1 grid points of *k-FED* (1 of 2 left out: not every seed "
+                                               "finished), the best mean ACC is 0.800 ± 0.010, at kmeans_init = 1."),
+    ({1: (0.80, 0.01, 2, 3), 5: (0.95, 0.01)}, "The default (kmeans_init = 1) has 2 of 3 seeds finished (1 failed)"),
+    ({1: (0.80, 0.01, 1, 1), 5: (0.95, 0.01)}, "The default (kmeans_init = 1) has 1 of 3 seeds finished: no verdict"),
     ({1: (0.80, 0.01), 5: (0.90, 0.05)}, "The default (kmeans_init = 1) ranks 2 of 2 with 0.800 ± 0.010, 0.100 "
                                          "below the best (beyond one std of either)."),
     ({1: (0.88, 0.01), 5: (0.90, 0.05)}, "0.020 below the best (within one std of either)."),
@@ -265,4 +274,29 @@ def test_the_tuning_line_says_where_the_default_stands(tmp_path, means, words):
     f = tmp_path / "s" / "tune.yaml"
     f.write_text(TUNING.replace(", data.synthetic.noise: [0.5, 4.0]", "").replace(", data.synthetic.noise: 4.0", ""))
     line = tuning_summary(_FakeResult(load_study(f), means))
-    assert line.startswith("**Tuning**") and words in line
+    assert line.startswith("**Tuning") and words in line
+
+
+def test_a_tuning_default_is_matched_to_the_grid_value_and_may_name_another_run(tmp_path):
+    (tmp_path / "tiny.yaml").write_text(SCENARIO)
+    (tmp_path / "s").mkdir()
+    f = tmp_path / "s" / "tune.yaml"
+    f.write_text("""
+study:
+  paper: kfed
+  title: t
+  seeds: 100-101
+  readme: false
+  grid: {params.kmeans_init: [1, 5]}
+  tuning: {run: more, default: {params.kmeans_init: 5.0}}
+  runs:
+    - {id: paper, label: k-FED, scenario: ../tiny.yaml}
+    - {id: more, label: k-FED more, scenario: ../tiny.yaml, set: {params.kmeans_init: 5}}
+""")
+    st = load_study(f)
+    assert st.spec.tuning.default == {"params.kmeans_init": 5} and st.tuned_run().id == "more"
+    st.check()  # 'more' resolves kmeans_init to 5: the default holds
+    f.write_text(f.read_text().replace("tuning: {run: more,", "tuning: {run: paper,"))
+    with pytest.raises(ScenarioError, match="tuning.default.params.kmeans_init: 5, but run 'paper' resolves it to 1"):
+        load_study(f).check()
+    assert main(["sweep", str(f), "--quiet", "--out", str(tmp_path / "out")]) == 2  # the sweep checks it too

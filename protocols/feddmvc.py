@@ -96,8 +96,9 @@ Departures from the paper
   and the KL target carry almost no cluster information. One scalar per client, fixed
   after pretraining (``1 / std`` of its embedding entries; the decoder divides it back
   out), fixed that at the earlier learning rate 2e-3: HW δ = 0.5, seed 0, 3 rounds: ACC
-  0.823 -> 0.885. At the default 1e-3 the option no longer helps on seeds 0-4 (the
-  ``feddmvc-overlap`` and ``feddmvc-heldout`` studies).
+  0.823 -> 0.885. At the default 1e-3 it is below the paper's procedure on seeds 0-4 and
+  above it on the held-out seeds 200-204 (the ``feddmvc-overlap`` and ``feddmvc-heldout``
+  studies).
 * Losses: ``L_r`` is the mean squared error per entry and ``KL`` the mean over the
   batch's samples (the paper writes sums); with sums, ``γ = 0.1`` would weigh
   reconstruction by the number of features. Adam replaces the paper's unstated

@@ -61,12 +61,10 @@ FLOOR_IMPORTS = ("numpy", "scipy.linalg", "sklearn.cluster", "sklearn.metrics") 
 
 def actors_started(out: Path) -> int:
     """Actors a Ray sweep started, over all its runs (from each run's summary.json)."""
-    import json
+    from raymvc.results import read_summary
 
-    n = 0
-    for f in out.glob("*/summary.json"):
-        n += int(json.loads(f.read_text()).get("placement", {}).get("actors_started") or 0)
-    return n
+    return sum(int(read_summary(f.parent).get("placement", {}).get("actors_started") or 0)
+               for f in out.glob("*/summary.json"))
 
 
 def sweep(study: dict, out: Path, *flags: str, env: dict | None = None) -> tuple[float, list[dict]]:

@@ -157,28 +157,28 @@ def tuning_summary(res: StudyResult) -> str | None:
     name = NAMES[t.metric]
     n_seeds = len(st.seeds())
     default_text = _fmt_point(t.default)
-    scored, default = [], None
-    for point in res.points():
+
+    def whole(point) -> tuple[float, float] | None:
+        """(mean, std) where every seed of the point finished, else None."""
         mean, std, ok, total = res.stat(run.id, point, t.metric)
-        whole = mean is not None and ok == total == n_seeds
-        if whole:
-            scored.append((mean, std or 0.0, point))
-        if all(short_value(point.get(k)) == short_value(v) for k, v in t.default.items()):
-            default = (mean, std or 0.0, ok, total) if whole else (None, None, ok, total)
-    points = len(res.points())
-    left = f" ({points - len(scored)} of {points} left out: not every seed finished)" if len(scored) < points else ""
-    if default is None or default[0] is None:
-        ok, total = (default[2], default[3]) if default else (0, 0)
+        return (mean, std or 0.0) if mean is not None and ok == total == n_seeds else None
+
+    points = res.points()
+    scored = sorted(((*s, p) for p in points if (s := whole(p)) is not None), key=lambda x: -x[0])
+    default = whole(t.default)  # the default is a grid point (StudySpec holds it to the grid's values)
+    if default is None:
+        _, _, ok, total = res.stat(run.id, t.default, t.metric)
         return (f"**Tuning.** The default ({default_text}) has {ok} of {n_seeds} seeds finished"
                 f"{f' ({total - ok} failed)' if total > ok else ''}: no verdict.")
-    scored.sort(key=lambda x: -x[0])
+    left = f" ({len(points) - len(scored)} of {len(points)} left out: not every seed finished)" \
+        if len(scored) < len(points) else ""
     best_mean, best_std, best_point = scored[0]
     tied = [p for m, _, p in scored if m >= best_mean - 1e-12]
     where = (f"at {_fmt_point(best_point)}" if len(tied) == 1 else
              f"shared by {len(tied)} points (equal means: {'; '.join(_fmt_point(p) for p in tied)})")
     head = (f"**Tuning** (seeds the reported tables never use). Of {len(scored)} grid points of *{run.label}*"
             f"{left}, the best mean {name} is {best_mean:.3f} ± {best_std:.3f}, {where}.")
-    d_mean, d_std = default[0], default[1]
+    d_mean, d_std = default
     if d_mean >= best_mean - 1e-12:
         return head + (f" That is the default ({default_text})." if len(tied) == 1 else
                        f" The default ({default_text}) is one of them.")

@@ -83,6 +83,13 @@ class SpreadSpec(_Strict):
     label: str | None = None
 
 
+def seed_list(seeds: str | list[int]) -> list[int]:
+    """A study's ``seeds`` (``"0-4"`` or a list) as a list."""
+    from .studies import parse_seeds
+
+    return list(seeds) if isinstance(seeds, list) else parse_seeds(str(seeds))
+
+
 class TuningSpec(_Strict):
     run: str | None = None  # the run whose grid is tuned (default: the first run)
     default: dict[str, Any] = Field(min_length=1)
@@ -131,13 +138,11 @@ class StudySpec(_Strict):
         return self
 
     def _check_tuning(self, ids: list[str]) -> None:
-        from .studies import parse_seeds
-
         t = self.tuning
         if t.run is not None and t.run not in ids:
             raise ValueError(f"tuning.run: no run {t.run!r} (runs: {', '.join(ids)})")
         try:
-            seeds = list(self.seeds) if isinstance(self.seeds, list) else parse_seeds(str(self.seeds))
+            seeds = seed_list(self.seeds)
         except ScenarioError as e:
             raise ValueError(f"seeds: {e}") from None
         if not seeds or min(seeds) < TUNING_MIN_SEED:
@@ -169,10 +174,7 @@ class Study:
         return self.path.stem
 
     def seeds(self) -> list[int]:
-        from .studies import parse_seeds
-
-        s = self.spec.seeds
-        return list(s) if isinstance(s, list) else parse_seeds(str(s))
+        return seed_list(self.spec.seeds)
 
     def scenario_path(self, run: RunSpec) -> str:
         p = Path(run.scenario)

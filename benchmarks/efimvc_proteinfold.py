@@ -6,7 +6,7 @@ traffic (MB on the wire) and wall seconds per file, then the mean. PerX is the
 fraction of samples that have every view.
 
     python benchmarks/efimvc_proteinfold.py
-    python benchmarks/efimvc_proteinfold.py --data /path/to/proteinfold --set params.lambda=0.1
+    python benchmarks/efimvc_proteinfold.py --data /path/to/proteinfold --set params.beta=0.1
 
 Reference (paper, Table 2; averages over Per0.1..0.9, best of a 48-point grid per file):
 ACC 31.71, NMI 40.33, purity 37.95.

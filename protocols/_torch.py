@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import TypeVar
 
@@ -41,17 +42,36 @@ def generator(seed: int) -> torch.Generator:
 
 
 def resolve_device(name: str) -> torch.device:
-    """``cpu``, ``cuda`` (an error where there is none) or ``auto`` (CUDA where there is one).
+    """``cpu``, ``cuda`` (an error where there is none) or ``auto``.
 
-    Models are built and seeded on the CPU and then moved, shuffling and augmentation
-    draw from CPU generators, so a run's randomness does not depend on the device; the
-    arithmetic does (CUDA kernels round differently), so labels can differ between devices.
+    ``auto`` is CUDA where torch sees a device, except in a Ray actor that Ray gave no
+    GPU (``runtime.client_gpus`` / ``runtime.server_gpus`` of 0): it trains on the CPU
+    there, so actors share a GPU only as the scenario reserved it. Models are built and
+    seeded on the CPU and then moved, shuffling and augmentation draw from CPU
+    generators, so a run's randomness does not depend on the device; the arithmetic does
+    (CUDA kernels round differently), so labels can differ between devices.
     """
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        given = ray_gpu_ids()
+        return torch.device("cuda" if given is None or given else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
         raise ValueError("params.device: cuda was asked for, but torch sees no CUDA device here")
     return torch.device(name)
+
+
+def ray_gpu_ids() -> list | None:
+    """The GPU ids Ray gave the actor this code runs in; ``None`` outside a Ray actor."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return None
+    try:
+        if ray.get_runtime_context().get_actor_id() is None:
+            return None  # the driver (in-process backend) or a plain task
+        return list(ray.get_gpu_ids())
+    except Exception:  # an older Ray or a context without a worker: treat as outside Ray
+        return None
 
 
 @contextlib.contextmanager

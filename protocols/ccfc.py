@@ -174,7 +174,9 @@ class Config(ProtocolConfig):
     norm: Literal["batch", "group"] = Field(default="batch", description="normalisation in the conv backbone")
     centroid_model: Literal["local", "global"] = Field(
         default="local", description="model that embeds a client's images for its local centroids")
-    device: Literal["cpu", "cuda", "auto"] = Field(default="cpu", description="where clients train (auto: CUDA if any)")
+    device: Literal["cpu", "cuda", "auto"] = Field(
+        default="cpu", description="where clients train (auto: CUDA in process if torch sees one; in a Ray actor "
+                                   "only if Ray gave it a GPU)")
 
 
 # ---------------------------------------------------------------------------

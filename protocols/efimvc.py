@@ -88,7 +88,8 @@ most-violating adds. Columns whose Frank-Wolfe gap (a bound on the distance to t
 optimal value) is below ``qp_tol (1 + |f|)`` leave the working set. With ``λ = 1e-3``
 and ``m > d_v`` the client problems are badly conditioned (κ ≈ 1e4 on the simplex
 plane): FISTA alone needs ~1300 iterations, while with the refinement every column is
-exact after 10-40. :func:`gpi` is the generalized power iteration for ``P_v``.
+exact after 10-40 (the default ``λ = 0.1`` conditions them better). :func:`gpi` is the
+generalized power iteration for ``P_v``.
 
 Missing replies
 ---------------
@@ -108,9 +109,14 @@ the state the server holds, and a joining view adds its terms to ``J``.
 Hyperparameters
 ---------------
 One default for every data set, chosen offline and never with labels at run time:
-``m = 2k`` anchors, ``λ = 1e-3``, ``β = 0.1``, plus ``σ`` and ``embedding`` as above.
-The evidence (a grid over ``m``, ``λ`` and ``β`` on ProteinFold and on handwritten with
-half the samples missing views) is in ``benchmarks/efimvc_tuning.md``.
+``m = 2k`` anchors, ``λ = 0.1``, ``β = 1e-3``, plus ``σ`` and ``embedding`` as above.
+``m`` was chosen by a grid over ``m``, ``λ`` and ``β`` on ProteinFold and on handwritten
+with half the samples missing views (``benchmarks/efimvc_tuning.md``, seed 0). ``λ`` and
+``β`` were then checked on seeds 100-102, which no reported table uses, over the paper's
+β grid (the ``efimvc-tuning`` and ``efimvc-tuning-proteinfold`` studies): the point with
+the smallest summed ACC gap to each data set's best, among the paper's grid values, is
+``λ = 0.1``, ``β = 1e-3`` (best on HW, 0.003 below the best on ProteinFold). The earlier
+``λ = 1e-3``, ``β = 0.1`` ranked 9 of 20 and 15 of 15 there.
 
 Cost
 ----
@@ -152,8 +158,8 @@ from ._simplex_qp import simplex_qp
 class Config(ProtocolConfig):
     anchors: int = Field(default=2, ge=1, description="m = anchors * k anchors per view (ignored when m is set)")
     m: int | None = Field(default=None, ge=2, description="number of anchors; overrides anchors * k")
-    lam: float = Field(default=1e-3, gt=0.0, alias="lambda", description="λ, client weight of the guidance term")
-    beta: float = Field(default=0.1, ge=0.0, description="β, server weight of the anchor-graph regulariser")
+    lam: float = Field(default=0.1, gt=0.0, alias="lambda", description="λ, client weight of the guidance term")
+    beta: float = Field(default=1e-3, ge=0.0, description="β, server weight of the anchor-graph regulariser")
     sigma: float | None = Field(default=None, gt=0.0,
                                 description="kernel width of S_v; None = median anchor distance times sigma_scale")
     sigma_scale: float = Field(default=1.0, gt=0.0, description="σ as this times the median anchor distance "

@@ -172,7 +172,9 @@ class Config(ProtocolConfig):
     target: Literal["dec", "square"] = Field(
         default="dec", description="Eq. 13's P: DEC's target (divided by cluster frequency) or the equation as printed")
     deterministic: bool = Field(default=True, description="torch.use_deterministic_algorithms during every call")
-    device: Literal["cpu", "cuda", "auto"] = Field(default="cpu", description="where clients train (auto: CUDA if any)")
+    device: Literal["cpu", "cuda", "auto"] = Field(
+        default="cpu", description="where clients train (auto: CUDA in process if torch sees one; in a Ray actor "
+                                   "only if Ray gave it a GPU)")
 
 
 # ---------------------------------------------------------------------------

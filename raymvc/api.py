@@ -228,7 +228,7 @@ class SweepResult:
 def sweep(scenarios: str | Path | Sequence[str | Path], *, grid: Mapping[str, Sequence[Any]] | None = None,
           seeds: Sequence[int] | None = None, overrides: Sequence[str] = (), out: str | Path | None = None,
           jobs: int | None = None, backend: str | None = None, progress: bool = False,
-          fresh_actors: bool = False) -> SweepResult:
+          fresh_actors: bool = False, only: Sequence[str] | None = None) -> SweepResult:
     """Run every scenario at every grid point and seed, as ``raymvc sweep`` does (same
     folder layout; rerunning into ``out`` reuses the cells that still stand).
 
@@ -236,7 +236,8 @@ def sweep(scenarios: str | Path | Sequence[str | Path], *, grid: Mapping[str, Se
     (default: each scenario's own seed). ``jobs``: runs at once (default: one with the
     local backend, as many as the cluster holds on Ray); on Ray the actors are kept from one
     run to the next unless ``fresh_actors``. A study file (``studies/X.yaml``) brings its own
-    scenarios, grid and seeds; its folder defaults to ``runs/studies/X``.
+    scenarios, grid and seeds; its folder defaults to ``runs/studies/X``, and ``only``
+    picks some of its runs by id (as ``raymvc sweep --only``).
     """
     from .results import default_out_dir
     from .studies import run_sweep
@@ -248,11 +249,12 @@ def sweep(scenarios: str | Path | Sequence[str | Path], *, grid: Mapping[str, Se
     if out is None:  # as raymvc sweep names it
         names = [load_scenario(p, list(overrides)).name for p in paths]
         out = default_out_dir("sweep-" + "-".join(dict.fromkeys(names))[:60])
+    picked = ([only] if isinstance(only, str) else list(only)) if only else None
     args = argparse.Namespace(
         scenario=paths, set=list(overrides), grid=[f"{k}={json.dumps(list(v))}" for k, v in (grid or {}).items()],
         seeds=",".join(str(int(s)) for s in seeds) if seeds is not None else None, seed=None, repeats=1,
         jobs=None if jobs is None else int(jobs), out=str(out) if out is not None else None, address=None,
-        backend=backend, quiet=not progress, fresh_actors=fresh_actors)
+        backend=backend, quiet=not progress, fresh_actors=fresh_actors, only=picked)
     with contextlib.nullcontext() if progress else contextlib.redirect_stdout(io.StringIO()):
         code = run_sweep(args)  # prints its aggregate table: shown only with progress
     if code == 130:

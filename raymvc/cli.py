@@ -456,6 +456,8 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--fresh-actors", action="store_true",
                     help="on Ray, start new actors for every run instead of reusing the last run's")
     sw.add_argument("--out", help="sweep directory (default: runs/sweep-<names>-<time>); rerun to resume")
+    sw.add_argument("--only", action="append", metavar="RUN[,RUN]",
+                    help="a study file: sweep only these of its runs (ids, spread runs included); repeatable")
     sw.add_argument("--address", help="join this Ray cluster")
     sw.add_argument("--quiet", action="store_true", help="no progress on stderr")
     sw.set_defaults(fn=cmd_sweep)

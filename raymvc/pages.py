@@ -36,17 +36,26 @@ def _key(point: dict, text: bool = False) -> tuple:
 class StudyResult:
     """One study's sweep, grouped: ``cells[(run id, point key)] -> rows`` (one per seed)."""
 
-    def __init__(self, study: Study, sweep_dir: Path):
+    def __init__(self, study: Study, sweep_dir: Path, elsewhere: list[Path] = ()):
         self.study, self.dir = study, sweep_dir
         meta, rows, _ = read_sweep(sweep_dir)
         self.meta = meta
         self.keys = list(meta.get("grid_keys") or [])
         self.cells: dict[tuple, list[dict]] = defaultdict(list)
-        for r in rows:
-            point = {k: r.get(k, "") for k in self.keys}
-            self.cells[(r["scenario"], _key(point, text=True))].append(r)
         ids = set(study.labels())
         self.rows = [r for r in rows if r["scenario"] in ids]  # runs the study file still names
+        seen = set()
+        self.elsewhere: dict[Path, int] = {}  # other folders that gave cells, and how many
+        for d, these in [(sweep_dir, rows), *((e, read_sweep(e)[1]) for e in elsewhere)]:
+            for r in these:
+                point = {k: r.get(k, "") for k in self.keys}
+                cell = (r["scenario"], _key(point, text=True))
+                if (cell, r["seed"]) in seen:  # the main folder's cell first, then the first other one's
+                    continue
+                seen.add((cell, r["seed"]))
+                self.cells[cell].append({**r, "_dir": d})
+                if d != sweep_dir and r["scenario"] in ids:
+                    self.elsewhere[d] = self.elsewhere.get(d, 0) + 1
 
     def points(self) -> list[dict]:
         return self.study.points()
@@ -80,9 +89,9 @@ class StudyResult:
 
     def code_versions(self) -> list[str]:
         out = set()
-        for r in self.rows:
+        for r in (r for rows in self.cells.values() for r in rows if r["scenario"] in self.study.labels()):
             try:
-                s = json.loads((self.dir / r["run_dir"] / "summary.json").read_text())
+                s = json.loads((r["_dir"] / r["run_dir"] / "summary.json").read_text())
             except (OSError, ValueError, KeyError):
                 continue
             if s.get("code_version"):
@@ -117,13 +126,17 @@ def _seed_list(res: StudyResult, run_id: str, point: dict, metric: str) -> str:
 
 
 def spread_summary(res: StudyResult) -> str | None:
-    """How far each seed's result moves under the study's ``spread`` settings."""
+    """How far each seed's result moves under each of the study's ``spread`` settings."""
     st = res.study
-    sp = st.spec.spread
-    if sp is None:
+    spreads = st.spec.spreads()
+    if not spreads:
         return None
-    other = st.spread_id()
-    diffs, same_labels, n = [], 0, 0
+    return "\n\n".join(_one_spread(res, sp, other) for sp, other in zip(spreads, st.spread_ids()))
+
+
+def _one_spread(res: StudyResult, sp, other: str) -> str:
+    st = res.study
+    diffs, same_labels, n, unread = [], 0, 0, 0
     for point in res.points():
         a = {r["seed"]: r for r in res.cell(sp.run, point)}
         b = {r["seed"]: r for r in res.cell(other, point)}
@@ -133,17 +146,31 @@ def spread_summary(res: StudyResult) -> str | None:
                 continue
             n += 1
             diffs.append(abs(x - y))
-            la, lb = res.dir / a[seed]["run_dir"] / "labels.csv", res.dir / b[seed]["run_dir"] / "labels.csv"
-            try:
-                same_labels += la.read_bytes() == lb.read_bytes()
-            except OSError:
-                pass
-    if not n:
-        return f"Spread ({', '.join(f'`{k}: {v}`' for k, v in sp.set.items())}): no pair of runs finished."
+            labels = [_labels_of(r) for r in (a[seed], b[seed])]
+            if None in labels:
+                unread += 1
+            else:
+                same_labels += labels[0] == labels[1]
     setting = ", ".join(f"`{k}: {v}`" for k, v in sp.set.items())
+    where = f", as *{sp.label}*" if sp.label else ""
+    if not n:
+        return f"**Across platforms** ({setting}{where}): no pair of runs finished."
+    read = f"{same_labels} of {n - unread}" + (f" (of {n}; {unread} no longer on disk as run)" if unread else "")
     return (f"**Across platforms.** The same {n} (point, seed) cells of *{_label(st, sp.run)}* run again with "
-            f"{setting}: {same_labels} of {n} wrote the same `labels.csv`, byte for byte; ACC moved by "
+            f"{setting}{where}: {read} wrote the same `labels.csv`, byte for byte; ACC moved by "
             f"{max(diffs):.4f} at most (mean {sum(diffs) / n:.4f}).")
+
+
+def _labels_of(row: dict) -> bytes | None:
+    """A row's ``labels.csv``, or ``None`` where its folder no longer holds the run the row
+    reports (gone, or rerun since with other settings or code)."""
+    d = row["_dir"] / row["run_dir"]
+    try:
+        if json.loads((d / "summary.json").read_text()).get("fingerprint") != row.get("fingerprint"):
+            return None
+        return (d / "labels.csv").read_bytes()
+    except (OSError, ValueError):
+        return None
 
 
 def tuning_summary(res: StudyResult) -> str | None:
@@ -206,8 +233,11 @@ def study_section(res: StudyResult, fig_dir: Path | None, page_dir: Path) -> str
     seed_text = f"seeds {seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else \
         "seeds " + ", ".join(map(str, seeds))
     lines = [f"## {spec.title}", ""]
+    more = sum(res.elsewhere.values())
+    other = f" (+{more} runs swept on another machine and joined with `--also`)" if more else ""
     lines.append(f"Paper: {spec.source or 'n/a'} · study file `studies/{st.path.name}` · {seed_text} · "
-                 f"{n} runs, {total / 60:.1f} min of run time ({(total / n) if n else 0:.0f} s a run) · reproduce: "
+                 f"{n} runs, {total / 60:.1f} min of run time ({(total / n) if n else 0:.0f} s a run){other} · "
+                 "reproduce: "
                  f"`raymvc sweep studies/{st.path.name} --backend local --jobs {1 if spec.spread else 2}`")
     lines.append("")
     comment = _leading_comment(st.path)
@@ -304,7 +334,7 @@ def draw_figure(res: StudyResult, path: Path) -> Path | None:
     pos = {short_value(v): (float(v) if numeric else i) for i, v in enumerate(values)}
     metrics = [m for m in spec.metrics if m in METRIC_NAMES]
     fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4), squeeze=False)
-    runs = [r for _, _, r in res.study.entries() if r.id != res.study.spread_id()]
+    runs = [r for _, _, r in res.study.entries() if r.id not in res.study.spread_ids()]
     for ax, m in zip(axes[0], metrics):
         for r in runs:
             pts = []
@@ -378,11 +408,14 @@ Seeds: the defaults were first chosen in part on seed 0 (the grids in
 `benchmarks/*_tuning.md`). The `*-tuning` studies check each method's main defaults again
 on seeds 100-104 (100-102 where a run takes a minute or more), which no reported table
 uses, and each says whether its default is the best point there; FedDMVC's learning rate
-(FCUIF's through it) was set by one of them. Nothing was chosen on the numbers below, and
+(FCUIF's through it) and EFIMVC's λ and β were set by them. Nothing was chosen on the numbers below, and
 the `*-heldout` studies run the papers' procedures and the project's variants on seeds
 200-204, which no choice saw. Platforms: where a
 study has a `spread`, the same seeds run again with two threads per party instead of one
-(floating-point sums in another order); no CUDA machine was available for these runs.
+(floating-point sums in another order) and, where it also sets `params.device: cuda`, on
+the GPU its line names: those cells were swept on that machine (in process, five at a
+time, with that machine's torch, NumPy and scikit-learn) with `raymvc sweep --only` and
+joined to the page by `tools/study_pages.py --also`.
 Runs: in-process backend, one or two runs at a time on a 2-core machine.
 """
 
@@ -407,7 +440,7 @@ def readme_table(results: list[StudyResult]) -> str:
         points = res.points() if st.spec.readme is True else [None]
         for point in points:
             for _, _, r in st.entries():
-                if r.id == st.spread_id():
+                if r.id in st.spread_ids():
                     continue
                 if point is None:  # the mean over the grid, per seed
                     acc, nmi, mb = (res.grid_mean(r.id, m) for m in ("acc", "nmi", "mb"))
@@ -428,14 +461,20 @@ def readme_table(results: list[StudyResult]) -> str:
     return "\n".join(lines)
 
 
-def write_pages(studies_dir: Path, runs_dir: Path, readme: Path | None = None) -> list[Path]:
-    """Pages for every study file in ``studies_dir`` whose sweep folder ``runs_dir/<name>`` exists."""
+def write_pages(studies_dir: Path, runs_dir: Path, readme: Path | None = None,
+                elsewhere: list[Path] = ()) -> list[Path]:
+    """Pages for every study file in ``studies_dir`` whose sweep folder ``runs_dir/<name>`` exists.
+
+    ``elsewhere``: more folders of sweep folders, e.g. a study's CUDA spread swept on a GPU
+    machine with ``--only``; their cells join the main folder's (which wins where both hold one).
+    """
     by_paper: dict[str, list[StudyResult]] = defaultdict(list)
     for f in sorted(studies_dir.glob("*.yaml")):
         st = load_study(f)
         d = runs_dir / st.name
         if (d / "sweep.csv").is_file():
-            by_paper[st.spec.paper].append(StudyResult(st, d))
+            more = [e / st.name for e in elsewhere if (e / st.name / "sweep.csv").is_file()]
+            by_paper[st.spec.paper].append(StudyResult(st, d, more))
     written = []
     for paper, results in sorted(by_paper.items()):
         page = studies_dir / f"{paper}.md"

@@ -642,7 +642,10 @@ def _study_args(args):
     from .study import is_study_file, load_study
 
     studies = [p for p in args.scenario if is_study_file(p)]
+    only = [i.strip() for item in (getattr(args, "only", None) or []) for i in item.split(",") if i.strip()]
     if not studies:
+        if only:
+            raise ScenarioError("--only: picks runs of a study file; give one (studies/X.yaml)")
         return None, list(args.scenario)
     if len(args.scenario) > 1:
         raise ScenarioError(f"{studies[0]}: a study file is swept alone (it names its own scenarios)")
@@ -654,7 +657,32 @@ def _study_args(args):
     args.seeds = ",".join(str(s) for s in study.seeds())
     if not args.out:
         args.out = str(study.default_out())
-    return study, [(path, over) for path, over, _ in study.entries()]
+    entries = study.entries()
+    ids = [r.id for _, _, r in entries]
+    unknown = [i for i in only if i not in ids]
+    if unknown:
+        raise ScenarioError(f"{studies[0]}: --only {unknown[0]}: no such run (runs: {', '.join(ids)})")
+    if only:
+        entries = [e for e in entries if e[2].id in only]
+    cuda = [r.id for _, _, r in entries if r.id in study.spread_ids() and r.set.get("params.device") == "cuda"]
+    why = ""
+    if cuda and not _has_cuda():
+        entries = [e for e in entries if e[2].id not in cuda]
+        why = f"skipped {', '.join(cuda)} (a spread on CUDA; torch sees no CUDA device here)"
+        print(f"sweep: {why}", file=sys.stderr)  # even with --quiet: a skipped run is never silent
+    if not entries:
+        raise ScenarioError(f"{studies[0]}: nothing to run here (runs picked: {', '.join(only or ids)}"
+                            f"{'; ' + why if why else ''})")
+    args.kept_runs = set(ids) - {r.id for _, _, r in entries}  # their rows in sweep.csv stay as they are
+    return study, [(path, over) for path, over, _ in entries]
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
 
 
 def run_sweep(args) -> int:
@@ -694,7 +722,7 @@ def run_sweep(args) -> int:
         res = execute(cells, jobs=args.jobs, quiet=args.quiet, warm=not getattr(args, "fresh_actors", False))
         # what finished, whether or not a signal stopped the sweep; cells never started are left out
         started = [c for c in cells if _current(c)]
-        rows = collect(started, out)
+        rows = _kept_rows(out, getattr(args, "kept_runs", set())) + collect(started, out)
         write_csv(out / "sweep.csv", rows, ["scenario", "method", *keys, *RUN_FIELDS])
         agg = aggregate(rows, keys)
         write_csv(out / "aggregate.csv", agg, aggregate_fields(keys))
@@ -707,6 +735,15 @@ def run_sweep(args) -> int:
             print(f"sweep: stopped by a signal; {len(cells) - len(started)} runs not started "
                   "(the same command carries on)", file=sys.stderr)
     return 130 if res.interrupted else 0
+
+
+def _kept_rows(out: Path, runs: set[str]) -> list[dict]:
+    """The rows an earlier sweep of the folder wrote for a study's ``runs`` that this one
+    leaves out (``--only``, a skipped CUDA spread): a partial sweep never drops them."""
+    if not runs or not (out / "sweep.csv").is_file():
+        return []
+    with open(out / "sweep.csv", newline="") as fh:
+        return [r for r in csv.DictReader(fh) if r.get("scenario") in runs]
 
 
 def _current(cell: Cell) -> bool:

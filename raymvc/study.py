@@ -17,6 +17,7 @@ command reproduces the experiment and one script (:mod:`raymvc.pages`) writes it
       paper_results:
         - {run: paper, at: {data.missing.rate: 0.5}, acc: 0.893, nmi: 0.824}
       spread: {run: paper, set: {runtime.threads: 2}}   # the same seeds, another platform setting
+      # or several: spread: [{run: paper, set: {runtime.threads: 2}}, {run: paper, set: {params.device: cuda}}]
 
 A *tuning* study checks a default on seeds the reported tables never use: its grid holds
 the candidate values, ``tuning.default`` names the grid point the run's scenario resolves
@@ -28,8 +29,11 @@ to (``Study.check`` verifies that), and the page says which point scores best th
 
 ``raymvc sweep studies/X.yaml`` runs every (run, grid point, seed), into ``runs/studies/X``
 by default; each run's scenario gets the run's ``set`` values and its ``id`` as name, so
-its cells are told apart in ``sweep.csv``. ``spread`` adds the named run once more with
-other platform settings (thread count, device) to measure how far a seed's result moves.
+its cells are told apart in ``sweep.csv``. ``spread`` adds the named run once more for
+each of its settings (thread count, device) to measure how far a seed's result moves
+across platforms. A spread that sets ``params.device: cuda`` runs only where torch sees a
+CUDA device (elsewhere ``raymvc sweep`` skips it and says so); ``raymvc sweep --only``
+runs a subset of the runs, e.g. just that spread on a GPU machine.
 Paths in a study file are relative to that file.
 """
 
@@ -110,10 +114,15 @@ class StudySpec(_Strict):
     metrics: list[Literal["acc", "nmi", "ari", "mb"]] = Field(default_factory=lambda: ["acc", "nmi"])
     runs: list[RunSpec] = Field(min_length=1)
     paper_results: list[PaperResult] = Field(default_factory=list)
-    spread: SpreadSpec | None = None
+    spread: list[SpreadSpec] = Field(default_factory=list)  # one mapping or a list of them
     tuning: TuningSpec | None = None
     readme: bool | Literal["mean"] = True  # rows in README's table; "mean": averaged over the grid per seed
     notes: str = ""
+
+    @field_validator("spread", mode="before")
+    @classmethod
+    def _one_or_several(cls, v):
+        return [] if v is None else [v] if isinstance(v, dict) else v
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -131,11 +140,16 @@ class StudySpec(_Strict):
             for k in pr.at:
                 if k not in self.grid:
                     raise ValueError(f"paper_results.{i}.at.{k}: not a grid key")
-        if self.spread is not None and self.spread.run not in ids:
-            raise ValueError(f"spread.run: no run {self.spread.run!r} (runs: {', '.join(ids)})")
+        for i, sp in enumerate(self.spread):
+            if sp.run not in ids:
+                raise ValueError(f"spread.{i}.run: no run {sp.run!r} (runs: {', '.join(ids)})")
         if self.tuning is not None:
             self._check_tuning(ids)
         return self
+
+    def spreads(self) -> list[SpreadSpec]:
+        """The ``spread`` settings, in the file's order (a single mapping is a list of one)."""
+        return list(self.spread)
 
     def _check_tuning(self, ids: list[str]) -> None:
         t = self.tuning
@@ -180,23 +194,24 @@ class Study:
         p = Path(run.scenario)
         return str(p if p.is_absolute() else (self.path.parent / p))
 
-    def spread_id(self) -> str | None:
-        sp = self.spec.spread
-        if sp is None:
-            return None
+    def spread_ids(self) -> list[str]:
+        """The run id of each ``spread`` setting, in the file's order."""
+        return [self._spread_id(sp) for sp in self.spec.spreads()]
+
+    @staticmethod
+    def _spread_id(sp: SpreadSpec) -> str:
         tag = "-".join(f"{k.split('.')[-1]}{v}" for k, v in sp.set.items())
         return _slug_id(f"{sp.run}.{tag}")
 
     def entries(self) -> list[tuple[str, list[str], RunSpec]]:
-        """``(scenario file, overrides, run)`` per run (and the spread run), overrides as ``key=value``."""
+        """``(scenario file, overrides, run)`` per run (and spread run), overrides as ``key=value``."""
         out = []
         for r in self.spec.runs:
             out.append((self.scenario_path(r), [*_overrides(r.set), f"name={r.id}"], r))
-        sp = self.spec.spread
-        if sp is not None:
+        for sp in self.spec.spreads():
             base = next(r for r in self.spec.runs if r.id == sp.run)
             label = sp.label or f"{base.label} ({', '.join(f'{k}={v}' for k, v in sp.set.items())})"
-            spread = RunSpec(id=self.spread_id(), label=label, variant=base.variant, scenario=base.scenario,
+            spread = RunSpec(id=self._spread_id(sp), label=label, variant=base.variant, scenario=base.scenario,
                              set={**base.set, **sp.set})
             out.append((self.scenario_path(base), [*_overrides(spread.set), f"name={spread.id}"], spread))
         return out
@@ -325,7 +340,9 @@ def load_study(path: str | Path) -> Study:
         raise ScenarioError(f"{src}: study.{loc}: {msg}" if loc else f"{src}: study.{msg}") from None
     study = Study(spec, p)
     if len({r.id for _, _, r in study.entries()}) != len(study.entries()):
-        raise ScenarioError(f"{src}: study.spread: its run id {study.spread_id()!r} is taken by another run")
+        runs, sids = [r.id for r in spec.runs], study.spread_ids()
+        i, taken = next((i, s) for i, s in enumerate(sids) if s in runs or s in sids[:i])
+        raise ScenarioError(f"{src}: study.spread.{i}: its run id {taken!r} is taken by another run or spread")
     for i, r in enumerate(spec.runs):
         if not Path(study.scenario_path(r)).is_file():
             raise ScenarioError(f"{src}: study.runs.{i}.scenario: {r.scenario} not found (paths are relative "

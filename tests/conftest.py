@@ -17,7 +17,9 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """A local Ray instance (pinned logical CPUs, no dashboard), shared by all tests.
+    """A local Ray instance (pinned logical CPUs, two logical GPUs, no dashboard), shared by
+    all tests. The GPUs are Ray's bookkeeping only: actors that ask for one get an id,
+    whether or not the machine has a GPU behind it.
 
     It authenticates with a token held in the environment only and keeps its session
     files in a temporary folder removed afterwards, so the tests leave no token in
@@ -28,7 +30,7 @@ def ray_session():
     os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
     tmp = tempfile.mkdtemp(prefix="rmvc-", dir="/tmp")  # short: Ray's socket paths live here
     if not ray.is_initialized():
-        ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False, configure_logging=False,
+        ray.init(address="local", num_cpus=8, num_gpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
                  _temp_dir=tmp)
     yield ray
     ray.shutdown()

@@ -475,3 +475,16 @@ def test_salvage_writes_the_rounds_the_driver_never_received():
     w = Writer()
     end = run.salvage("interrupted", "interrupted (SIGINT)", w)
     assert w.rounds == [4, 5] and end.status == "interrupted"
+
+
+def test_ray_records_the_gpus_it_gave_each_actor(ray_session, tmp_path):
+    echo = _echo(tmp_path, rounds=1, floats=10, n_clients=4, runtime="client_cpus: 0.25, clients_per_actor: 2")
+    runs = {g: run_scenario(load_scenario(echo, ["runtime.backend=ray", f"runtime.client_gpus={g}"]), tmp_path / str(g),
+                            progress=lambda line: None) for g in (0, 0.5)}
+    assert runs[0.5]["status"] == runs[0]["status"] == "completed"
+    with_gpu = runs[0.5]["placement"]["gpu_ids"]
+    assert with_gpu["server"] == [] and sorted(with_gpu["clients"]) == [0, 1, 2, 3]
+    assert all(len(ids) == 1 for ids in with_gpu["clients"].values())  # a share of one GPU per actor
+    assert runs[0]["placement"]["gpu_ids"] == {"server": [], "clients": {c: [] for c in range(4)}}
+    local = run_scenario(load_scenario(echo, ["runtime.backend=local"]), tmp_path / "local", progress=lambda line: None)
+    assert local["placement"]["gpu_ids"] is None

@@ -68,7 +68,16 @@ def test_every_shipped_study_validates(path, capsys):
     ("study: {paper: x, title: t, runs: [{id: a, label: A, scenario: nowhere.yaml}]}", "study.runs.0.scenario"),
     ("study: {paper: x, title: t, runs: [{id: 'a b', label: A, scenario: ../tiny.yaml}]}", "study.runs.0.id"),
     ("study: {paper: x, title: t, runs: [{id: a, label: A, scenario: ../tiny.yaml}], spread: {run: b, set: {}}}",
-     "study.spread.run"),
+     "study.spread.0.run"),
+    ("study: {paper: x, title: t, runs: [{id: a, label: A, scenario: ../tiny.yaml}], "
+     "spread: [{run: a, set: {runtime.threads: 2}}, {run: b, set: {}}]}", "study.spread.1.run"),
+    ("study: {paper: x, title: t, runs: [{id: a, label: A, scenario: ../tiny.yaml}], "
+     "spread: [{run: a, set: {runtime.threads: 2}}, {run: a, set: {runtime.threads: 2}}]}",
+     "study.spread.1: its run id 'a.threads2' is taken"),
+    ("study: {paper: x, title: t, runs: [{id: a, label: A, scenario: ../tiny.yaml}], "
+     "spread: [{run: a, set: {runtime.threads: 2}, lable: x}]}", "study.spread.0.lable"),
+    ("study: {paper: x, title: t, runs: [{id: a, label: A, scenario: ../tiny.yaml}], spread: {run: a}}",
+     "study.spread.0.set"),
     ("study: {paper: x, title: t, grid: {seed: [1]}, runs: [{id: a, label: A, scenario: ../tiny.yaml}], "
      "paper_results: [{at: {params.k: 1}, acc: 0.5}]}", "paper_results.0.at"),
     # a tuning study never runs on the reported seeds, never fills README's table, and its
@@ -300,3 +309,65 @@ study:
     with pytest.raises(ScenarioError, match="tuning.default.params.kmeans_init: 5, but run 'paper' resolves it to 1"):
         load_study(f).check()
     assert main(["sweep", str(f), "--quiet", "--out", str(tmp_path / "out")]) == 2  # the sweep checks it too
+
+
+TWO_SPREADS = STUDY.replace("  spread: {run: paper, set: {runtime.threads: 2}}\n",
+                            "  spread:\n    - {run: paper, set: {runtime.threads: 2}}\n"
+                            "    - {run: paper, set: {params.device: cuda}, label: on a GPU}\n")
+
+
+def test_spreads_swept_apart_join_one_page(tmp_path, monkeypatch, capsys):
+    """Two spreads; the CUDA one is skipped where torch sees none, --only sweeps a subset (as
+    on another machine), and the page takes cells from both folders."""
+    import raymvc.studies as studies_mod
+
+    monkeypatch.setattr(studies_mod, "_has_cuda", lambda: False)
+    (tmp_path / "tiny.yaml").write_text(SCENARIO)
+    studies = tmp_path / "studies"
+    studies.mkdir()
+    (studies / "tiny-study.yaml").write_text(TWO_SPREADS)
+    assert load_study(studies / "tiny-study.yaml").spread_ids() == ["paper.threads2", "paper.devicecuda"]
+    monkeypatch.chdir(tmp_path)
+    main_dir, other = tmp_path / "main" / "tiny-study", tmp_path / "other" / "tiny-study"
+    assert main(["sweep", "studies/tiny-study.yaml", "--only", "paper,ours", "--out", str(main_dir)]) == 0
+    assert {r["scenario"] for r in _csv(main_dir / "sweep.csv")} == {"paper", "ours"}
+    capsys.readouterr()
+    assert main(["sweep", "studies/tiny-study.yaml", "--only", "paper.threads2", "--only", "paper.devicecuda",
+                 "--out", str(other)]) == 0
+    assert "skipped paper.devicecuda (a spread on CUDA; torch sees no CUDA device here)" in capsys.readouterr().err
+    assert {r["scenario"] for r in _csv(other / "sweep.csv")} == {"paper.threads2"}
+    import raymvc
+
+    assert {r["scenario"] for r in raymvc.sweep("studies/tiny-study.yaml", out=other, only=["paper.threads2"]).runs} \
+        == {"paper.threads2"}  # the library's sweep picks runs too (here: every cell reused)
+    page_alone = paper_page_text(studies, tmp_path / "main", [])
+    assert "no pair of runs finished" in page_alone and "run again with `runtime.threads: 2`" not in page_alone
+    page = paper_page_text(studies, tmp_path / "main", [tmp_path / "other"])
+    assert "run again with `runtime.threads: 2`: 6 of 6 wrote the same `labels.csv`" in page
+    assert "**Across platforms** (`params.device: cuda`, as *on a GPU*): no pair of runs finished." in page
+    assert "(+6 runs swept on another machine and joined with `--also`)" in page
+    # a run folder rerun since (another fingerprint) is not compared as if it were the row's run
+    victim = next(r for r in _csv(other / "sweep.csv"))
+    summary = other / victim["run_dir"] / "summary.json"
+    summary.write_text(summary.read_text().replace(victim["fingerprint"], "0" * 24))
+    page = paper_page_text(studies, tmp_path / "main", [tmp_path / "other"])
+    assert "5 of 5 (of 6; 1 no longer on disk as run) wrote the same `labels.csv`" in page
+    # a partial sweep into the study's folder keeps the rows of the runs it leaves out
+    capsys.readouterr()
+    assert main(["sweep", "studies/tiny-study.yaml", "--only", "ours", "--out", str(main_dir), "--quiet"]) == 0
+    assert {r["scenario"] for r in _csv(main_dir / "sweep.csv")} == {"paper", "ours"}
+    assert main(["sweep", "studies/tiny-study.yaml", "--quiet", "--out", str(main_dir)]) == 0
+    assert {r["scenario"] for r in _csv(main_dir / "sweep.csv")} == {"paper", "ours", "paper.threads2"}
+    assert "skipped paper.devicecuda" in capsys.readouterr().err  # said even with --quiet
+    for bad, words in ((["--only", "nope"], "--only nope: no such run (runs: paper, ours, paper.threads2"),
+                       (["--only", "paper.devicecuda"], "nothing to run here (runs picked: paper.devicecuda; "
+                                                         "skipped paper.devicecuda (a spread on CUDA")):
+        assert main(["sweep", "studies/tiny-study.yaml", *bad, "--out", str(tmp_path / "x")]) == 2
+        assert words in capsys.readouterr().err
+    assert main(["sweep", "tiny.yaml", "--only", "paper"]) == 2
+    assert "--only: picks runs of a study file" in capsys.readouterr().err
+
+
+def paper_page_text(studies, runs, elsewhere):
+    write_pages(studies, runs, None, elsewhere)
+    return (studies / "kfed.md").read_text()

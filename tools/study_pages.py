@@ -2,6 +2,7 @@
 
     python tools/study_pages.py                      # sweep folders under runs/studies/
     python tools/study_pages.py --runs /data/studies # or elsewhere
+    python tools/study_pages.py --runs /data/studies --also /data/gpu-studies  # cells from another machine
 
 Run each study first: ``raymvc sweep studies/<name>.yaml --backend local --jobs 2``.
 """
@@ -22,9 +23,12 @@ def main(argv=None) -> int:
     ap.add_argument("--studies", default=str(ROOT / "studies"), help="folder of study files (default: studies/)")
     ap.add_argument("--runs", default=str(ROOT / "runs" / "studies"),
                     help="folder holding one sweep folder per study, named after it (default: runs/studies/)")
+    ap.add_argument("--also", action="append", default=[], metavar="DIR",
+                    help="another folder of sweep folders whose cells join the main ones (e.g. a study's "
+                         "CUDA spread swept on a GPU machine with --only); repeatable")
     ap.add_argument("--readme", default=str(ROOT / "README.md"), help="README whose results table to rewrite")
     args = ap.parse_args(argv)
-    for p in write_pages(Path(args.studies), Path(args.runs), Path(args.readme)):
+    for p in write_pages(Path(args.studies), Path(args.runs), Path(args.readme), [Path(a) for a in args.also]):
         print(p)
     return 0
 

@@ -499,7 +499,8 @@ def _write_files(sc, ds, part, end: RunEnd, timing: dict, ray_init_s: float, wal
                             "nodes": sorted(set(clients.values())), "server_node": where.get("server"),
                             "client_node": clients, "shared_bodies": end.shared_bodies,
                             "reused_actors": bool(timing.get("reused_actors")),
-                            "actors_started": int(timing.get("actors_started") or 0)}
+                            "actors_started": int(timing.get("actors_started") or 0),
+                            "gpu_ids": where.get("gpu_ids")}
     writer.summary(summary)
     return summary
 

@@ -299,10 +299,11 @@ class ClientPool:
     def restore(self, cid: int, data: bytes) -> None:
         self.nodes[cid].restore(data)
 
-    def node_id(self) -> str:
+    def where(self) -> tuple[str, list]:
+        """``(Ray node id, GPU ids Ray gave this actor)``."""
         import ray
 
-        return ray.get_runtime_context().get_node_id()
+        return ray.get_runtime_context().get_node_id(), [str(g) for g in ray.get_gpu_ids()]
 
 
 # ---------------------------------------------------------------------------
@@ -440,13 +441,18 @@ class ServerNode:
                 self.transport.call(cid, "restore", data)
 
     def placement(self) -> dict[str, object]:
-        """Where the server and each client run (Ray node ids, or ``local``)."""
-        server = "local"
+        """Where the server and each client run (Ray node ids, or ``local``) and, on Ray,
+        the GPU ids Ray gave the server's and each client's actor."""
+        server, gpus = "local", None
         if not isinstance(self.transport, LocalTransport):
             import ray
 
             server = ray.get_runtime_context().get_node_id()
-        return {"server": server, "clients": self.transport.placement()}
+            gpus = {"server": [str(g) for g in ray.get_gpu_ids()], "clients": {}}
+        clients = self.transport.placement()
+        if gpus is not None:
+            gpus["clients"] = getattr(self.transport, "gpu_ids", {})
+        return {"server": server, "clients": clients, "gpu_ids": gpus}
 
     def begin(self) -> None:
         pin_threads(self.threads)

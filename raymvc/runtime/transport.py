@@ -252,18 +252,21 @@ class RayTransport:
             self.pools.handles[pid].kill.remote(cid)
 
     def placement(self) -> dict[int, str]:
-        """Node id of every client's actor; ``unreachable`` for an actor that did not answer."""
+        """Node id of every client's actor (``unreachable`` for an actor that did not answer);
+        the GPU ids Ray gave each client's actor are kept in ``gpu_ids`` (``None`` where unknown)."""
         ray = self.ray
-        refs = {pid: h.node_id.remote() for pid, h in self.pools.handles.items()}
+        refs = {pid: h.where.remote() for pid, h in self.pools.handles.items()}
         ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=min(self.timeout_s, 60.0))
         ready = set(ready)
         by_pool = {}
         for pid, ref in refs.items():
             try:
-                by_pool[pid] = ray.get(ref) if ref in ready else "unreachable"
+                by_pool[pid] = ray.get(ref) if ref in ready else ("unreachable", None)
             except Exception:
-                by_pool[pid] = "unreachable"
-        return {cid: by_pool[pid] for cid, pid in sorted(self.pools.owner.items())}
+                by_pool[pid] = ("unreachable", None)
+        owners = sorted(self.pools.owner.items())
+        self.gpu_ids = {cid: by_pool[pid][1] for cid, pid in owners}
+        return {cid: by_pool[pid][0] for cid, pid in owners}
 
 
 def make_transport(clients, timeout_s: float):

@@ -17,7 +17,7 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from .results import short_value
+from .results import ResultsError, read_summary, short_value
 from .studies import _mean_std, _num, read_sweep, short_key
 from .study import METRIC_NAMES, Study, load_study
 
@@ -166,10 +166,10 @@ def _labels_of(row: dict) -> bytes | None:
     reports (gone, or rerun since with other settings or code)."""
     d = row["_dir"] / row["run_dir"]
     try:
-        if json.loads((d / "summary.json").read_text()).get("fingerprint") != row.get("fingerprint"):
+        if read_summary(d).get("fingerprint") != row.get("fingerprint"):
             return None
         return (d / "labels.csv").read_bytes()
-    except (OSError, ValueError):
+    except (OSError, ResultsError):
         return None
 
 

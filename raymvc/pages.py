@@ -1,8 +1,9 @@
 """Study pages: ``studies/<paper>.md`` written from the sweep folders of its study files.
 
 ``python tools/study_pages.py`` (or :func:`write_pages`) reads, for every
-``studies/*.yaml``, the folder ``raymvc sweep`` wrote for it, and writes one page per
-paper: per study a table of mean ± std over the seeds (only ``completed``/``degraded``
+``studies/*.yaml``, the folder ``raymvc sweep`` wrote for it (or, without one, the cell
+record ``studies/results/<study>.csv`` written the last time there was one), and writes
+one page per paper: per study a table of mean ± std over the seeds (only ``completed``/``degraded``
 runs enter a mean; the others are counted), the paper's numbers beside each run, every
 seed's value (so a bimodal spread shows), how far a seed moves under the study's
 ``spread`` setting, the wall time, and a figure when the study has a numeric grid. It
@@ -12,7 +13,8 @@ regenerate them after a sweep.
 
 from __future__ import annotations
 
-import json
+import csv
+import hashlib
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -33,29 +35,64 @@ def _key(point: dict, text: bool = False) -> tuple:
     return tuple((k, v if text else short_value(v)) for k, v in sorted(point.items()))
 
 
-class StudyResult:
-    """One study's sweep, grouped: ``cells[(run id, point key)] -> rows`` (one per seed)."""
+RECORD_DIR = "results"  # studies/results/<study>.csv: the cells a page was written from
+RECORD_EXTRA = ("code_version", "labels_sha256", "joined")
 
-    def __init__(self, study: Study, sweep_dir: Path, elsewhere: list[Path] = ()):
-        self.study, self.dir = study, sweep_dir
-        meta, rows, _ = read_sweep(sweep_dir)
-        self.meta = meta
-        self.keys = list(meta.get("grid_keys") or [])
+
+class StudyResult:
+    """One study's cells, grouped: ``cells[(run id, point key)] -> rows`` (one per seed).
+
+    Built from a sweep folder (:meth:`from_sweep`) or from the study's cell record
+    (:meth:`from_record`), the CSV that :func:`write_pages` keeps beside the pages: every
+    cell's sweep.csv row plus its run's code version, a SHA-256 of its ``labels.csv`` and
+    whether it was joined from another machine's folder. A page written from either is the
+    same page, so pages can be regenerated after the run folders are gone.
+    """
+
+    def __init__(self, study: Study, rows: list[dict], keys: list[str]):
+        self.study, self.keys = study, list(keys)
         self.cells: dict[tuple, list[dict]] = defaultdict(list)
+        self.rows: list[dict] = []  # every cell's row, the main folder's first
+        self.joined = 0  # cells joined from other machines' folders
         ids = set(study.labels())
-        self.rows = [r for r in rows if r["scenario"] in ids]  # runs the study file still names
         seen = set()
-        self.elsewhere: dict[Path, int] = {}  # other folders that gave cells, and how many
-        for d, these in [(sweep_dir, rows), *((e, read_sweep(e)[1]) for e in elsewhere)]:
-            for r in these:
-                point = {k: r.get(k, "") for k in self.keys}
-                cell = (r["scenario"], _key(point, text=True))
-                if (cell, r["seed"]) in seen:  # the main folder's cell first, then the first other one's
-                    continue
-                seen.add((cell, r["seed"]))
-                self.cells[cell].append({**r, "_dir": d})
-                if d != sweep_dir and r["scenario"] in ids:
-                    self.elsewhere[d] = self.elsewhere.get(d, 0) + 1
+        for r in rows:
+            if r["scenario"] not in ids:  # a run the study file no longer names
+                continue
+            point = {k: r.get(k, "") for k in self.keys}
+            cell = (r["scenario"], _key(point, text=True))
+            if (cell, r["seed"]) in seen:  # the main folder's cell first, then the first other one's
+                continue
+            seen.add((cell, r["seed"]))
+            self.cells[cell].append(r)
+            self.rows.append(r)
+            self.joined += bool(r.get("joined"))
+
+    @classmethod
+    def from_sweep(cls, study: Study, sweep_dir: Path, elsewhere: list[Path] = ()) -> StudyResult:
+        meta, rows, _ = read_sweep(sweep_dir)
+        ids = set(study.labels())
+        out = []
+        for d, these, joined in [(sweep_dir, rows, ""), *((e, read_sweep(e)[1], "1") for e in elsewhere)]:
+            out += [{**r, **_run_facts(d, r), "joined": joined} for r in these if r["scenario"] in ids]
+        return cls(study, out, list(meta.get("grid_keys") or study.spec.grid))
+
+    @classmethod
+    def from_record(cls, study: Study, path: Path) -> StudyResult:
+        with open(path, newline="") as fh:
+            return cls(study, list(csv.DictReader(fh)), list(study.spec.grid))
+
+    def write_record(self, path: Path) -> Path:
+        fields: dict[str, None] = {}
+        for r in self.rows:
+            fields.update(dict.fromkeys(k for k in r if k not in RECORD_EXTRA))
+        fields.update(dict.fromkeys(RECORD_EXTRA))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=list(fields), restval="", lineterminator="\n")
+            w.writeheader()
+            w.writerows(self.rows)
+        return path
 
     def points(self) -> list[dict]:
         return self.study.points()
@@ -84,19 +121,29 @@ class StudyResult:
         return mean, std, len(full), len(self.study.seeds())
 
     def wall(self) -> tuple[float, int]:
-        walls = [x for r in self.rows if (x := _num(r.get("wall"))) is not None]
+        """Summed run time of the cells swept here (not those joined from elsewhere), and their count."""
+        walls = [x for r in self.rows if not r.get("joined") and (x := _num(r.get("wall"))) is not None]
         return sum(walls), len(walls)
 
     def code_versions(self) -> list[str]:
-        out = set()
-        for r in (r for rows in self.cells.values() for r in rows if r["scenario"] in self.study.labels()):
-            try:
-                s = json.loads((r["_dir"] / r["run_dir"] / "summary.json").read_text())
-            except (OSError, ValueError, KeyError):
-                continue
-            if s.get("code_version"):
-                out.add(s["code_version"])
-        return sorted(out)
+        return sorted({r["code_version"] for r in self.rows if r.get("code_version")})
+
+
+def _run_facts(sweep_dir: Path, row: dict) -> dict:
+    """A row's run as its folder holds it: the code version, and a SHA-256 of ``labels.csv``
+    only where the folder still holds the run the row reports (same fingerprint)."""
+    d = sweep_dir / row["run_dir"]
+    try:
+        s = read_summary(d)
+    except (OSError, ResultsError):
+        return {"code_version": "", "labels_sha256": ""}
+    digest = ""
+    if s.get("fingerprint") == row.get("fingerprint"):
+        try:
+            digest = hashlib.sha256((d / "labels.csv").read_bytes()).hexdigest()
+        except OSError:
+            pass
+    return {"code_version": s.get("code_version") or "", "labels_sha256": digest}
 
 
 def _pm(mean, std, digits) -> str:
@@ -146,8 +193,8 @@ def _one_spread(res: StudyResult, sp, other: str) -> str:
                 continue
             n += 1
             diffs.append(abs(x - y))
-            labels = [_labels_of(r) for r in (a[seed], b[seed])]
-            if None in labels:
+            labels = [r.get("labels_sha256") for r in (a[seed], b[seed])]
+            if not all(labels):
                 unread += 1
             else:
                 same_labels += labels[0] == labels[1]
@@ -159,18 +206,6 @@ def _one_spread(res: StudyResult, sp, other: str) -> str:
     return (f"**Across platforms.** The same {n} (point, seed) cells of *{_label(st, sp.run)}* run again with "
             f"{setting}{where}: {read} wrote the same `labels.csv`, byte for byte; ACC moved by "
             f"{max(diffs):.4f} at most (mean {sum(diffs) / n:.4f}).")
-
-
-def _labels_of(row: dict) -> bytes | None:
-    """A row's ``labels.csv``, or ``None`` where its folder no longer holds the run the row
-    reports (gone, or rerun since with other settings or code)."""
-    d = row["_dir"] / row["run_dir"]
-    try:
-        if read_summary(d).get("fingerprint") != row.get("fingerprint"):
-            return None
-        return (d / "labels.csv").read_bytes()
-    except (OSError, ResultsError):
-        return None
 
 
 def tuning_summary(res: StudyResult) -> str | None:
@@ -233,7 +268,7 @@ def study_section(res: StudyResult, fig_dir: Path | None, page_dir: Path) -> str
     seed_text = f"seeds {seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else \
         "seeds " + ", ".join(map(str, seeds))
     lines = [f"## {spec.title}", ""]
-    more = sum(res.elsewhere.values())
+    more = res.joined
     other = f" (+{more} runs swept on another machine and joined with `--also`)" if more else ""
     lines.append(f"Paper: {spec.source or 'n/a'} · study file `studies/{st.path.name}` · {seed_text} · "
                  f"{n} runs, {total / 60:.1f} min of run time ({(total / n) if n else 0:.0f} s a run){other} · "
@@ -394,7 +429,9 @@ PAPER_NAMES = {
 
 PAGE_INTRO = """\
 Generated by `python tools/study_pages.py` from the sweep folders that
-`raymvc sweep studies/<study>.yaml` writes; never edited by hand. Every number is a mean ±
+`raymvc sweep studies/<study>.yaml` writes, or from the cell record it keeps of each
+(`studies/results/<study>.csv`: every cell's metrics, code version and a SHA-256 of its
+labels); never edited by hand. Every number is a mean ±
 sample std over seeds 0-4 (the seeds a study's header names where they differ: 0-2 for
 the time its runs take on two cores, 100-102 or 100-104 for tuning, 200-204 for the
 held-out checks), of the runs that
@@ -420,20 +457,43 @@ Runs: in-process backend, one or two runs at a time on a 2-core machine.
 """
 
 
-def paper_page(paper: str, results: list[StudyResult], out_dir: Path) -> str:
-    parts = [f"# {PAPER_NAMES.get(paper, paper)}: studies", "", PAGE_INTRO]
-    for res in results:
-        parts.append(study_section(res, out_dir / "figures", out_dir))
+def paper_page(paper: str, sections: list[str]) -> str:
+    parts = [f"# {PAPER_NAMES.get(paper, paper)}: studies", "", PAGE_INTRO, *sections]
     return "\n".join(parts).rstrip() + "\n"
 
 
-def readme_table(results: list[StudyResult]) -> str:
-    """One row per study and run at the study's first grid point (or its only one): mean ± std."""
+def _old_sections(page: Path) -> dict[str, str]:
+    """An existing page's study sections by title (each as :func:`study_section` ends it)."""
+    try:
+        text = page.read_text()
+    except OSError:
+        return {}
+    out = {}
+    for chunk in text.split("\n## ")[1:]:
+        out[chunk.split("\n", 1)[0].strip()] = "## " + chunk.rstrip("\n") + "\n"
+    return out
+
+
+def _old_readme_rows(text: str) -> dict[str, list[str]]:
+    """README results table rows by study name (``| [name](studies/...``)."""
+    out: dict[str, list[str]] = defaultdict(list)
+    for line in text.splitlines():
+        m = re.match(r"\| \[([^\]]+)\]\(studies/", line)
+        if m:
+            out[m.group(1)].append(line)
+    return out
+
+
+def readme_table(entries: list[tuple[Study, StudyResult | None]], kept: dict[str, list[str]] | None = None) -> str:
+    """One row per study and run at the study's first grid point (or its only one): mean ± std.
+    A study with no cells to read (``None``) keeps its rows from ``kept``."""
     lines = ["| study | run | variant | at | ACC | NMI | MB | paper ACC | paper NMI | paper MB | seeds |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for res in results:
-        st = res.study
+    for st, res in entries:
         if not st.spec.readme:
+            continue
+        if res is None:
+            lines += (kept or {}).get(st.name, [])
             continue
         page = f"studies/{st.spec.paper}.md"
         anchor = re.sub(r"[^\w\- ]", "", st.spec.title.lower()).replace(" ", "-")  # as GitHub makes heading ids
@@ -462,30 +522,51 @@ def readme_table(results: list[StudyResult]) -> str:
 
 
 def write_pages(studies_dir: Path, runs_dir: Path, readme: Path | None = None,
-                elsewhere: list[Path] = ()) -> list[Path]:
-    """Pages for every study file in ``studies_dir`` whose sweep folder ``runs_dir/<name>`` exists.
+                elsewhere: list[Path] = (), log=None) -> list[Path]:
+    """Pages for the study files in ``studies_dir``, from each study's sweep folder
+    ``runs_dir/<name>`` where it exists (then also its cell record
+    ``studies_dir/results/<name>.csv`` is rewritten), else from that record.
 
     ``elsewhere``: more folders of sweep folders, e.g. a study's CUDA spread swept on a GPU
     machine with ``--only``; their cells join the main folder's (which wins where both hold one).
+    A study with neither folder nor record keeps its section of the existing page and its
+    README rows as they are (``log`` is told which); a page none of whose studies has cells
+    is left alone.
     """
-    by_paper: dict[str, list[StudyResult]] = defaultdict(list)
+    say = log or (lambda msg: None)
+    by_paper: dict[str, list[tuple[Study, StudyResult | None]]] = defaultdict(list)
+    written = []
     for f in sorted(studies_dir.glob("*.yaml")):
         st = load_study(f)
-        d = runs_dir / st.name
+        d, record = runs_dir / st.name, studies_dir / RECORD_DIR / f"{st.name}.csv"
+        res = None
         if (d / "sweep.csv").is_file():
             more = [e / st.name for e in elsewhere if (e / st.name / "sweep.csv").is_file()]
-            by_paper[st.spec.paper].append(StudyResult(st, d, more))
-    written = []
-    for paper, results in sorted(by_paper.items()):
+            res = StudyResult.from_sweep(st, d, more)
+            written.append(res.write_record(record))
+        elif record.is_file():
+            res = StudyResult.from_record(st, record)
+        by_paper[st.spec.paper].append((st, res))
+    for paper, entries in sorted(by_paper.items()):
+        if all(res is None for _, res in entries):
+            continue
         page = studies_dir / f"{paper}.md"
-        page.write_text(paper_page(paper, results, studies_dir))
+        old = _old_sections(page)
+        sections = []
+        for st, res in entries:
+            if res is not None:
+                sections.append(study_section(res, studies_dir / "figures", studies_dir))
+            elif st.spec.title in old:
+                sections.append(old[st.spec.title])
+                say(f"{page}: kept the section of {st.name} as it was (no sweep folder or cell record)")
+        page.write_text(paper_page(paper, sections))
         written.append(page)
     if readme is not None and readme.is_file():
         text = readme.read_text()
         if README_BEGIN in text and README_END in text:
-            table = readme_table([r for p in sorted(by_paper) for r in by_paper[p]])
             head, rest = text.split(README_BEGIN, 1)
-            _, tail = rest.split(README_END, 1)
+            old_table, tail = rest.split(README_END, 1)
+            table = readme_table([e for p in sorted(by_paper) for e in by_paper[p]], _old_readme_rows(old_table))
             readme.write_text(head + README_BEGIN + "\n" + table + "\n" + README_END + tail)
             written.append(readme)
     return written

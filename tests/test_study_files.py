@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import shutil
 import statistics
 from pathlib import Path
 
@@ -161,6 +162,27 @@ def test_a_tiny_study_runs_resumes_and_gets_its_page(tmp_path, monkeypatch, caps
     assert "run again with `runtime.threads: 2`: 6 of 6 wrote the same `labels.csv`" in page
     text = readme.read_text()
     assert "old table" not in text and text.endswith("after\n") and "[tiny-study](studies/kfed.md#" in text
+
+    # the cell record the page was written from regenerates the same page once the run folders are gone
+    record = _csv(studies / "results" / "tiny-study.csv")
+    assert len(record) == len(rows) and all(len(r["labels_sha256"]) == 64 and r["code_version"] for r in record)
+    shutil.rmtree(out)
+    (studies / "kfed.md").write_text("stale")
+    write_pages(studies, tmp_path / "runs" / "studies", readme)
+    assert (studies / "kfed.md").read_text() == page and readme.read_text() == text
+    # a study with neither folder nor record keeps its section and README rows as they were
+    (studies / "results" / "tiny-study.csv").unlink()
+    (studies / "other.yaml").write_text("study: {paper: kfed, title: Another look, seeds: 0-1, runs: "
+                                        "[{id: paper, label: k-FED, scenario: ../tiny.yaml}]}\n")
+    assert main(["sweep", "studies/other.yaml", "--quiet"]) == 0
+    told = []
+    write_pages(studies, tmp_path / "runs" / "studies", readme, log=told.append)
+    both = (studies / "kfed.md").read_text()
+    assert page.split("\n## ", 1)[1] in both and "## Another " in both
+    assert told == [f"{studies / 'kfed.md'}: kept the section of tiny-study as it was (no sweep folder or cell record)"]
+    table = readme.read_text()
+    assert all(line in table for line in text.splitlines() if line.startswith("| [tiny-study]"))
+    assert "| [other](studies/kfed.md#another-look) | k-FED |" in table
 
 
 def test_readme_mean_averages_each_seed_over_the_grid_first(tmp_path, monkeypatch):

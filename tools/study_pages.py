@@ -1,5 +1,9 @@
 """Write studies/<paper>.md (and README's results table) from the studies' sweep folders.
 
+A study whose sweep folder is here also gets its cell record rewritten
+(studies/results/<study>.csv: each cell's metrics, code version and a hash of its labels);
+a study without one is written from that record, so pages regenerate without run folders.
+
     python tools/study_pages.py                      # sweep folders under runs/studies/
     python tools/study_pages.py --runs /data/studies # or elsewhere
     python tools/study_pages.py --runs /data/studies --also /data/gpu-studies  # cells from another machine
@@ -28,7 +32,8 @@ def main(argv=None) -> int:
                          "CUDA spread swept on a GPU machine with --only); repeatable")
     ap.add_argument("--readme", default=str(ROOT / "README.md"), help="README whose results table to rewrite")
     args = ap.parse_args(argv)
-    for p in write_pages(Path(args.studies), Path(args.runs), Path(args.readme), [Path(a) for a in args.also]):
+    for p in write_pages(Path(args.studies), Path(args.runs), Path(args.readme), [Path(a) for a in args.also],
+                         log=lambda m: print(m, file=sys.stderr)):
         print(p)
     return 0
 

@@ -164,22 +164,29 @@ def test_a_tiny_study_runs_resumes_and_gets_its_page(tmp_path, monkeypatch, caps
     assert "old table" not in text and text.endswith("after\n") and "[tiny-study](studies/kfed.md#" in text
 
     # the cell record the page was written from regenerates the same page once the run folders are gone
+    assert studies / "results" / "tiny-study.csv" in written
     record = _csv(studies / "results" / "tiny-study.csv")
     assert len(record) == len(rows) and all(len(r["labels_sha256"]) == 64 and r["code_version"] for r in record)
     shutil.rmtree(out)
     (studies / "kfed.md").write_text("stale")
     write_pages(studies, tmp_path / "runs" / "studies", readme)
     assert (studies / "kfed.md").read_text() == page and readme.read_text() == text
-    # a study with neither folder nor record keeps its section and README rows as they were
+    # a study with neither folder nor record keeps its section and README rows as they were, also on a
+    # page written before sections had their opening line, and wherever it stands among the others
     (studies / "results" / "tiny-study.csv").unlink()
-    (studies / "other.yaml").write_text("study: {paper: kfed, title: Another look, seeds: 0-1, runs: "
-                                        "[{id: paper, label: k-FED, scenario: ../tiny.yaml}]}\n")
-    assert main(["sweep", "studies/other.yaml", "--quiet"]) == 0
-    told = []
-    write_pages(studies, tmp_path / "runs" / "studies", readme, log=told.append)
-    both = (studies / "kfed.md").read_text()
-    assert page.split("\n## ", 1)[1] in both and "## Another " in both
-    assert told == [f"{studies / 'kfed.md'}: kept the section of tiny-study as it was (no sweep folder or cell record)"]
+    for name, title in (("other", "Another look"), ("zz", "Last look")):
+        (studies / f"{name}.yaml").write_text(f"study: {{paper: kfed, title: {title}, seeds: 0-1, runs: "
+                                              "[{id: paper, label: k-FED, scenario: ../tiny.yaml}]}\n")
+        assert main(["sweep", f"studies/{name}.yaml", "--quiet"]) == 0
+    (studies / "kfed.md").write_text("\n".join(x for x in page.splitlines() if not x.startswith("<!-- study:")) + "\n")
+    for _ in range(2):
+        told = []
+        write_pages(studies, tmp_path / "runs" / "studies", readme, log=told.append)
+        both = (studies / "kfed.md").read_text()
+        assert both.index("## Another look") < both.index(page.split("\n## ", 1)[1]) < both.index("## Last look")
+        assert both.count("## Restarts on synthetic blobs") == 1
+        assert told == [f"{studies / 'kfed.md'}: kept the section of tiny-study as it was (no sweep folder or "
+                        "cell record)"]
     table = readme.read_text()
     assert all(line in table for line in text.splitlines() if line.startswith("| [tiny-study]"))
     assert "| [other](studies/kfed.md#another-look) | k-FED |" in table
@@ -368,6 +375,12 @@ def test_spreads_swept_apart_join_one_page(tmp_path, monkeypatch, capsys):
     assert "run again with `runtime.threads: 2`: 6 of 6 wrote the same `labels.csv`" in page
     assert "**Across platforms** (`params.device: cuda`, as *on a GPU*): no pair of runs finished." in page
     assert "(+6 runs swept on another machine and joined with `--also`)" in page
+    # the record keeps the joined cells: the page comes out the same without --also, and without the run folders
+    assert paper_page_text(studies, tmp_path / "main", []) == page
+    shutil.move(main_dir, tmp_path / "aside")
+    assert paper_page_text(studies, tmp_path / "main", []) == page
+    shutil.move(tmp_path / "aside", main_dir)
+    (studies / "results" / "tiny-study.csv").unlink()  # below, what the folders alone say
     # a run folder rerun since (another fingerprint) is not compared as if it were the row's run
     victim = next(r for r in _csv(other / "sweep.csv"))
     summary = other / victim["run_dir"] / "summary.json"

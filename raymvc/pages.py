@@ -20,6 +20,7 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+from .provenance import platform_text
 from .results import ResultsError, read_summary, short_value, write_file
 from .studies import _mean_std, _num, read_sweep, short_key
 from .study import METRIC_NAMES, Study, load_study
@@ -38,7 +39,7 @@ def _key(point: dict, text: bool = False) -> tuple:
 
 
 RECORD_DIR = "results"  # studies/results/<study>.csv: the cells a page was written from
-RECORD_EXTRA = ("code_version", "labels_sha256", "joined")
+RECORD_EXTRA = ("code_version", "platform", "labels_sha256", "joined")
 
 
 class StudyResult:
@@ -87,7 +88,7 @@ class StudyResult:
             for r in out:
                 old = by_cell.get(_row_cell(r, study))
                 if old is not None and old.get("fingerprint") == r.get("fingerprint"):
-                    for k in ("code_version", "labels_sha256"):
+                    for k in ("code_version", "platform", "labels_sha256"):
                         r[k] = r[k] or old.get(k, "")
             out += earlier
         return cls(study, out, list(study.spec.grid))
@@ -142,6 +143,9 @@ class StudyResult:
     def code_versions(self) -> list[str]:
         return sorted({r["code_version"] for r in self.rows if r.get("code_version")})
 
+    def platforms(self) -> list[str]:
+        return sorted({r["platform"] for r in self.rows if r.get("platform")})
+
 
 def _read_record(path: Path) -> list[dict]:
     with open(path, newline="") as fh:
@@ -159,14 +163,15 @@ def _run_facts(sweep_dir: Path, row: dict) -> dict:
     try:
         s = read_summary(d)
     except (OSError, ResultsError):
-        return {"code_version": "", "labels_sha256": ""}
+        return {"code_version": "", "platform": "", "labels_sha256": ""}
     digest = ""
     if s.get("fingerprint") == row.get("fingerprint"):
         try:
             digest = hashlib.sha256((d / "labels.csv").read_bytes()).hexdigest()
         except OSError:
             pass
-    return {"code_version": s.get("code_version") or "", "labels_sha256": digest}
+    return {"code_version": s.get("code_version") or "", "platform": platform_text(s.get("platform")),
+            "labels_sha256": digest}
 
 
 def _pm(mean, std, digits) -> str:
@@ -349,6 +354,9 @@ def study_section(res: StudyResult, fig_dir: Path | None, page_dir: Path) -> str
     versions = res.code_versions()
     if versions:
         lines += [f"Code version of these runs: {', '.join(f'`{v}`' for v in versions)}.", ""]
+    platforms = res.platforms()
+    if platforms:
+        lines += [f"Platform{'s' if len(platforms) > 1 else ''} of these runs: {'; or '.join(platforms)}.", ""]
     return "\n".join(lines)
 
 

@@ -10,6 +10,10 @@ result that other code or other settings produced.
 * :func:`fingerprint` -- a digest of the resolved scenario (the YAML after every
   ``--set`` and grid value, seed included), the content of a user data file it names,
   and the code version.
+* :func:`platform_info` -- what else a result can move with, recorded but not part of the
+  fingerprint: the numerical libraries' versions, the interpreter, the CPU architecture
+  and count. Two machines with the same code and seed may differ in these and in the
+  last digits of a float sum, which can move a seed's labels.
 """
 
 from __future__ import annotations
@@ -56,6 +60,36 @@ def method_version(method: str) -> str:
     for f in sorted(files):
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()[:16]
+
+
+PLATFORM_PACKAGES = ("numpy", "scipy", "scikit-learn", "torch", "ray")
+
+
+@functools.lru_cache(maxsize=1)
+def platform_info() -> dict:
+    """The driver process's platform: ``{"python", "machine", "cpus", <package>: version}``
+    for the installed ones of :data:`PLATFORM_PACKAGES` (read from their metadata, nothing
+    imported)."""
+    import os
+    import platform
+    from importlib import metadata
+
+    out: dict = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()}
+    for name in PLATFORM_PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def platform_text(info: dict | None) -> str:
+    """``numpy 2.4.6, scipy 1.17.1, ...; Python 3.11.7, x86_64, 2 CPUs`` (empty for none)."""
+    if not info:
+        return ""
+    libs = ", ".join(f"{k} {info[k]}" for k in PLATFORM_PACKAGES if info.get(k))
+    where = f"Python {info.get('python', '?')}, {info.get('machine', '?')}, {info.get('cpus', '?')} CPUs"
+    return f"{libs}; {where}" if libs else where
 
 
 def code_version(method: str) -> str:

@@ -18,7 +18,7 @@ from raymvc.scenario import load_scenario
 QUICK = Path(__file__).resolve().parents[1] / "scenarios" / "hw-cefmc.yaml"
 QUICK_H = Path(__file__).resolve().parents[1] / "scenarios" / "hw-cefmch.yaml"
 
-SUMMARY_KEYS = {"method", "dataset", "n_samples", "n_clients", "seed", "status", "rounds", "metrics",
+SUMMARY_KEYS = {"method", "platform", "dataset", "n_samples", "n_clients", "seed", "status", "rounds", "metrics",
                 "communication", "faults", "timing"}
 
 

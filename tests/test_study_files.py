@@ -167,6 +167,10 @@ def test_a_tiny_study_runs_resumes_and_gets_its_page(tmp_path, monkeypatch, caps
     assert studies / "results" / "tiny-study.csv" in written
     record = _csv(studies / "results" / "tiny-study.csv")
     assert len(record) == len(rows) and all(len(r["labels_sha256"]) == 64 and r["code_version"] for r in record)
+    import numpy
+
+    assert all(f"numpy {numpy.__version__}" in r["platform"] for r in record)  # what a cell may move with
+    assert f"Platform of these runs: {record[0]['platform']}." in page
     shutil.rmtree(out)
     (studies / "kfed.md").write_text("stale")
     write_pages(studies, tmp_path / "runs" / "studies", readme)

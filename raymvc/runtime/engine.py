@@ -25,7 +25,7 @@ from ..data import load_dataset, normalize
 from ..data import partition as parts
 from ..metrics import clustering_scores, label_free_scores, preload
 from ..protocols import get, search_paths
-from ..provenance import code_version, fingerprint
+from ..provenance import code_version, fingerprint, platform_info
 from ..results import OutputFolder, ResultsError, RunWriter, default_out_dir, format_summary
 from ..scenario import ChannelCfg, Scenario, ScenarioError
 from ..scenario import one_line as one_line_text
@@ -646,6 +646,7 @@ def _summarise(sc, ds, part, proto, end: RunEnd, labels, ray_init_s, protocol_s,
         "errors": _error_lines(end),
         "fingerprint": fingerprint(sc, ds.source),
         "code_version": code_version(sc.method),
+        "platform": platform_info(),
         "rounds": end.rounds,
         "metrics": metrics,
         "unlabelled_samples": int(np.sum(labels < 0)) if labels is not None else part.n_samples,

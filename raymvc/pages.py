@@ -47,8 +47,8 @@ class StudyResult:
 
     Built from a sweep folder (:meth:`from_sweep`) or from the study's cell record
     (:meth:`from_record`), the CSV that :func:`write_pages` keeps beside the pages: every
-    cell's sweep.csv row plus its run's code version, a SHA-256 of its ``labels.csv`` and
-    whether it was joined from another machine's folder. A page written from either is the
+    cell's sweep.csv row plus its run's code version and platform, a SHA-256 of its
+    ``labels.csv`` and whether it was joined from another machine's folder. A page written from either is the
     same page, so pages can be regenerated after the run folders are gone.
     """
 

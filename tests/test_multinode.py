@@ -36,22 +36,35 @@ def cluster():
     saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("RAY_AUTH")}
     os.environ["RAY_AUTH_MODE"] = "disabled"
     tmp = tempfile.mkdtemp(prefix="rmvc-", dir="/tmp")
-    try:
-        c = Cluster(initialize_head=True, connect=False,
-                    head_node_args={"num_cpus": 1, "temp_dir": tmp, "include_dashboard": False,
-                                    "_system_config": TOLERANT})
-        workers = [c.add_node(num_cpus=2) for _ in range(2)]
-        c.wait_for_nodes()
-    finally:
-        os.environ.pop("RAY_AUTH_MODE", None)
-        os.environ.update(saved)
+    # Cluster writes a pointer to itself under Ray's temporary root (``$RAY_TMPDIR/ray``,
+    # /tmp/ray by default, which may not exist): keep it in this module's folder
+    old_tmpdir = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = tmp
+    os.makedirs(os.path.join(tmp, "ray"), exist_ok=True)
     home = Path(tempfile.mkdtemp(prefix="rmvc-home-"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "RAY_ADDRESS"))}
-    env["HOME"] = str(home)
-    yield c, workers, env
-    c.shutdown()
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.rmtree(home, ignore_errors=True)
+    c = None
+    try:
+        try:
+            c = Cluster(initialize_head=True, connect=False,
+                        head_node_args={"num_cpus": 1, "temp_dir": tmp, "include_dashboard": False,
+                                        "_system_config": TOLERANT})
+            workers = [c.add_node(num_cpus=2) for _ in range(2)]
+            c.wait_for_nodes()
+        finally:
+            os.environ.pop("RAY_AUTH_MODE", None)
+            os.environ.update(saved)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "RAY_ADDRESS"))}
+        env["HOME"] = str(home)
+        yield c, workers, env
+    finally:
+        if c is not None:
+            c.shutdown()
+        if old_tmpdir is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = old_tmpdir
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def _cli(args, env, **kw):

@@ -15,6 +15,24 @@ SCENARIOS = REPO / "scenarios"
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _ray_temp_root():
+    """Ray's temporary root for the whole session (``RAY_TMPDIR``), a fresh short folder
+    removed afterwards: any Ray a test starts -- an embedded instance a run starts itself,
+    a subprocess's, a test cluster's pointer file -- keeps its session files there, not
+    under /tmp/ray."""
+    old = os.environ.get("RAY_TMPDIR")
+    root = tempfile.mkdtemp(prefix="rmvc-", dir="/tmp")  # short: Ray's socket paths live here
+    os.makedirs(os.path.join(root, "ray"), exist_ok=True)
+    os.environ["RAY_TMPDIR"] = root
+    yield root
+    if old is None:
+        os.environ.pop("RAY_TMPDIR", None)
+    else:
+        os.environ["RAY_TMPDIR"] = old
+    shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def ray_session():
     """A local Ray instance (pinned logical CPUs, two logical GPUs, no dashboard), shared by
@@ -62,13 +80,15 @@ def scenario_path():
 
 
 # The files an embedded Ray leaves behind for other programs to find: a token in the home
-# folder and a pointer to the running cluster under /tmp/ray. The suite must create neither.
-_RAY_LEFTOVERS = (Path.home() / ".ray" / "auth_token", Path("/tmp/ray/ray_current_cluster"))
+# folder, a pointer to the running cluster and the latest session's folder under /tmp/ray.
+# The suite must create none of them.
+_RAY_LEFTOVERS = (Path.home() / ".ray" / "auth_token", Path("/tmp/ray/ray_current_cluster"),
+                  Path("/tmp/ray/session_latest"))
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _leaves_no_ray_state_behind():
-    """Fail the session if it created ``~/.ray/auth_token`` or ``/tmp/ray/ray_current_cluster``."""
+    """Fail the session if it created ``~/.ray/auth_token`` or anything of the above under /tmp/ray."""
     before = {p: p.exists() for p in _RAY_LEFTOVERS}
     yield
     created = [str(p) for p, existed in before.items() if not existed and p.exists()]

@@ -14,7 +14,8 @@ Exchange
 * rounds t >= 1: each client takes a few ``H_v`` steps (``M = X_v (X_v^T H_v) +
   λ C_v[y_v]``, ``H_v = U W^T`` from the thin SVD of ``M``; ``X_v X_v^T`` is never
   formed, so a round is ``O(N D_v k)``), relabels its samples with
-  ``argmax(H_v C_v^T + (C̄_v C_v^T)[y])`` and sends only ``y_v`` (``N`` small unsigned
+  ``argmax(λ H_v C_v^T + β (C̄_v C_v^T)[y])`` (the paper's Eq. 28 writes it without the
+  weights, the same argmax when λ = β) and sends only ``y_v`` (``N`` small unsigned
   ints) and its objective. The server rebuilds ``H_c = [C_1[y_1] ... C_V[y_V]]`` by
   indexing, updates ``y = argmax(H_c C^T)`` and ``C`` from the SVD of ``H_c^T Y``, and
   stops when the relative change of the objective is at most ``tol`` -- measured
@@ -24,6 +25,28 @@ Exchange
 
 CeFMC-H (the paper's ablation) runs the same optimisation but clients upload the full
 ``H_v`` every round and the server uses ``H_c = [H_1 ... H_V]``.
+
+What the equations do with λ = β
+--------------------------------
+If every client returns ``y_v = y``, the server's ``H_c`` is ``C[y]``, so its Y step
+(``argmax H_c C^T = argmax I[y]``) returns ``y`` and its C step (the polar factor of
+``C^T D``, ``D`` the cluster sizes) returns ``C``: the round-0 consensus is a fixed point.
+Clients do relabel some samples, but the server weighs each view's vote by that view's
+block of ``C``, and on HW the views that disagree carry too little of it: no consensus
+label moves in any round (``benchmarks/cefmc_fixed_point.py`` prints both terms of the
+label step per view; the CeFMC page shows the derivation and the runs). With β well
+below λ the views' own terms win and labels move. The round log counts the consensus
+labels that moved (``labels_moved``).
+
+Departures and choices
+----------------------
+* ``h_step``: the paper's Alg. 1 (default) takes ``M = X_v X_v^T H_v + λ Y_v C_v``, which
+  is the ascent step of ``½ tr(H^T K H) + λ tr(H^T Y_v C_v)``, not of Eq. 25, so the
+  objective of Eq. 19 can fall by a little in a round; ``h_step: gradient`` doubles the
+  first term (the gradient of Eq. 25), and then no step can lower it.
+* ``kmeans_init``: the paper does not say how many k-means starts round 0 takes (10 here).
+* The convergence test also stops a 2-cycle (below): the paper's test alone can spin on
+  CeFMC-H until ``max_rounds``.
 
 Missing replies
 ---------------
@@ -47,6 +70,7 @@ from it, so client and server always agree on ``C_v``.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Literal
 
 import numpy as np
 from pydantic import Field
@@ -73,6 +97,10 @@ class Config(ProtocolConfig):
     tol: float = Field(default=1e-6, ge=0.0, description="converged when the objective's relative change "
                                                            "(or its change over two rounds: a 2-cycle) is at most this")
     inner_iters: int = Field(default=3, ge=1, description="H_v steps per round on each client")
+    h_step: Literal["alg1", "gradient"] = Field(
+        default="alg1", description="H_v step: 'alg1' M = X X^T H + λ Y_v C_v (the paper's Alg. 1 as printed); "
+                                    "'gradient' M = 2 X X^T H + λ Y_v C_v (the gradient of Eq. 25, so no step "
+                                    "can lower the objective)")
     kmeans_init: int = Field(default=10, ge=1, description="k-means restarts on the server at round 0")
 
 
@@ -129,13 +157,18 @@ class CeFMCClient(Client):
         raise ValueError(f"cefmc client: unexpected message {msg.kind!r}")
 
     def _round(self, y: np.ndarray, Cbar: np.ndarray) -> Message:
-        lam, X, C = self.config.lam, self.X, self.C
+        cfg = self.config
+        lam, X, C = cfg.lam, self.X, self.C
+        beta = cfg.beta if cfg.beta is not None else lam
+        grad = 2.0 if cfg.h_step == "gradient" else 1.0
         H = self.H
-        for _ in range(self.config.inner_iters):
-            M = X @ (X.T @ H) + lam * C[self.y]
+        for _ in range(cfg.inner_iters):
+            M = grad * (X @ (X.T @ H)) + lam * C[self.y]
             H = polar(M)
         self.H = H
-        S = H @ C.T + (Cbar @ C.T)[y]
+        # Y_v step of Eq. (19): argmax of λ H_v C_v^T + β Y C̄_v C_v^T (the paper's Eq. 28
+        # drops both weights, which is the same argmax when λ = β)
+        S = lam * (H @ C.T) + beta * (Cbar @ C.T)[y]
         self.y = np.argmax(S, axis=1)
         XtH = X.T @ H
         obj = float(np.sum(XtH * XtH) + lam * np.sum(H * C[self.y]))
@@ -230,8 +263,10 @@ class CeFMCServer(Server):
             self._consensus(round)
             self.history = []
         Hc = self._stacked()
+        before = self.y
         if not joining:
             self.y = np.argmax(Hc @ self.C.T, axis=1)
+        moved = int(np.count_nonzero(self.y != before)) if not joining else None
         # P = Hc^T Y: column j sums the rows labelled j (bincount per column, O(N Vk))
         P = np.stack([np.bincount(self.y, weights=Hc[:, i], minlength=k) for i in range(Hc.shape[1])])
         if not joining:
@@ -242,7 +277,7 @@ class CeFMCServer(Server):
         cycle = rel_change(self.history[-2], obj) if len(self.history) >= 2 else None
         self.history.append(obj)
         self.prev_obj = obj
-        self.info = {"objective": obj, "rel_change": change, "stale_clients": stale,
+        self.info = {"objective": obj, "rel_change": change, "labels_moved": moved, "stale_clients": stale,
                      "joined": joining, "left_out": self.membership.left_out()}
         converged = any(c is not None and c <= self.config.tol for c in (change, cycle))
         if converged or round >= self.config.max_rounds:

@@ -120,6 +120,22 @@ class StudyResult:
         mean, std = _mean_std([x for r in ok if (x := _num(r.get(metric))) is not None])
         return mean, std, len(ok), len(rows)
 
+    def mode_counts(self, run_id: str, point: dict) -> tuple[int, int] | None:
+        """Seeds below and at or above the study's ``modes.split`` (finished runs only)."""
+        m = self.study.spec.modes
+        if m is None:
+            return None
+        vals = [x for r in self.cell(run_id, point) if r["status"] in OK and (x := _num(r.get(m.metric))) is not None]
+        below = sum(x < m.split for x in vals)
+        return below, len(vals) - below
+
+    def mode_text(self, run_id: str, point: dict) -> str:
+        counts = self.mode_counts(run_id, point)
+        if counts is None:
+            return ""
+        m = self.study.spec.modes
+        return f"{counts[1]} {m.above}, {counts[0]} {m.below}"
+
     def grid_mean(self, run_id: str, metric: str) -> tuple[float | None, float | None, int, int]:
         """Per seed, the mean over the grid's points; then mean ± std over the seeds that
         finished at every point."""
@@ -309,9 +325,10 @@ def study_section(res: StudyResult, fig_dir: Path | None, page_dir: Path) -> str
     if spec.notes:
         lines += [spec.notes.strip(), ""]
     refs = [m for m in metrics if any(getattr(pr, m) is not None for pr in spec.paper_results)]
+    modes = spec.modes
     head = ["run", "variant", *(short_key(k) for k in spec.grid), "runs ok",
             *(f"{NAMES[m]}" for m in metrics), *(f"paper {NAMES[m]}" for m in refs),
-            f"{NAMES[metrics[0]]} per seed"]
+            *(["seeds per mode"] if modes else []), f"{NAMES[metrics[0]]} per seed"]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
     runs = [r for _, _, r in st.entries()]
@@ -328,15 +345,20 @@ def study_section(res: StudyResult, fig_dir: Path | None, page_dir: Path) -> str
                 v = _paper_value(st, r.id, point, m)
                 paper.append(f"{v:.3f}" if v is not None else "")
             row = [r.label, r.variant, *(short_value(point[k]) for k in spec.grid), ok_total or "0/0",
-                   *cells, *paper, _seed_list(res, r.id, point, metrics[0])]
+                   *cells, *paper, *([res.mode_text(r.id, point)] if modes else []),
+                   _seed_list(res, r.id, point, metrics[0])]
             lines.append("| " + " | ".join(row) + " |")
     others = [pr for pr in spec.paper_results if pr.method]
     for pr in others:
         vals = [f"{getattr(pr, m):.3f}" if getattr(pr, m) is not None else "" for m in refs]
         row = [pr.method, "paper's number", *(short_value(pr.at.get(k, "")) or "all" for k in spec.grid), "",
-               *([""] * len(metrics)), *vals, ""]
+               *([""] * len(metrics)), *vals, *([""] if modes else []), ""]
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
+    if modes:
+        lines += [f"Seeds per mode: {NAMES[modes.metric]} below {modes.split:g} counts as *{modes.below}*, "
+                  f"at or above it as *{modes.above}* (the split, from the study file, lies between the two "
+                  "outcomes seen on earlier seed sets); the mean ± std above mixes both modes.", ""]
     mean_row = _grid_mean_text(res, runs, metrics)
     if mean_row:
         lines += [mean_row, ""]
@@ -487,8 +509,15 @@ Runs: in-process backend, one or two runs at a time on a 2-core machine.
 """
 
 
-def paper_page(paper: str, sections: list[str]) -> str:
-    parts = [f"# {PAPER_NAMES.get(paper, paper)}: studies", "", PAGE_INTRO, *sections]
+NOTES_DIR = "notes"  # studies/notes/<paper>.md: the page's hand-written part (coverage, derivations)
+
+
+def paper_page(paper: str, sections: list[str], notes: str = "") -> str:
+    """A paper's page: title, the common intro, the paper's notes, then the study sections."""
+    parts = [f"# {PAPER_NAMES.get(paper, paper)}: studies", "", PAGE_INTRO]
+    if notes.strip():
+        parts += [notes.strip(), ""]
+    parts += sections
     return "\n".join(parts).rstrip() + "\n"
 
 
@@ -527,8 +556,8 @@ def _old_readme_rows(text: str) -> dict[str, list[str]]:
 def readme_table(entries: list[tuple[Study, StudyResult | None]], kept: dict[str, list[str]] | None = None) -> str:
     """One row per study and run at the study's first grid point (or its only one): mean ± std.
     A study with no cells to read (``None``) keeps its rows from ``kept``."""
-    lines = ["| study | run | variant | at | ACC | NMI | MB | paper ACC | paper NMI | paper MB | seeds |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| study | run | variant | at | ACC | NMI | MB | paper ACC | paper NMI | paper MB | seeds | seeds per mode |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for st, res in entries:
         if not st.spec.readme:
             continue
@@ -557,7 +586,7 @@ def readme_table(entries: list[tuple[Study, StudyResult | None]], kept: dict[str
                              f"{_pm(acc[0], acc[1], 3)} | {_pm(nmi[0], nmi[1], 3)} | {_pm(mb[0], mb[1], 2)} | "
                              f"{'' if pa is None else f'{pa:.3f}'} | {'' if pn is None else f'{pn:.3f}'} | "
                              f"{'' if pm is None else f'{pm:.2f}'} | "
-                             f"{acc[2]}/{acc[3]} |")
+                             f"{acc[2]}/{acc[3]} | {'' if point is None else res.mode_text(r.id, point)} |")
     return "\n".join(lines)
 
 
@@ -601,7 +630,8 @@ def write_pages(studies_dir: Path, runs_dir: Path, readme: Path | None = None,
                 say(f"{page}: kept the section of {st.name} as it was (no sweep folder or cell record)")
             else:
                 say(f"{page}: no section for {st.name} (no sweep folder, cell record or earlier section)")
-        page.write_text(paper_page(paper, sections))
+        notes = studies_dir / NOTES_DIR / f"{paper}.md"
+        page.write_text(paper_page(paper, sections, notes.read_text() if notes.is_file() else ""))
         written.append(page)
     if readme is not None and readme.is_file():
         text = readme.read_text()

@@ -94,6 +94,16 @@ def seed_list(seeds: str | list[int]) -> list[int]:
     return list(seeds) if isinstance(seeds, list) else parse_seeds(str(seeds))
 
 
+class ModeSpec(_Strict):
+    """Two outcomes a study expects to see (e.g. two digits merged or not): each row counts
+    its seeds on either side of ``split`` of ``metric``, declared before the runs."""
+
+    metric: Literal["acc", "nmi", "ari"] = "acc"
+    split: float
+    below: str = Field(min_length=1, max_length=60)
+    above: str = Field(min_length=1, max_length=60)
+
+
 class TuningSpec(_Strict):
     run: str | None = None  # the run whose grid is tuned (default: the first run)
     default: dict[str, Any] = Field(min_length=1)
@@ -116,6 +126,7 @@ class StudySpec(_Strict):
     paper_results: list[PaperResult] = Field(default_factory=list)
     spread: list[SpreadSpec] = Field(default_factory=list)  # one mapping or a list of them
     tuning: TuningSpec | None = None
+    modes: ModeSpec | None = None
     readme: bool | Literal["mean"] = True  # rows in README's table; "mean": averaged over the grid per seed
     notes: str = ""
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from raymvc.data.types import Shard
-from raymvc.messages import Done
+from raymvc.messages import Done, Message, labels_array
 from raymvc.metrics import acc
 from raymvc.protocol import ClientContext, ServerContext
 from raymvc.protocols import get
@@ -72,3 +75,60 @@ def test_lost_first_consensus_refixes_block(where):
     for c in (0, 1, 2):
         np.testing.assert_array_equal(clients[c].C, server.Cfix[c])
     assert acc(y, res.labels) > 0.9
+
+
+def _round0(method="cefmc", **params):
+    proto = get(method)
+    cfg = proto.config(**params)
+    views, y = _views()
+    V, k, n = len(views), 3, len(y)
+    clients = {v: proto.client(cfg, Shard(views=[views[v]]), ClientContext(v, V, k, 0)) for v in range(V)}
+    server = proto.server(cfg, ServerContext(list(range(V)), k, 0, n_samples=n))
+    out = server.step(0, {c: clients[c].handle(m) for c, m in server.start().items()}, set())
+    return server, out
+
+
+def test_round0_consensus_is_a_fixed_point_of_the_server():
+    """Every view answering with the consensus gives back the same labels and centroids."""
+    server, out = _round0(tol=0.0)
+    y0, C0 = server.y.copy(), server.C.copy()
+    replies = {c: Message("labels", y=labels_array(y0), obj=1.0) for c in out}
+    nxt = server.step(1, replies, set())
+    assert not isinstance(nxt, Done)
+    assert np.array_equal(server.y, y0) and np.allclose(server.C, C0, atol=1e-12)
+    assert server.info["labels_moved"] == 0
+
+
+def test_one_view_voting_otherwise_moves_a_label_only_with_enough_weight():
+    """The server weighs a view's vote by its block of C: a lone dissenting view loses."""
+    server, out = _round0(tol=0.0)
+    y0 = server.y.copy()
+    other = (y0 + 1) % 3
+    replies = {c: Message("labels", y=labels_array(y0), obj=1.0) for c in out}
+    replies[2] = Message("labels", y=labels_array(other), obj=1.0)  # a noise view disagrees everywhere
+    server.step(1, replies, set())
+    assert np.array_equal(server.y, y0)
+    every = {c: Message("labels", y=labels_array(other), obj=1.0) for c in out}
+    server.step(2, every, set())
+    assert np.array_equal(server.y, other)  # all views agree on other labels: the consensus follows
+
+
+HW = Path(__file__).resolve().parents[1] / "scenarios" / "hw-cefmc.yaml"
+
+
+def _hw_rounds(tmp_path, *sets):
+    import raymvc
+
+    r = raymvc.run(HW, backend="local", out=tmp_path / "r", overrides=["params.max_rounds=12", *sets])
+    rows = [json.loads(line) for line in (tmp_path / "r" / "rounds.jsonl").read_text().splitlines()]
+    objective = [row["info"]["objective"] for row in rows[1:]]
+    moved = sum(row["info"]["labels_moved"] or 0 for row in rows[1:])
+    return r, objective, moved
+
+
+def test_hw_paper_setting_keeps_round0_labels_and_small_beta_moves_them(tmp_path):
+    _, _, moved = _hw_rounds(tmp_path / "a")
+    assert moved == 0  # λ = β: the fixed point above, on real data
+    _, objective, moved = _hw_rounds(tmp_path / "b", "params.beta=0.001", "params.h_step=gradient")
+    assert moved > 0  # β weighs the prior in the client's label step
+    assert all(b >= a - 1e-12 * abs(a) for a, b in zip(objective, objective[1:]))  # never falls

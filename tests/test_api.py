@@ -149,3 +149,9 @@ def test_the_readme_python_snippet_runs(tmp_path):
     lines = res.stdout.splitlines()
     assert lines[0].startswith("completed 0.946 (2000,)")
     assert (tmp_path / "runs" / "api-sweep" / "aggregate.csv").is_file()
+    # the in-memory example's three clusters come back whole (its data has no labels; they
+    # are known here from how the snippet draws it: 50 samples per centre, in order)
+    from sklearn.metrics import adjusted_rand_score
+
+    got = np.loadtxt(tmp_path / "runs" / "api-memory" / "labels.csv", delimiter=",", skiprows=1, dtype=int)[:, 1]
+    assert adjusted_rand_score(np.repeat([0, 1, 2], 50), got) >= 0.99

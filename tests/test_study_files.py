@@ -410,3 +410,57 @@ def test_spreads_swept_apart_join_one_page(tmp_path, monkeypatch, capsys):
 def paper_page_text(studies, runs, elsewhere):
     write_pages(studies, runs, None, elsewhere)
     return (studies / "kfed.md").read_text()
+
+
+def _readme_studies() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    table = text.split(README_BEGIN, 1)[1].split(README_END, 1)[0]
+    return sorted({line.split("]", 1)[0][3:] for line in table.splitlines() if line.startswith("| [")})
+
+
+def test_every_readme_row_regenerates_from_a_committed_cell_record_with_its_platform():
+    names = _readme_studies()
+    assert names, "README's results table is empty"
+    for name in names:
+        assert load_study(ROOT / "studies" / f"{name}.yaml").spec.readme, f"{name}: in README but readme: false"
+        record = ROOT / "studies" / "results" / f"{name}.csv"
+        assert record.is_file(), f"README row {name} has no cell record ({record.relative_to(ROOT)})"
+        with record.open() as f:
+            rows = list(csv.DictReader(f))
+        assert rows and all(r["platform"] for r in rows), f"{name}: a cell without its platform"
+        assert all(r["labels_sha256"] for r in rows if r["status"] in ("completed", "degraded")), name
+
+
+def test_a_study_with_modes_counts_seeds_per_mode_on_its_page_and_in_readme(tmp_path):
+    study = tmp_path / "studies" / "bimodal.yaml"
+    study.parent.mkdir()
+    study.write_text(
+        "study:\n  paper: demo\n  title: Two outcomes\n  seeds: 0-4\n  metrics: [acc]\n"
+        "  modes: {metric: acc, split: 0.88, below: merged, above: separated}\n"
+        f"  runs:\n    - {{id: paper, label: Demo, scenario: {ROOT / 'scenarios' / 'hw-cefmc.yaml'}}}\n")
+    accs = [0.95, 0.82, 0.96, 0.83, 0.81]
+    rows = [{"scenario": "paper", "method": "cefmc", "seed": str(s), "status": "completed", "acc": str(a), "nmi": "0.9",
+             "ari": "0.9", "mb": "1.0", "rounds": "3", "wall": "1.0", "fingerprint": f"f{s}", "run_dir": "",
+             "code_version": "v", "platform": "p", "labels_sha256": "h", "joined": ""} for s, a in enumerate(accs)]
+    rec = tmp_path / "studies" / "results" / "bimodal.csv"
+    rec.parent.mkdir()
+    with rec.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"x\n{README_BEGIN}\n{README_END}\n")
+    write_pages(tmp_path / "studies", tmp_path / "runs", readme)
+    page = (tmp_path / "studies" / "demo.md").read_text()
+    assert "2 separated, 3 merged" in page and "seeds per mode" in page
+    assert "| 5/5 | 2 separated, 3 merged |" in readme.read_text()
+
+
+def test_a_papers_notes_open_its_page(tmp_path):
+    shutil.copytree(ROOT / "studies", tmp_path / "studies", ignore=shutil.ignore_patterns("figures"))
+    shutil.copytree(ROOT / "scenarios", tmp_path / "scenarios")
+    (tmp_path / "studies" / "notes").mkdir(exist_ok=True)
+    (tmp_path / "studies" / "notes" / "cefmc.md").write_text("## Coverage\n\nTable III: covered.\n")
+    write_pages(tmp_path / "studies", tmp_path / "runs")
+    page = (tmp_path / "studies" / "cefmc.md").read_text()
+    assert page.index("## Coverage") < page.index("<!-- study: ")

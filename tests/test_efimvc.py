@@ -69,7 +69,8 @@ def _round(clients, out, drop=()):
 
 @pytest.mark.parametrize("lam", [1e-3, 1.0])
 def test_overall_objective_never_increases(lam):
-    clients, server, labels, _ = _federation(tol=0.0, max_rounds=5, **{"lambda": lam})
+    """Guaranteed with the project's ``s_refresh: if_not_worse`` (the paper takes every new S_v)."""
+    clients, server, labels, _ = _federation(tol=0.0, max_rounds=5, s_refresh="if_not_worse", **{"lambda": lam})
     out = server.start()
     objs = []
     r = 0
@@ -93,6 +94,20 @@ def test_overall_objective_never_increases(lam):
     assert objs[-1] < objs[0]
     from raymvc.metrics import acc
     assert acc(labels, res.labels) > 0.9  # well-separated toy clusters
+
+
+def test_paper_default_takes_every_new_similarity():
+    clients, server, _, _ = _federation(tol=0.0, max_rounds=3)
+    assert server.config.s_refresh == "always" and server.config.embedding == "plain"
+    out, r = server.start(), 0
+    while True:
+        replies, missing = _round(clients, out)
+        res = server.step(r, replies, missing)
+        if r > 0:
+            assert server.info["s_refreshed"] == len(replies)
+        if isinstance(res, Done):
+            break
+        out, r = res, r + 1
 
 
 def test_missing_reply_keeps_last_graph_and_columns():

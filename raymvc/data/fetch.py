@@ -126,7 +126,7 @@ REMOTES: dict[str, Remote] = {
     **{f"proteinfold-per{p}": Remote(
         name=f"proteinfold-per{p}", folder="proteinfold", file=f"proteinFold_Per{p}.mat", sha256=sha,
         digest=file_digest,
-        description=f"ProteinFold: 694 proteins, 12 views, 27 folds; {float(p):.0%} of them miss at least one view",
+        description=f"ProteinFold: 694 proteins, 12 views, 27 folds; {float(p):.0%} of them have all 12 views",
         source="the incomplete multi-view ProteinFold benchmark used by EFIMVC (Liu et al., ICML 2025); "
                "no public download address is recorded here: use a mirror or --from",
         licence="not stated with the files")

@@ -191,6 +191,8 @@ class Config(ProtocolConfig):
                                                                  "the project's variant: the best of 200)")
     embedding: Literal["centered", "plain"] = Field(
         default="plain", description="spectral embedding of Z: plain (the paper) or centred (mean column removed)")
+    align_anchors: bool = Field(default=True, description="learn each view's anchor permutation P_v (false: P_v = I, "
+                                                          "the paper's Table 3 ablation)")
     s_refresh: Literal["always", "if_not_worse"] = Field(
         default="always", description="take each client's new anchor similarity S_v every round (the paper), or "
                                       "only where it does not raise that view's share of the objective")
@@ -529,7 +531,7 @@ class EFIMVCServer(Server):
         it = 0
         for it in range(1, cfg.server_iters + 1):
             ZZ = Z @ Z.T
-            for c in self.members:
+            for c in self.members if cfg.align_anchors else ():
                 K = self.Zv[c] @ Z[:, self.idx[c]].T
                 self.P[c], _ = gpi(self.P[c], self.Lt[c], ZZ, K, cfg.beta, cfg.gpi_iters, cfg.gpi_tol)
             R = np.zeros((m, m))

@@ -236,3 +236,15 @@ def test_proteinfold_end_to_end(tmp_path):
     rounds = [json.loads(line) for line in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
     objs = [r["info"]["objective"] for r in rounds]
     assert np.all(np.diff(objs) <= 1e-12 * np.abs(objs[:-1]))
+
+
+def test_without_anchor_alignment_every_p_stays_the_identity():
+    clients, server, _, _ = _federation(tol=0.0, max_rounds=2, align_anchors=False)
+    out, r = server.start(), 0
+    while True:
+        replies, missing = _round(clients, out)
+        res = server.step(r, replies, missing)
+        if isinstance(res, Done):
+            break
+        out, r = res, r + 1
+    assert all(np.array_equal(P, np.eye(server.m)) for P in server.P.values())

@@ -72,7 +72,8 @@ def main(argv=None) -> int:
     ap.add_argument("--set", dest="overrides", action="append", default=[])
     ap.add_argument("--md", type=Path, default=None, help="also write the table to this markdown file")
     args = ap.parse_args(argv)
-    lines = ["# CeFMC's label step at the round-0 consensus", "", f"`python benchmarks/cefmc_fixed_point.py --scenario scenarios/{Path(args.scenario).name}"
+    lines = ["# CeFMC's label step at the round-0 consensus", "",
+             f"`python benchmarks/cefmc_fixed_point.py --scenario scenarios/{Path(args.scenario).name}"
              f"{''.join(' --set ' + o for o in args.overrides)} --seeds {args.seeds}`:", "",
              "| seed | view | own term prefers another cluster | median own margin there | "
              "median prior margin | labels the client step moves |", "|---|---|---|---|---|---|"]

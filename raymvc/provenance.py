@@ -9,8 +9,7 @@ result that other code or other settings produced.
   server and config and the private helper modules (``_*.py``) beside them.
 * :func:`fingerprint` -- a digest of the resolved scenario (the YAML after every
   ``--set`` and grid value, seed included), the content of a user data file and of an
-  availability trace it names,
-  and the code version.
+  availability trace it names, and the code version.
 * :func:`platform_info` -- what else a result can move with, recorded but not part of the
   fingerprint: the numerical libraries' versions, the interpreter, the CPU architecture
   and count. Two machines with the same code and seed may differ in these and in the

@@ -10,8 +10,8 @@ What a fault means (the same on both backends):
 * **dropout** (``faults.dropout.rate``, an availability model, or scheduled by
   ``faults.drop``): the server's message for the round is sent -- its bytes count, its
   ledger row says ``dropped`` -- but the client goes offline before acting on it: it does
-  not process the message and sends no reply. Its state stays as it was; it is back the next round unless it
-  drops again. Counted in ``dropped_replies``.
+  not process the message and sends no reply. Its state stays as it was; it is back the
+  next round unless it drops again. Counted in ``dropped_replies``.
 * **straggler**: the reply arrives ``delay`` virtual seconds later; past
   ``faults.deadline_s`` it is ``late`` and treated as missing (``late_replies``).
 * **crash**: at the start of the round the client's actor is killed (``ray.kill``);

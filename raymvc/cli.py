@@ -207,6 +207,8 @@ def cmd_list(args) -> int:
     for name, text in [
         ("dropout.rate", "chance that a client misses a round (per client and round; each "
                          "secure-aggregation exchange draws again)"),
+        ("availability", "{model: iid | per_client | markov | diurnal | data | trace, ...}: which clients "
+                         "are there in a round, instead of dropout.rate (docs/fault-models.md)"),
         ("disconnect.rate", "fraction of clients offline for the whole run"),
         ("drop", "[{client: C, at_round: R}]: the client misses round R (a scheduled dropout)"),
         ("crash", "[{client: C, at_round: R}]: the client's actor is killed at round R"),

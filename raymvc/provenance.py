@@ -8,8 +8,8 @@ result that other code or other settings produced.
   its built-in data included) and of the method: the modules that define its client,
   server and config and the private helper modules (``_*.py``) beside them.
 * :func:`fingerprint` -- a digest of the resolved scenario (the YAML after every
-  ``--set`` and grid value, seed included), the content of a user data file it names,
-  and the code version.
+  ``--set`` and grid value, seed included), the content of a user data file and of an
+  availability trace it names, and the code version.
 * :func:`platform_info` -- what else a result can move with, recorded but not part of the
   fingerprint: the numerical libraries' versions, the interpreter, the CPU architecture
   and count. Two machines with the same code and seed may differ in these and in the
@@ -111,7 +111,8 @@ def fingerprint(sc, data_source: str | None = None) -> str:
     h = hashlib.sha256(sc.to_yaml().encode())
     if data_source and data_source.startswith("memory:"):
         h.update(data_source.encode())
-    for p in (sc.data_files() if sc.data.path is not None else []):
+    trace = [sc.trace_path()] if sc.trace_path() is not None else []  # an availability trace
+    for p in (sc.data_files() if sc.data.path is not None else []) + trace:
         p = p.resolve()
         st = p.stat()
         h.update(_file_digest(str(p), st.st_size, st.st_mtime_ns).encode())

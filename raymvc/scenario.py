@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import math
 import os
 import re
 import reprlib
@@ -222,7 +223,111 @@ class DropCfg(_Strict):
     at_round: int = Field(ge=0)
 
 
+class IidAvailability(_Strict):
+    """Each client is unavailable in each round with probability ``rate``: ``faults.dropout.rate``."""
+
+    model: Literal["iid"]
+    rate: float = Rate
+
+
+class PerClientAvailability(_Strict):
+    """Each client's unavailability probability is drawn once from Beta(alpha, beta),
+    alpha = mean x concentration, beta = (1 - mean) x concentration; then each round is a coin."""
+
+    model: Literal["per_client"]
+    mean: float = Field(gt=0.0, lt=1.0, description="mean unavailability probability over clients")
+    concentration: float = Field(default=10.0, gt=0.0, description="alpha + beta: higher, clients more alike")
+
+
+class MarkovAvailability(_Strict):
+    """An on/off chain per client: on for mean_on rounds, off for mean_off rounds on average
+    (geometric: p(on -> off) = 1 / mean_on, p(off -> on) = 1 / mean_off); round 0 from the
+    stationary distribution."""
+
+    model: Literal["markov"]
+    mean_on: float = Field(ge=1.0, description="mean length of an available stretch, in rounds")
+    mean_off: float = Field(ge=1.0, description="mean length of an unavailable stretch, in rounds")
+
+
+class DiurnalAvailability(_Strict):
+    """Availability p(t) = base + amplitude x sin(2 pi (t / period + phase)), clipped to [0, 1],
+    t the round index; each round is a coin at p(t)."""
+
+    model: Literal["diurnal"]
+    period: float = Field(gt=0.0, description="length of a day, in rounds")
+    base: float = Field(default=0.5, ge=0.0, le=1.0, description="mean availability over the day")
+    amplitude: float = Field(default=0.5, ge=0.0, le=1.0)
+    phase: float | None = Field(default=None, ge=0.0, lt=1.0,
+                                description="share of a day every client is shifted by; null: each client "
+                                            "draws its own, uniform in [0, 1)")
+
+
+class DataAvailability(_Strict):
+    """Unavailability tied to what a client holds: p_c = rate x (mean size / size_c) ** strength,
+    clipped to [0, 1]; size is the client's number of samples or its view's dimension."""
+
+    model: Literal["data"]
+    by: Literal["samples", "dimension"] = "samples"
+    rate: float = Rate
+    strength: float = Field(default=1.0, ge=0.0, description="0: every client at rate")
+
+
+class TraceAvailability(_Strict):
+    """Availability read from a CSV of ``client,start_s,end_s`` intervals (see :func:`read_trace`)."""
+
+    model: Literal["trace"]
+    path: str = Field(description="the CSV, relative to the scenario file")
+    round_s: float = Field(default=1.0, gt=0.0, description="round r takes place at r x round_s seconds")
+
+
+AVAILABILITY_MODELS = {c.model_fields["model"].annotation.__args__[0]: c for c in (
+    IidAvailability, PerClientAvailability, MarkovAvailability, DiurnalAvailability, DataAvailability,
+    TraceAvailability)}
+Availability = Annotated[
+    IidAvailability | PerClientAvailability | MarkovAvailability | DiurnalAvailability | DataAvailability
+    | TraceAvailability, Field(discriminator="model")]
+MAX_TRACE_BYTES = 50_000_000
+
+
+def read_trace(path: Path) -> dict[int, list[tuple[float, float]]]:
+    """A trace file: a header ``client,start_s,end_s``, then one interval a line when that
+    client is available (``start_s <= t < end_s``, seconds). Blank lines are skipped.
+    Raises ValueError naming the file and line."""
+    if not path.is_file():
+        raise ValueError(f"file not found: {path}")
+    if path.stat().st_size > MAX_TRACE_BYTES:
+        raise ValueError(f"{path}: more than {MAX_TRACE_BYTES} bytes")
+    try:
+        lines = path.read_text().splitlines()
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a text file") from None
+    if not lines or [x.strip() for x in lines[0].split(",")] != ["client", "start_s", "end_s"]:
+        raise ValueError(f"{path} line 1: the header must be client,start_s,end_s")
+    out: dict[int, list[tuple[float, float]]] = {}
+    for n, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        cells = [x.strip() for x in line.split(",")]
+        where = f"{path} line {n}"
+        if len(cells) != 3:
+            raise ValueError(f"{where}: expected 3 values (client,start_s,end_s), got {len(cells)}")
+        try:
+            client = int(cells[0])
+        except ValueError:
+            raise ValueError(f"{where}: client must be an integer, got {short(cells[0])}") from None
+        try:
+            start, end = float(cells[1]), float(cells[2])
+        except ValueError:
+            raise ValueError(f"{where}: start_s and end_s must be numbers, got {short(cells[1])}, "
+                             f"{short(cells[2])}") from None
+        if client < 0 or not (math.isfinite(start) and math.isfinite(end)) or not start < end:
+            raise ValueError(f"{where}: need client >= 0 and finite start_s < end_s, got {short(line.strip())}")
+        out.setdefault(client, []).append((start, end))
+    return out
+
+
 class FaultsCfg(_Strict):
+    availability: Availability | None = None  # which clients are reachable in a round (docs/fault-models.md)
     dropout: RateCfg = RateCfg()
     disconnect: RateCfg = RateCfg()
     drop: list[DropCfg] = []  # scheduled dropouts: this client misses this round
@@ -230,6 +335,13 @@ class FaultsCfg(_Strict):
     stragglers: StragglerCfg = StragglerCfg()
     deadline_s: float | None = Field(default=None, gt=0.0)
     min_clients: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _one_availability(self) -> FaultsCfg:
+        if self.availability is not None and self.dropout.rate > 0:
+            raise ValueError("give faults.dropout.rate or faults.availability, not both "
+                             "(faults.availability.model: iid is the same as dropout.rate)")
+        return self
 
 
 class NetworkCfg(_Strict):
@@ -305,6 +417,26 @@ class Scenario(_Strict):
             return [resolve(s) for s in self.data.path]
         return resolve(self.data.path)
 
+    def trace_path(self) -> Path | None:
+        """``faults.availability.path`` of the trace model, resolved relative to the scenario file."""
+        a = self.faults.availability
+        if a is None or a.model != "trace":
+            return None
+        p = Path(a.path).expanduser()
+        return Path(self.source).parent / p if not p.is_absolute() and self.source else p
+
+    def availability_trace(self) -> dict[int, list[tuple[float, float]]] | None:
+        """The intervals of ``faults.availability: {model: trace}``, or None for another model;
+        a bad file raises ScenarioError."""
+        p = self.trace_path()
+        if p is None:
+            return None
+        try:
+            return read_trace(p)
+        except ValueError as e:
+            where = f"{self.source}: " if self.source else ""
+            raise self.blame(ScenarioError(f"{where}faults.availability.path: {e}")) from None
+
     def data_files(self) -> list[Path]:
         """Every file ``data.path`` reads (a folder's tables included), for the fingerprint."""
         from .data.tables import table_files
@@ -339,6 +471,8 @@ class Scenario(_Strict):
         if self.data.path is not None:  # resolved, so the copy in a run folder still finds the file
             p = self.data_path()
             d["data"]["path"] = [str(q.resolve()) for q in p] if isinstance(p, list) else str(p.resolve())
+        if self.trace_path() is not None:  # resolved too
+            d["faults"]["availability"]["path"] = str(self.trace_path().resolve())
         return yaml.safe_dump(d, sort_keys=False)
 
 
@@ -348,7 +482,7 @@ def _model_in(annotation) -> type[BaseModel] | None:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType, list, tuple):
+    if origin in (typing.Union, types.UnionType, typing.Annotated, list, tuple):
         for arg in typing.get_args(annotation):
             m = _model_in(arg)
             if m is not None:
@@ -358,10 +492,13 @@ def _model_in(annotation) -> type[BaseModel] | None:
 
 def valid_keys(model: type[BaseModel] | None, path: list) -> list[str] | None:
     """The keys accepted at ``path`` (a location below ``model``), or None if unknown."""
-    for part in path:
+    for i, part in enumerate(path):
         if model is None:
             return None
         if isinstance(part, int) or str(part).isdigit():
+            continue
+        if i and path[i - 1] == "availability" and part in AVAILABILITY_MODELS:  # the model's tag
+            model = AVAILABILITY_MODELS[part]
             continue
         field = next((f for n, f in model.model_fields.items() if part in (n, f.alias)), None)
         if field is None:
@@ -403,9 +540,17 @@ def _format(source: str | None, err: ValidationError, prefix: tuple = (), model=
     loc = [str(x) for x in (*prefix, *raw_loc)]
     # pydantic adds the union/literal branch name to the location; drop it
     loc = [x if len(x) <= 40 else x[:37] + "..." for x in loc if x not in {"int", "list[int]", "constrained-float"}]
-    key = ".".join(loc) or "(top level)"
+    # faults.availability.<tag>.key -> faults.availability.key
+    loc = [x for i, x in enumerate(loc) if not (i and loc[i - 1] == "availability" and x in AVAILABILITY_MODELS)]
     typ = e["type"]
-    if typ == "extra_forbidden":
+    if typ in ("union_tag_invalid", "union_tag_not_found"):  # the key that picks the kind (model: ...)
+        loc.append(e["ctx"]["discriminator"].strip("'"))
+    key = ".".join(loc) or "(top level)"
+    if typ == "union_tag_invalid":
+        msg = f"unknown value {short(e['ctx']['tag'])} (valid: {e['ctx']['expected_tags'].replace(chr(39), '')})"
+    elif typ == "union_tag_not_found":
+        msg = "required key is missing"
+    elif typ == "extra_forbidden":
         within = [x for x in raw_loc[:-1] if str(x) not in {"int", "list[int]", "constrained-float"}]
         msg = unknown_key_message(str(raw_loc[-1])[:200], valid_keys(model or Scenario, within))
     elif typ == "missing":
@@ -548,6 +693,7 @@ def scenario_from_dict(raw: dict, source: str | None = None, overrides=(),
         if not (q.is_file() or (q.is_dir() and not isinstance(p, list))):
             where = f"{source}: " if source else ""
             raise ScenarioError(blame_override(f"{where}data.path: file not found: {q}", source, overrides))
+    sc.availability_trace()  # a trace file is read and checked now
     if sc.data.label_column is not None and p is None:
         where = f"{source}: " if source else ""
         raise ScenarioError(blame_override(f"{where}data.label_column: applies to .csv/.tsv data (data.path)",

@@ -134,6 +134,10 @@ def prepare(sc: Scenario, dataset=None):
             if c.client >= part.n_clients:
                 raise _err(sc, f"faults.{key}", f"client {c.client} does not exist "
                                                 f"(clients are 0..{part.n_clients - 1})")
+    for c in sc.availability_trace() or {}:
+        if c >= part.n_clients:
+            raise _err(sc, "faults.availability.path", f"the trace names client {c}, which does not exist "
+                                                       f"(clients are 0..{part.n_clients - 1})")
     if sc.faults.min_clients > part.n_clients:
         raise _err(sc, "faults.min_clients", f"{sc.faults.min_clients} is more than the {part.n_clients} clients")
     return ds, part
@@ -158,7 +162,9 @@ def _spawn(sc: Scenario, part, ds, seats=None, crew: Crew | None = None) -> tupl
                   n_samples=part.n_samples if part.kind == "vertical" else None,
                   channel=sc.channel.model_dump(), faults=sc.faults.model_dump(), network=sc.network.model_dump(),
                   seed=sc.seed, reply_timeout_s=rt.reply_timeout_s, threads=rt.threads, evict_after=rt.evict_after,
-                  client_sizes={c: part.shards[c].rows_held for c in ids}, search=search)
+                  client_sizes={c: part.shards[c].rows_held for c in ids},
+                  client_dims={c: int(part.shards[c].views[0].shape[1]) for c in ids},
+                  trace=sc.availability_trace(), search=search)
     if rt.backend == "local":
         clients = {c: ClientNode(c, sc.method, sc.params, part.shards[c], **common) for c in ids}
         return ServerNode(sc.method, sc.params, clients, **srv_kw), []

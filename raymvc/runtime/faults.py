@@ -7,16 +7,25 @@ the Ray and in-process backends see the same faults.
 
 What a fault means (the same on both backends):
 
-* **dropout** (``faults.dropout.rate``, or scheduled by ``faults.drop``): the server's
-  message for the round is sent -- its bytes count, its ledger row says ``dropped`` --
-  but the client goes offline before acting on it: it does not process the message
-  and sends no reply. Its state stays as it was; it is back the next round unless it
-  drops again. Counted in ``dropped_replies``.
+* **dropout** (``faults.dropout.rate``, an availability model, or scheduled by
+  ``faults.drop``): the server's message for the round is sent -- its bytes count, its
+  ledger row says ``dropped`` -- but the client goes offline before acting on it: it does
+  not process the message and sends no reply. Its state stays as it was; it is back the
+  next round unless it drops again. Counted in ``dropped_replies``.
 * **straggler**: the reply arrives ``delay`` virtual seconds later; past
   ``faults.deadline_s`` it is ``late`` and treated as missing (``late_replies``).
 * **crash**: at the start of the round the client's actor is killed (``ray.kill``);
   it never answers again (``crashed_clients``).
 * **disconnect**: the client never connects; it is addressed by no message.
+
+Availability (``faults.availability``, docs/fault-models.md) gives each client and round
+a probability of being unavailable (:meth:`FaultPlan.unavailable`); an unavailable client
+is a dropout. ``iid`` is ``dropout.rate``; ``per_client`` and ``data`` fix a probability
+per client, ``diurnal`` one per client and round; the Bernoulli draw of every model is
+the dropout stream's. ``markov`` and ``trace`` decide a state per round (probability 0
+or 1): a Markov client's state in round r comes from its first state and r transitions,
+each drawn from a stream keyed by (seed, tag, client, round), so it depends on no other
+client and on nothing but the round asked.
 
 A round may hold more than one exchange (secure aggregation adds two: masked input
 and unmasking). Exchange ``sub`` > 0 of a round draws dropouts and delays from streams
@@ -35,6 +44,7 @@ from ..scenario import DelayCfg, FaultsCfg, NetworkCfg
 
 # stream tags, so the streams never overlap
 _DISCONNECT, _STRAGGLERS, _DROPOUT, _DELAY = 101, 102, 103, 104
+_PER_CLIENT, _PHASE, _MARKOV = 105, 106, 107
 
 
 def _draw_delay(cfg: DelayCfg, rng: np.random.Generator) -> float:
@@ -61,6 +71,9 @@ class FaultPlan:
     cfg: FaultsCfg
     client_ids: list[int]
     seed: int
+    client_sizes: dict[int, int] | None = None  # samples each client holds (availability model data)
+    client_dims: dict[int, int] | None = None  # its view's dimension (data, by: dimension)
+    trace: dict[int, list[tuple[float, float]]] | None = None  # availability intervals (model trace)
 
     def __post_init__(self) -> None:
         n = len(self.client_ids)
@@ -75,14 +88,65 @@ class FaultPlan:
         self.crash_at: dict[int, int] = {}
         for c in self.cfg.crash:
             self.crash_at[c.client] = min(c.at_round, self.crash_at.get(c.client, c.at_round))
+        a = self.cfg.availability
+        self.p_client: dict[int, float] = {}  # per_client, data: each client's unavailability
+        self.phase: dict[int, float] = {}  # diurnal: each client's shift, in days
+        self.chain: dict[int, list[bool]] = {}  # markov: each client's states (on) so far, from round 0
+        if a is None:
+            return
+        if a.model == "per_client":
+            ab = (a.mean * a.concentration, (1.0 - a.mean) * a.concentration)
+            self.p_client = {c: float(np.random.default_rng([self.seed, _PER_CLIENT, c]).beta(*ab))
+                             for c in self.client_ids}
+        elif a.model == "diurnal":
+            self.phase = {c: float(np.random.default_rng([self.seed, _PHASE, c]).random()) if a.phase is None
+                          else a.phase for c in self.client_ids}
+        elif a.model == "data":
+            held = self.client_sizes if a.by == "samples" else self.client_dims
+            if not held or any(c not in held for c in self.client_ids):
+                raise ValueError(f"availability model data by {a.by} needs every client's "
+                                 f"{'size' if a.by == 'samples' else 'dimension'}")
+            mean = float(np.mean([held[c] for c in self.client_ids]))
+            self.p_client = {c: min(1.0, a.rate * (mean / held[c] if held[c] > 0 else math.inf) ** a.strength)
+                             if a.rate > 0 else 0.0 for c in self.client_ids}
+
+    def unavailable(self, round: int, client: int) -> float:
+        """The probability that ``client`` is unavailable in ``round`` (0 or 1 for markov and trace)."""
+        a = self.cfg.availability
+        if a is None:
+            return self.cfg.dropout.rate
+        if a.model == "iid":
+            return a.rate
+        if a.model in ("per_client", "data"):
+            return self.p_client[client]
+        if a.model == "diurnal":
+            on = a.base + a.amplitude * math.sin(2.0 * math.pi * (round / a.period + self.phase[client]))
+            return 1.0 - min(1.0, max(0.0, on))
+        if a.model == "markov":
+            return 0.0 if self._markov_on(round, client) else 1.0
+        t = round * a.round_s  # trace
+        return 0.0 if any(s <= t < e for s, e in (self.trace or {}).get(client, ())) else 1.0
+
+    def _markov_on(self, round: int, client: int) -> bool:
+        a = self.cfg.availability
+        states = self.chain.setdefault(client, [])
+        while len(states) <= round:
+            u = np.random.default_rng([self.seed, _MARKOV, client, len(states)]).random()
+            if not states:  # the stationary distribution
+                states.append(bool(u < a.mean_on / (a.mean_on + a.mean_off)))
+            elif states[-1]:
+                states.append(bool(u >= 1.0 / a.mean_on))
+            else:
+                states.append(bool(u < 1.0 / a.mean_off))
+        return states[round]
 
     def dropped(self, round: int, client: int, sub: int = 0) -> bool:
         if sub == 0 and (round, client) in self.drop_at:
             return True
-        rate = self.cfg.dropout.rate
-        if rate <= 0:
+        p = self.unavailable(round, client)
+        if p <= 0:
             return False
-        return bool(np.random.default_rng([self.seed, _DROPOUT, round, client, *_sub(sub)]).random() < rate)
+        return bool(np.random.default_rng([self.seed, _DROPOUT, round, client, *_sub(sub)]).random() < p)
 
     def delay(self, round: int, client: int, sub: int = 0) -> float:
         if client not in self.stragglers:

@@ -325,7 +325,8 @@ class ServerNode:
     def __init__(self, method: str, params: dict, clients: dict, *, client_ids: list[int], n_clusters: int,
                  n_samples: int | None, channel: dict, faults: dict, network: dict, seed: int,
                  reply_timeout_s: float = 600.0, threads: int = 1, client_sizes: dict[int, int] | None = None,
-                 evict_after: int = 3, search: tuple[str, ...] = ()):
+                 evict_after: int = 3, search: tuple[str, ...] = (), client_dims: dict[int, int] | None = None,
+                 trace: dict[int, list[tuple[float, float]]] | None = None):
         from ..protocols import add_search_path, get
 
         for folder in search:
@@ -336,7 +337,8 @@ class ServerNode:
         proto = get(method)
         ch = ChannelCfg(**channel)
         self.channel = ch
-        self.plan = FaultPlan(FaultsCfg(**faults), list(client_ids), seed)
+        self.plan = FaultPlan(FaultsCfg(**faults), list(client_ids), seed, client_sizes=client_sizes,
+                              client_dims=client_dims, trace=trace)
         self.faults = Injector(self.plan)
         self.net = Network(NetworkCfg(**network))
         self.min_clients = self.plan.cfg.min_clients

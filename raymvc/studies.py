@@ -86,24 +86,30 @@ def parse_grid(items: list[str]) -> list[tuple[str, list]]:
     return grid
 
 
-def parse_seeds(text: str) -> list[int]:
-    """``'0,1,2'`` or ``'0-4'`` (or a mix) -> a list of seeds."""
+MAX_SEEDS = 10_000  # seeds in one sweep or study
+MAX_CELLS = 100_000  # (scenario, grid point, seed) cells in one sweep or study
+
+
+def parse_seeds(text: str, what: str = "--seeds") -> list[int]:
+    """``'0,1,2'`` or ``'0-4'`` (or a mix) -> a list of seeds (at most :data:`MAX_SEEDS`);
+    ``what`` names the option or key in errors."""
     seeds: list[int] = []
     for part in text.split(","):
         part = part.strip()
         m = re.fullmatch(r"(\d+)\s*-\s*(\d+)", part)
-        try:
-            if m:
-                lo, hi = int(m.group(1)), int(m.group(2))
-                if hi < lo:
-                    raise ValueError
-                seeds.extend(range(lo, hi + 1))
-            else:
-                seeds.append(int(part))
-        except ValueError:
-            raise ScenarioError(f"--seeds {text}: expected seeds like 0,1,2 or 0-4") from None
-    if any(s < 0 for s in seeds):
-        raise ScenarioError(f"--seeds {text}: seeds must be >= 0")
+        if m:
+            lo, hi = int(m.group(1)), int(m.group(2))
+            if hi < lo:
+                raise ScenarioError(f"{what} {text}: a range runs from low to high, e.g. 0-4")
+            if hi - lo + 1 + len(seeds) > MAX_SEEDS:
+                raise ScenarioError(f"{what} {text}: more than {MAX_SEEDS} seeds")
+            seeds.extend(range(lo, hi + 1))
+        elif re.fullmatch(r"\d+", part):
+            seeds.append(int(part))
+        else:
+            raise ScenarioError(f"{what} {text}: expected seeds like 0,1,2 or 0-4")
+    if len(seeds) > MAX_SEEDS:
+        raise ScenarioError(f"{what} {text}: more than {MAX_SEEDS} seeds")
     return list(dict.fromkeys(seeds))
 
 
@@ -163,6 +169,7 @@ def plan(scenarios: list[str | tuple[str, list[str]]], grid: list[tuple[str, lis
 
     cells: list[Cell] = []
     keys = [k for k, _ in grid]
+    check_size(len(scenarios), [len(vals) for _, vals in grid], len(seeds) if seeds is not None else 1)
     for entry in scenarios:
         path, own = (entry, []) if isinstance(entry, str) else entry
         first = _load(path, own + base, keys)
@@ -191,6 +198,20 @@ def plan(scenarios: list[str | tuple[str, list[str]]], grid: list[tuple[str, lis
         dup = next(d for d in dirs if dirs.count(d) > 1)
         raise ScenarioError(f"two runs would share the folder {dup.name}; give the scenarios different names")
     return cells
+
+
+def check_size(runs: int, grid_sizes: list[int], seeds: int) -> int:
+    """The number of cells, or a ScenarioError past :data:`MAX_CELLS` (checked before any cell is built)."""
+    n = runs * seeds
+    for g in grid_sizes:
+        n *= g
+        if n > MAX_CELLS:
+            break
+    if n > MAX_CELLS:
+        raise ScenarioError(f"the sweep has more than {MAX_CELLS} runs ({runs} scenario(s) x "
+                            f"{' x '.join(map(str, grid_sizes)) or '1'} grid points x {seeds} seed(s)); "
+                            "split it into smaller sweeps")
+    return n
 
 
 def _grid_blame(err: ScenarioError, keys: list[str]) -> ScenarioError:

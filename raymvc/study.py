@@ -50,6 +50,7 @@ from .scenario import MAX_FILE_BYTES, ScenarioError, safe_yaml_load
 
 METRIC_NAMES = ("acc", "nmi", "ari", "mb")
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$")
+_PAPER = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")  # names studies/<paper>.md: never a path
 
 
 class _Strict(BaseModel):
@@ -91,7 +92,7 @@ def seed_list(seeds: str | list[int]) -> list[int]:
     """A study's ``seeds`` (``"0-4"`` or a list) as a list."""
     from .studies import parse_seeds
 
-    return list(seeds) if isinstance(seeds, list) else parse_seeds(str(seeds))
+    return list(seeds) if isinstance(seeds, list) else parse_seeds(str(seeds), "seeds")
 
 
 class ModeSpec(_Strict):
@@ -130,6 +131,13 @@ class StudySpec(_Strict):
     readme: bool | Literal["mean"] = True  # rows in README's table; "mean": averaged over the grid per seed
     notes: str = ""
 
+    @field_validator("paper")
+    @classmethod
+    def _paper(cls, v: str) -> str:
+        if not _PAPER.match(v):
+            raise ValueError(f"{v!r}: the page's name, lower-case letters, digits and '-' (e.g. feddmvc)")
+        return v
+
     @field_validator("spread", mode="before")
     @classmethod
     def _one_or_several(cls, v):
@@ -138,6 +146,16 @@ class StudySpec(_Strict):
     @model_validator(mode="after")
     def _consistent(self):
         ids = [r.id for r in self.runs]
+        from .studies import check_size
+
+        try:
+            n_seeds = len(seed_list(self.seeds))
+        except ScenarioError as e:
+            raise ValueError(str(e)) from None
+        try:
+            check_size(len(self.runs) + len(self.spread), [len(v) for v in self.grid.values()], n_seeds)
+        except ScenarioError as e:
+            raise ValueError(f"grid: {e}") from None
         if len(set(ids)) != len(ids):
             raise ValueError(f"runs: two runs share the id {next(i for i in ids if ids.count(i) > 1)!r}")
         for key, vals in self.grid.items():

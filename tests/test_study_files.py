@@ -98,6 +98,14 @@ def test_every_shipped_study_validates(path, capsys):
     ("study: {paper: x, title: t, seeds: 100-102, readme: false, grid: {params.kmeans_init: [1, 5]}, "
      "tuning: {default: {params.max_iter: 50}}, runs: [{id: a, label: A, scenario: ../tiny.yaml}]}",
      "study.tuning.default.params.max_iter"),
+    # a study's page is studies/<paper>.md: never a path out of studies/
+    ("study: {paper: ../OUTSIDE, title: t, runs: [{id: a, label: A, scenario: ../tiny.yaml}]}", "study.paper"),
+    ("study: {paper: /tmp/x, title: t, runs: [{id: a, label: A, scenario: ../tiny.yaml}]}", "study.paper"),
+    # bounded sizes: one line, at once
+    ("study: {paper: x, title: t, seeds: 0-100000000000, runs: [{id: a, label: A, scenario: ../tiny.yaml}]}",
+     "study.seeds 0-100000000000: more than 10000 seeds"),
+    ("study: {paper: x, title: t, grid: {" + ", ".join(f"params.k{i}: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]" for i in range(14))
+     + "}, runs: [{id: a, label: A, scenario: ../tiny.yaml}]}", "study.grid: the sweep has more than 100000 runs"),
 ])
 def test_a_broken_study_is_one_line_naming_file_and_key(tmp_path, capsys, text, words):
     (tmp_path / "tiny.yaml").write_text(SCENARIO)

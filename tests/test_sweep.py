@@ -148,3 +148,18 @@ def test_sweep_jobs_run_in_processes(tmp_path, capsys):
     out = tmp_path / "sw"
     assert main(["sweep", str(sc), "--seeds", "0-1", "--jobs", "2", "--out", str(out), "--quiet"]) == 0
     assert [r["status"] for r in read_csv(out / "sweep.csv")] == ["completed", "completed"]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--seeds", "0-100000000000"], "--seeds 0-100000000000: more than 10000 seeds"),
+    (["--seeds", "4-0"], "--seeds 4-0: a range runs from low to high"),
+    ([arg for i in range(6) for arg in ("--grid", f"params.x{i}=[0, 1, 2, 3, 4, 5, 6, 7, 8, 9]")],
+     "the sweep has more than 100000 runs"),
+])
+def test_oversized_sweeps_are_one_line_before_any_work(tmp_path, capsys, args, words):
+    sc = tmp_path / "tiny.yaml"
+    sc.write_text("name: tiny\nmethod: kfed\ndata: {dataset: digits, partition: horizontal}\n")
+    assert main(["sweep", str(sc), *args, "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0]
+    assert not (tmp_path / "out").exists()

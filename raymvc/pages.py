@@ -33,13 +33,28 @@ README_END = "<!-- study-results:end -->"
 SECTION_MARK = "<!-- study: {} -->"  # opens each study's section of a page
 
 
+def esc(text, one_line: bool = True) -> str:
+    """Text from a study file or a cell record, safe in a page: no HTML (so no comment that
+    could pass for a section marker), and on one line without ``|`` where it sits in a
+    table or a heading."""
+    s = str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    if one_line:
+        s = " ".join(s.split()).replace("|", "\\|")
+    return s
+
+
+def code(text) -> str:
+    """Text for inside a code span: one line, no backtick, ``|`` or angle bracket."""
+    return " ".join(str(text).split()).replace("`", "'").replace("|", "/").replace("<", "(").replace(">", ")")
+
+
 def _key(point: dict, text: bool = False) -> tuple:
     """A grid point as a hashable key; ``text``: its values are already as sweep.csv writes them."""
     return tuple((k, v if text else short_value(v)) for k, v in sorted(point.items()))
 
 
 RECORD_DIR = "results"  # studies/results/<study>.csv: the cells a page was written from
-RECORD_EXTRA = ("code_version", "platform", "labels_sha256", "joined")
+RECORD_EXTRA = ("code_version", "platform", "labels_sha256", "joined", "study")
 
 
 class StudyResult:
@@ -82,7 +97,7 @@ class StudyResult:
         for d, joined in [(sweep_dir, ""), *((e, "1") for e in elsewhere)]:
             out += [{**r, **_run_facts(d, r), "joined": joined} for r in read_sweep(d)[1] if r["scenario"] in ids]
         if record is not None and record.is_file():
-            earlier = _read_record(record)
+            earlier = _read_record(record, study)
             by_cell = {_row_cell(r, study): r for r in earlier}
             for r in out:
                 old = by_cell.get(_row_cell(r, study))
@@ -94,9 +109,11 @@ class StudyResult:
 
     @classmethod
     def from_record(cls, study: Study, path: Path) -> StudyResult:
-        return cls(study, _read_record(path))
+        return cls(study, _read_record(path, study))
 
     def write_record(self, path: Path) -> Path:
+        for r in self.rows:
+            r["study"] = self.study.name  # a record names its study: a copy under another name is not read
         fields: dict[str, None] = {}
         for r in self.rows:
             fields.update(dict.fromkeys(k for k in r if k not in RECORD_EXTRA))
@@ -134,7 +151,7 @@ class StudyResult:
         if counts is None:
             return ""
         m = self.study.spec.modes
-        return f"{counts[1]} {m.above}, {counts[0]} {m.below}"
+        return f"{counts[1]} {esc(m.above)}, {counts[0]} {esc(m.below)}"
 
     def grid_mean(self, run_id: str, metric: str) -> tuple[float | None, float | None, int, int]:
         """Per seed, the mean over the grid's points; then mean ± std over the seeds that
@@ -162,9 +179,10 @@ class StudyResult:
         return sorted({r["platform"] for r in self.rows if r.get("platform")})
 
 
-def _read_record(path: Path) -> list[dict]:
+def _read_record(path: Path, study: Study) -> list[dict]:
+    """The record's rows that name ``study`` (a record copied from another study has none)."""
     with open(path, newline="") as fh:
-        return list(csv.DictReader(fh))
+        return [r for r in csv.DictReader(fh) if r.get("study") == study.name]
 
 
 def _row_cell(row: dict, study: Study) -> tuple:
@@ -212,7 +230,7 @@ def _seed_list(res: StudyResult, run_id: str, point: dict, metric: str) -> str:
     vals = []
     for r in res.cell(run_id, point):
         x = _num(r.get(metric))
-        vals.append(f"{x:.3f}" if (x is not None and r["status"] in OK) else r["status"])
+        vals.append(f"{x:.3f}" if (x is not None and r["status"] in OK) else esc(r["status"]))
     return " / ".join(vals) or "none"
 
 
@@ -242,8 +260,8 @@ def _one_spread(res: StudyResult, sp, other: str) -> str:
                 unread += 1
             else:
                 same_labels += labels[0] == labels[1]
-    setting = ", ".join(f"`{k}: {v}`" for k, v in sp.set.items())
-    where = f", as *{sp.label}*" if sp.label else ""
+    setting = ", ".join(f"`{code(k)}: {code(v)}`" for k, v in sp.set.items())
+    where = f", as *{esc(sp.label)}*" if sp.label else ""
     if not n:
         return f"**Across platforms** ({setting}{where}): no pair of runs finished."
     read = f"{same_labels} of {n - unread}" + (f" (of {n}; {unread} no longer on disk as run)" if unread else "")
@@ -282,7 +300,7 @@ def tuning_summary(res: StudyResult) -> str | None:
     tied = [p for m, _, p in scored if m >= best_mean - 1e-12]
     where = (f"at {_fmt_point(best_point)}" if len(tied) == 1 else
              f"shared by {len(tied)} points (equal means: {'; '.join(_fmt_point(p) for p in tied)})")
-    head = (f"**Tuning** (seeds the reported tables never use). Of {len(scored)} grid points of *{run.label}*"
+    head = (f"**Tuning** (seeds the reported tables never use). Of {len(scored)} grid points of *{esc(run.label)}*"
             f"{left}, the best mean {name} is {best_mean:.3f} ± {best_std:.3f}, {where}.")
     d_mean, d_std = default
     if d_mean >= best_mean - 1e-12:
@@ -296,11 +314,11 @@ def tuning_summary(res: StudyResult) -> str | None:
 
 def _label(study: Study, run_id: str) -> str:
     r = study.labels().get(run_id)
-    return r.label if r else run_id
+    return esc(r.label if r else run_id)
 
 
 def _fmt_point(point: dict) -> str:
-    return ", ".join(f"{short_key(k)} = {short_value(v)}" for k, v in point.items()) or "-"
+    return esc(", ".join(f"{short_key(k)} = {short_value(v)}" for k, v in point.items()) or "-")
 
 
 def study_section(res: StudyResult, fig_dir: Path | None, page_dir: Path) -> str:
@@ -311,22 +329,22 @@ def study_section(res: StudyResult, fig_dir: Path | None, page_dir: Path) -> str
     seeds = st.seeds()
     seed_text = f"seeds {seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else \
         "seeds " + ", ".join(map(str, seeds))
-    lines = [SECTION_MARK.format(st.name), f"## {spec.title}", ""]
+    lines = [SECTION_MARK.format(st.name), f"## {esc(spec.title)}", ""]
     more = res.joined
     other = f" (+{more} runs swept on another machine and joined with `--also`)" if more else ""
-    lines.append(f"Paper: {spec.source or 'n/a'} · study file `studies/{st.path.name}` · {seed_text} · "
+    lines.append(f"Paper: {esc(spec.source) or 'n/a'} · study file `studies/{code(st.path.name)}` · {seed_text} · "
                  f"{n} runs, {total / 60:.1f} min of run time ({(total / n) if n else 0:.0f} s a run){other} · "
                  "reproduce: "
-                 f"`raymvc sweep studies/{st.path.name} --backend local --jobs {1 if spec.spread else 2}`")
+                 f"`raymvc sweep studies/{code(st.path.name)} --backend local --jobs {1 if spec.spread else 2}`")
     lines.append("")
     comment = _leading_comment(st.path)
     if comment:
-        lines += [comment, ""]
+        lines += [esc(comment), ""]
     if spec.notes:
-        lines += [spec.notes.strip(), ""]
+        lines += [esc(spec.notes.strip(), one_line=False), ""]
     refs = [m for m in metrics if any(getattr(pr, m) is not None for pr in spec.paper_results)]
     modes = spec.modes
-    head = ["run", "variant", *(short_key(k) for k in spec.grid), "runs ok",
+    head = ["run", "variant", *(esc(short_key(k)) for k in spec.grid), "runs ok",
             *(f"{NAMES[m]}" for m in metrics), *(f"paper {NAMES[m]}" for m in refs),
             *(["seeds per mode"] if modes else []), f"{NAMES[metrics[0]]} per seed"]
     lines.append("| " + " | ".join(head) + " |")
@@ -344,20 +362,20 @@ def study_section(res: StudyResult, fig_dir: Path | None, page_dir: Path) -> str
             for m in refs:
                 v = _paper_value(st, r.id, point, m)
                 paper.append(f"{v:.3f}" if v is not None else "")
-            row = [r.label, r.variant, *(short_value(point[k]) for k in spec.grid), ok_total or "0/0",
+            row = [esc(r.label), r.variant, *(esc(short_value(point[k])) for k in spec.grid), ok_total or "0/0",
                    *cells, *paper, *([res.mode_text(r.id, point)] if modes else []),
                    _seed_list(res, r.id, point, metrics[0])]
             lines.append("| " + " | ".join(row) + " |")
     others = [pr for pr in spec.paper_results if pr.method]
     for pr in others:
         vals = [f"{getattr(pr, m):.3f}" if getattr(pr, m) is not None else "" for m in refs]
-        row = [pr.method, "paper's number", *(short_value(pr.at.get(k, "")) or "all" for k in spec.grid), "",
+        row = [esc(pr.method), "paper's number", *(esc(short_value(pr.at.get(k, ""))) or "all" for k in spec.grid), "",
                *([""] * len(metrics)), *vals, *([""] if modes else []), ""]
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     if modes:
-        lines += [f"Seeds per mode: {NAMES[modes.metric]} below {modes.split:g} counts as *{modes.below}*, "
-                  f"at or above it as *{modes.above}* (the split, from the study file, lies between the two "
+        lines += [f"Seeds per mode: {NAMES[modes.metric]} below {modes.split:g} counts as *{esc(modes.below)}*, "
+                  f"at or above it as *{esc(modes.above)}* (the split, from the study file, lies between the two "
                   "outcomes seen on earlier seed sets); the mean ± std above mixes both modes.", ""]
     mean_row = _grid_mean_text(res, runs, metrics)
     if mean_row:
@@ -372,13 +390,13 @@ def study_section(res: StudyResult, fig_dir: Path | None, page_dir: Path) -> str
         path = draw_figure(res, fig_dir / f"{st.name}.png")
         if path is not None:
             rel = path.relative_to(page_dir) if path.is_relative_to(page_dir) else path
-            lines += [f"![{spec.title}]({rel.as_posix()})", ""]
+            lines += [f"![{esc(spec.title)}]({rel.as_posix()})", ""]
     versions = res.code_versions()
     if versions:
-        lines += [f"Code version of these runs: {', '.join(f'`{v}`' for v in versions)}.", ""]
+        lines += [f"Code version of these runs: {', '.join(f'`{code(v)}`' for v in versions)}.", ""]
     platforms = res.platforms()
     if platforms:
-        lines += [f"Platform{'s' if len(platforms) > 1 else ''} of these runs: {'; or '.join(platforms)}.", ""]
+        lines += [f"Platform{'s' if len(platforms) > 1 else ''} of these runs: {'; or '.join(map(esc, platforms))}.", ""]
     return "\n".join(lines)
 
 
@@ -394,7 +412,7 @@ def _grid_mean_text(res: StudyResult, runs, metrics) -> str | None:
             means = [res.stat(r.id, p, m)[0] for p in res.points()]
             means = [x for x in means if x is not None]
             vals.append(f"{NAMES[m]} {sum(means) / len(means):.3f}" if means else f"{NAMES[m]} n/a")
-        parts.append(f"*{r.label}*: " + ", ".join(vals))
+        parts.append(f"*{esc(r.label)}*: " + ", ".join(vals))
     return "Mean over the grid's points: " + "; ".join(parts) + "."
 
 
@@ -569,12 +587,12 @@ def readme_table(entries: list[tuple[Study, StudyResult | None]], kept: dict[str
                     pa = next((pr.acc for pr in ref if pr.acc is not None), None)
                     pn = next((pr.nmi for pr in ref if pr.nmi is not None), None)
                     pm = next((pr.mb for pr in ref if pr.mb is not None), None)
-                    where = "mean over " + ", ".join(short_key(k) for k in st.spec.grid)
+                    where = esc("mean over " + ", ".join(short_key(k) for k in st.spec.grid))
                 else:
                     acc, nmi, mb = (res.stat(r.id, point, m) for m in ("acc", "nmi", "mb"))
                     pa, pn, pm = (_paper_value(st, r.id, point, m) for m in ("acc", "nmi", "mb"))
                     where = _fmt_point(point)
-                lines.append(f"| [{st.name}]({page}#{anchor}) | {r.label} | {r.variant} | {where} | "
+                lines.append(f"| [{esc(st.name)}]({page}#{anchor}) | {esc(r.label)} | {r.variant} | {where} | "
                              f"{_pm(acc[0], acc[1], 3)} | {_pm(nmi[0], nmi[1], 3)} | {_pm(mb[0], mb[1], 2)} | "
                              f"{'' if pa is None else f'{pa:.3f}'} | {'' if pn is None else f'{pn:.3f}'} | "
                              f"{'' if pm is None else f'{pm:.2f}'} | "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import shutil
 import statistics
 from pathlib import Path
@@ -449,7 +450,8 @@ def test_a_study_with_modes_counts_seeds_per_mode_on_its_page_and_in_readme(tmp_
     accs = [0.95, 0.82, 0.96, 0.83, 0.81]
     rows = [{"scenario": "paper", "method": "cefmc", "seed": str(s), "status": "completed", "acc": str(a), "nmi": "0.9",
              "ari": "0.9", "mb": "1.0", "rounds": "3", "wall": "1.0", "fingerprint": f"f{s}", "run_dir": "",
-             "code_version": "v", "platform": "p", "labels_sha256": "h", "joined": ""} for s, a in enumerate(accs)]
+             "code_version": "v", "platform": "p", "labels_sha256": "h", "joined": "", "study": "bimodal"}
+            for s, a in enumerate(accs)]
     rec = tmp_path / "studies" / "results" / "bimodal.csv"
     rec.parent.mkdir()
     with rec.open("w", newline="") as f:
@@ -472,3 +474,65 @@ def test_a_papers_notes_open_its_page(tmp_path):
     write_pages(tmp_path / "studies", tmp_path / "runs")
     page = (tmp_path / "studies" / "cefmc.md").read_text()
     assert page.index("## Coverage") < page.index("<!-- study: ")
+
+
+def test_text_from_study_files_and_records_cannot_inject_markup(tmp_path):
+    """Titles, labels, notes, comments and record fields are escaped: no HTML, no marker
+    that could stand for another section or end README's table, no broken table row."""
+    studies = tmp_path / "studies"
+    studies.mkdir()
+    sc = ROOT / "scenarios" / "hw-cefmc.yaml"
+    evil = "x <script>alert(1)</script> | y `z <!-- study: victim --> <!-- study-results:end -->"
+    (studies / "evil.yaml").write_text(
+        "# a comment <!-- study: victim -->\n"
+        "study:\n  paper: demo\n"
+        f"  title: {json.dumps(evil)}\n  source: {json.dumps(evil)}\n  seeds: 0-1\n  metrics: [acc]\n"
+        f"  notes: {json.dumps(evil)}\n"
+        f"  runs:\n    - {{id: paper, label: {json.dumps(evil)}, scenario: {sc}}}\n")
+    (studies / "victim.yaml").write_text(
+        "study:\n  paper: demo\n  title: Victim\n  seeds: 0-1\n  metrics: [acc]\n"
+        f"  runs:\n    - {{id: paper, label: V, scenario: {sc}}}\n")
+    (studies / "results").mkdir()
+    for name in ("evil", "victim"):
+        rows = [{"scenario": "paper", "method": "cefmc", "seed": str(s), "status": "completed" if s else evil,
+                 "acc": "0.9", "nmi": "0.9", "ari": "0.9", "mb": "1", "rounds": "3", "wall": "1", "fingerprint": "f",
+                 "run_dir": "", "code_version": evil, "platform": evil, "labels_sha256": "h", "joined": "",
+                 "study": name} for s in (0, 1)]
+        with (studies / "results" / f"{name}.csv").open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"x\n{README_BEGIN}\n{README_END}\nafter\n")
+    for _ in range(2):  # twice: nothing grows on regeneration
+        write_pages(studies, tmp_path / "runs", readme)
+    page = (studies / "demo.md").read_text()
+    assert "<script>" not in page and "<!-- study: victim -->" in page and page.count("<!-- study: victim -->") == 1
+    assert "## Victim" in page  # the victim's section is still there
+    text = readme.read_text()
+    assert text.count(README_END) == 1 and text.endswith("after\n") and "<script>" not in text
+    for doc in (page, text):
+        _tables_keep_their_columns(doc)
+
+
+def _tables_keep_their_columns(doc: str) -> None:
+    """Every row of every markdown table has as many cells as its header."""
+    width = None
+    for line in doc.splitlines():
+        if not line.startswith("|"):
+            width = None
+            continue
+        cells = line.replace("\\|", "").count("|")
+        if width is None:
+            width = cells
+        assert cells == width, line
+
+
+def test_a_record_copied_under_another_name_is_not_that_studys_results(tmp_path):
+    studies = tmp_path / "studies"
+    shutil.copytree(ROOT / "studies", studies, ignore=shutil.ignore_patterns("figures"))
+    shutil.copytree(ROOT / "scenarios", tmp_path / "scenarios")
+    shutil.copy(studies / "results" / "cefmc-hw.csv", studies / "results" / "cefmc-lambda.csv")
+    write_pages(studies, tmp_path / "runs")
+    section = (studies / "cefmc.md").read_text().split("<!-- study: cefmc-lambda -->")[1].split("<!-- study:")[0]
+    assert "| 0/0 |" in section and "0.946" not in section

@@ -115,3 +115,23 @@ def test_label_column_is_checked_and_the_fingerprint_covers_a_folder(tmp_path, d
     before = fingerprint(load_scenario(f))
     _write(folder / "b.csv", [[1, 2], [3, 4], [5, 8]], ["x", "y"])
     assert fingerprint(load_scenario(f)) != before
+
+
+@pytest.mark.parametrize("text, label_column, n, first_label", [
+    # header-less, text labels: the first row is a sample, not a header
+    ("".join(f"{i},{i + 1},{i + 2},{'cat' if i % 2 else 'dog'}\n" for i in range(20)), 3, 20, "dog"),
+    # header-less with a byte-order mark
+    ("\ufeff" + "".join(f"{i},{i}\n" for i in range(20)), None, 20, None),
+    # a header after a byte-order mark names its columns without the mark
+    ("\ufeffa,b,label\n" + "".join(f"{i},{i},{i % 2}\n" for i in range(20)), "label", 20, "0"),
+    # a header whose only text is above numeric labels is still a header
+    ("1,2,label\n" + "".join(f"{i},{i},{i % 2}\n" for i in range(20)), 2, 20, "0"),
+])
+def test_no_first_row_is_dropped_silently(tmp_path, text, label_column, n, first_label):
+    from raymvc.data.tables import read_table
+
+    f = tmp_path / "t.csv"
+    f.write_text(text, encoding="utf-8")
+    X, y, _ = read_table(f, label_column)
+    assert X.shape[0] == n
+    assert (y is None) if first_label is None else y[0] == first_label

@@ -2,7 +2,8 @@
 
 ``data.path`` may name one such file (one view), a list of them (one view per file,
 rows in the same sample order), or a folder whose ``.csv``/``.tsv`` files are the views
-in name order. A first row that is not all numbers is a header. ``data.label_column``
+in name order. A first row with text in a feature column is a header (so is text in the
+label column above numeric labels); a UTF-8 byte-order mark is dropped. ``data.label_column``
 names the column of ground-truth labels: a header name (taken from every file whose
 header has it; they must agree), or a 0-based column index (of the first file); without
 it every column is a feature and the data counts as unlabelled. An empty cell
@@ -36,20 +37,36 @@ def _number(cell: str) -> float | None:
         return None
 
 
+def _is_header(rows: list[list[str]], label_column: str | int | None) -> bool:
+    """Whether the first row names the columns. A text cell in a feature column makes it a
+    header; with a label column given by index, text there alone does only when the label
+    cells below are numbers (else it is a header-less file with text labels: its first row
+    is a sample, never dropped)."""
+    first = rows[0]
+    j = None
+    if label_column is not None and (not isinstance(label_column, str) or label_column.lstrip("-").isdigit()):
+        j = int(label_column) % len(first) if -len(first) <= int(label_column) < len(first) else None
+    if any(_number(c) is None for k, c in enumerate(first) if k != j):
+        return True
+    if j is None or _number(first[j]) is not None:
+        return False
+    return all(len(r) > j and _number(r[j]) is not None for r in rows[1:])
+
+
 def read_table(path: Path, label_column: str | int | None = None):
     """``(features (n, d) float64, labels (n,) str array or None, feature names)`` of one file."""
     from .datasets import DataError
 
     delim = "\t" if path.suffix.lower() == ".tsv" else ","
     try:
-        with open(path, newline="", encoding="utf-8") as fh:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
             rows = [r for r in csv.reader(fh, delimiter=delim) if r]  # a blank line is no row; "," is one
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise DataError(f"{path}: cannot read it as a table ({e})") from None
     if not rows:
         raise DataError(f"{path}: no rows")
     header = None
-    if any(_number(c) is None for c in rows[0]):
+    if _is_header(rows, label_column):
         header, rows = [c.strip() for c in rows[0]], rows[1:]
         if not rows:
             raise DataError(f"{path}: a header and no rows")
@@ -105,7 +122,7 @@ def load_tables(paths: Sequence[Path], label_column: str | int | None, name: str
             labels, where = y, p
     if label_column is not None and labels is None:
         delim = "\t" if paths[0].suffix.lower() == ".tsv" else ","
-        with open(paths[0], newline="", encoding="utf-8") as fh:
+        with open(paths[0], newline="", encoding="utf-8-sig") as fh:
             first = [c.strip() for c in next(csv.reader(fh, delimiter=delim), [])]
         cols = f"{', '.join(first[:4])}, ..., {', '.join(first[-2:])}" if len(first) > 6 else ", ".join(first)
         raise DataError(f"{paths[0]}: no column named {label_column!r} for data.label_column"
@@ -120,6 +137,6 @@ def load_tables(paths: Sequence[Path], label_column: str | int | None, name: str
 def _has_column(path: Path, label_column: str) -> bool:
     """Whether ``path``'s header names the label column."""
     delim = "\t" if path.suffix.lower() == ".tsv" else ","
-    with open(path, newline="", encoding="utf-8") as fh:
+    with open(path, newline="", encoding="utf-8-sig") as fh:
         first = next(csv.reader(fh, delimiter=delim), [])
     return label_column in [c.strip() for c in first]

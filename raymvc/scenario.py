@@ -555,6 +555,15 @@ def _format(source: str | None, err: ValidationError, prefix: tuple = (), model=
         msg = unknown_key_message(str(raw_loc[-1])[:200], valid_keys(model or Scenario, within))
     elif typ == "missing":
         msg = "required key is missing"
+    elif typ in ("model_type", "dict_type"):  # a value where a mapping belongs: name its keys, not a class
+        within = [str(x) for x in raw_loc if str(x) not in {"int", "list[int]", "constrained-float"}]
+        try:
+            keys = valid_keys(model or Scenario, within) or []
+        except Exception:  # noqa: BLE001 -- the plain message is still right
+            keys = []
+        msg = f"expected a mapping of its keys{' (' + ', '.join(keys) + ')' if keys else ''}, got {short(e['input'])}"
+        if len(keys) == 1 and not isinstance(e["input"], dict):
+            msg += f"; did you mean {key}.{keys[0]}?"
     else:
         msg = e["msg"]
         if msg.startswith("Value error, "):

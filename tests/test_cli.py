@@ -136,6 +136,11 @@ def test_set_errors_name_the_set_and_suggest_keys(capsys):
     assert capsys.readouterr().err.startswith("error: --set faults.crash=[{client: 9, at_round: 1}]: faults.crash: ")
     assert main(["validate", str(QUICK), "--set", "method=cefmx"]) == 2
     assert "did you mean 'cefmc'?" in capsys.readouterr().err
+    # a value where a mapping belongs names the mapping's keys, never an internal class
+    assert main(["validate", str(QUICK), "--set", "faults.dropout=0.3"]) == 2
+    err = capsys.readouterr().err
+    assert "faults.dropout: expected a mapping of its keys (rate), got 0.3; did you mean faults.dropout.rate?" in err
+    assert "Cfg" not in err
 
 
 def test_params_and_version(capsys):

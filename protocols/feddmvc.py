@@ -66,19 +66,20 @@ from then on it is a member (``joined`` in the round log), so a missed pretraini
 round costs the client nothing but that round. If no client has delivered yet, the
 server asks again with ``pretrain``. Samples that no member holds are labelled -1.
 
-Departures from the paper
--------------------------
-* Anchor of the alignment: the paper aligns every client to client 1's labels. Eq. 9
-  multiplies ``q_i`` by ``C``, so ``Q``'s columns must follow ``C``'s rows; we therefore
-  align every client (client 1 included) to the k-means labels of ``Z_C`` from step 1.
-* Order across rounds: from round 1 on, step 1 runs k-means twice, fresh (best of
-  ``kmeans_init`` restarts) and started at the means of ``Z_C`` grouped by the previous
-  round's labels, keeps the lower k-means objective, and renumbers the clusters to match
-  the previous labels (Hungarian method); step 5 starts at ``C``. Cluster ``j`` then
-  means the same thing in ``C``, ``P`` and every client's ``U_m`` (the paper leaves the
-  order implicit; with fresh restarts alone ``P``'s columns would not match
-  ``U_m = C^m``), and a poor first clustering (two digits merged, one split) is not
-  locked in.
+Departures from the paper (each an option; the default is the paper's setting)
+-------------------------------------------------------------------------------
+* Anchor of the alignment (``align_to``): the paper aligns every client to client 1's
+  labels (``client1``, the default): every ``Q_m``'s columns and ``C``'s rows are put in
+  the first member's cluster order (Hungarian method on the overlapping samples), so
+  Eq. 9's ``q_i C^m`` pairs matching clusters. The project's ``prototypes`` aligns every
+  client (client 1 included) to the k-means labels of ``Z_C`` from step 1 instead.
+* Step 1's k-means across rounds (``prototype_restart``): fresh restarts each round
+  (``fresh``, the paper). The project's ``fresh_or_warm`` also runs k-means started at the
+  means of ``Z_C`` grouped by the previous round's labels and keeps the lower k-means
+  objective, so a poor first clustering (two digits merged, one split) is not locked in
+  or out by chance. Either way step 5 starts at ``C``, and the clusters are renumbered to
+  match the previous round's labels (an order only: cluster ``j`` means the same thing in
+  ``C``, ``P`` and every client's ``U_m``).
 * Fewer complete samples than clusters (e.g. δ = 0 or a member with no overlap): step 1
   uses every covered sample with missing blocks filled by the block's mean, and step 3
   keeps ``W_m = I`` (imputation ``q_i C^m``).
@@ -169,6 +170,12 @@ class Config(ProtocolConfig):
     extension: Literal["full", "no_w", "none"] = Field(
         default="full", description="the server's data extension (Table 2's ablation): W_m (q_i C^m), q_i C^m "
                                     "without W_m, or none (absent blocks keep the block's mean)")
+    align_to: Literal["client1", "prototypes"] = Field(
+        default="client1", description="anchor of the cluster alignment (Eq. 6): the first client's labels, as in "
+                                       "the paper, or the k-means labels of the complete samples (the project's)")
+    prototype_restart: Literal["fresh", "fresh_or_warm"] = Field(
+        default="fresh", description="step 1's k-means each round: fresh restarts (the paper), or also one started "
+                                     "at the previous labels' means, the lower objective kept (the project's)")
     target: Literal["dec", "square"] = Field(
         default="dec", description="Eq. 13's P: DEC's target (divided by cluster frequency) or the equation as printed")
     deterministic: bool = Field(default=True, description="torch.use_deterministic_algorithms during every call")
@@ -493,7 +500,17 @@ class FedDMVCServer(Server):
         base = covered if few else trusted
         C, labels = self._prototypes((raw if few else Z)[base], base, round)
         anchor = np.full(N, -1, dtype=np.intp)
-        anchor[base] = labels
+        if cfg.align_to == "client1":  # the paper: every view, and C, in the first client's cluster order
+            first = mem[0]
+            anchor[self.rows(first)] = self.Q[first].argmax(axis=1)
+            full = np.full(N, -1, dtype=np.intp)
+            full[base] = labels
+            ok = base & (anchor >= 0)
+            if ok.any():
+                perm = align_permutation(anchor[ok], full[ok], k)  # perm[a] = prototype matched to a
+                C, labels = C[perm], np.argsort(perm)[labels]
+        else:
+            anchor[base] = labels
         # step 2, Eqs. (5)-(6): align each Q_m to the anchor labels, average over present views
         Q = np.zeros((N, k))
         for j, c in enumerate(mem):
@@ -530,7 +547,7 @@ class FedDMVCServer(Server):
         k = self.k
         km = KMeans(n_clusters=k, n_init=self.config.kmeans_init,
                     random_state=seed_from(self.ctx.rng_for("prototypes", round))).fit(Zc)
-        init = self._warm_start(Zc, base)
+        init = self._warm_start(Zc, base) if self.config.prototype_restart == "fresh_or_warm" else None
         if init is not None:  # also from the previous labels' means; the lower k-means objective wins
             warm = KMeans(n_clusters=k, init=init, n_init=1).fit(Zc)
             if warm.inertia_ <= km.inertia_:

@@ -271,3 +271,34 @@ def test_the_data_extension_ablation_changes_the_imputed_blocks(extension, monke
     if extension == "none":
         np.testing.assert_array_equal(other[0], other[1])  # nothing imputed: the mean-filled features
     assert not np.allclose(full[0][holes], other[0][holes])
+
+
+def _after_round0(**extra):
+    sc = tiny_scenario(**extra)
+    _, _, clients, server = parties(sc)
+    out = server.step(0, deliver(clients, server.start(), 0), set())
+    return clients, server, out
+
+
+def test_paper_alignment_puts_c_in_the_first_clients_order():
+    clients, server, out = _after_round0()
+    assert server.config.align_to == "client1"
+    mem, d = server.members, server.config.latent_dim
+    rows = {c: set(server.rows(c).tolist()) for c in mem}
+    complete = sorted(set.intersection(*rows.values()))
+    Z = np.hstack([server.Z[c][[list(server.rows(c)).index(i) for i in complete]] for c in mem])
+    proto = ((Z[:, None, :] - server.C[None]) ** 2).sum(-1).argmin(1)  # the prototypes' own k-means labels
+    first = server.Q[mem[0]][[list(server.rows(mem[0])).index(i) for i in complete]].argmax(1)
+    # C's rows are in client 1's cluster order: matching them to client 1's labels is the identity
+    assert np.array_equal(fd.align_permutation(first, proto, server.k), np.arange(server.k))
+    assert Z.shape[1] == len(mem) * d
+
+
+@pytest.mark.parametrize("restart, warm_calls", [("fresh", 0), ("fresh_or_warm", 1)])
+def test_paper_prototypes_are_fresh_k_means_each_round(restart, warm_calls, monkeypatch):
+    clients, server, out = _after_round0(**{"params.prototype_restart": restart})
+    calls = []
+    original = fd.FedDMVCServer._warm_start
+    monkeypatch.setattr(fd.FedDMVCServer, "_warm_start", lambda self, *a: calls.append(1) or original(self, *a))
+    server.step(1, deliver(clients, out, 1), set())
+    assert len(calls) == warm_calls

@@ -44,6 +44,15 @@ def bound(weight: float, n: int, frac_bits: int = FRAC_BITS, bits: int = RING_BI
     return float(2.0 ** (bits - 2 - frac_bits) / (max(abs(float(weight)), 1.0) * max(int(n), 1)))
 
 
+def check_ring(weight: float, clip: float, n: int, frac_bits: int = FRAC_BITS, bits: int = RING_BITS) -> None:
+    """The one overflow rule of a declared sum, with or without secure aggregation: ``n``
+    clients of weight up to ``|weight|`` adding entries up to ``clip`` (at least 1, for the
+    weight entry itself) must stay inside the ring; else a ValueError."""
+    if not abs(float(weight)) * max(float(clip), 1.0) * 2.0 ** frac_bits * max(int(n), 1) < 2.0 ** (bits - 1):
+        raise ValueError(f"weight {float(weight):g} x entries up to {max(float(clip), 1.0):.3g} x 2^{frac_bits} x "
+                         f"{n} clients overflows the {bits}-bit ring")
+
+
 def split(v: np.ndarray, names: list[str], shapes: list[tuple[int, ...]]) -> dict[str, np.ndarray]:
     """The flat ``v`` cut back into the named fields it was concatenated from, in order."""
     out, at = {}, 0
@@ -65,4 +74,5 @@ def encode_input(x: np.ndarray, weight: float, n: int) -> np.ndarray:
     b = bound(w, n)
     if x.size and float(np.abs(x).max()) > b:
         raise ValueError(f"an input entry exceeds {b:.3g}, the largest the sum holds for weight {w:g} over {n} clients")
+    check_ring(w, b, n)
     return encode_fixed(np.append(w * x, w))

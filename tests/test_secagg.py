@@ -675,6 +675,22 @@ def test_weighted_sum_of_plain_replies_is_the_weighted_mean_in_fixed_point():
         weighted_sum({0: Message("update", {"w.a": np.zeros(2), "b": 1.0})}, spec)
 
 
+def test_one_overflow_rule_for_declared_sums_with_and_without_the_layer():
+    """Five clients of weight 3e11 would wrap the 64-bit ring: the plain sum refuses them,
+    naming the client, by the same rule as a secure-aggregation client."""
+    from raymvc.fixedpoint import check_ring
+    from raymvc.protocol import SecureSum, weighted_sum
+
+    spec = SecureSum("update", ("x",), weight="n")
+    big = {c: Message("update", {"x": np.full(3, 0.01), "n": 3e11}) for c in range(5)}
+    with pytest.raises(ValueError, match=r"client 0's 'update' reply: .*overflows the 64-bit ring"):
+        weighted_sum(big, spec)
+    with pytest.raises(ValueError, match="overflows the 64-bit ring"):
+        check_ring(3e11, 1.0, 5)
+    ok = {c: Message("update", {"x": np.full(3, 0.01), "n": 1e10}) for c in range(5)}
+    assert weighted_sum(ok, spec).weight == pytest.approx(5e10)
+
+
 @pytest.mark.parametrize("rotate", [True, False])
 def test_a_curious_server_reads_no_input_through_the_engine(rotate, tmp_path, monkeypatch):
     """The attack above on everything the server's endpoint opened in an engine run: client 2

@@ -96,7 +96,7 @@ from cryptography.hazmat.primitives.serialization import (
 )
 
 from raymvc.fixedpoint import bound as fixed_bound
-from raymvc.fixedpoint import decode_fixed, encode_fixed, ring_dtype
+from raymvc.fixedpoint import check_ring, decode_fixed, encode_fixed, ring_dtype
 from raymvc.messages import Message
 
 ADVERTISE, KEYS = "secagg.advertise", "secagg.keys"
@@ -659,9 +659,10 @@ class SecAggClient:
         else:
             clip = p.clip
             x = np.clip(x, -clip, clip)
-        if not abs(w) * max(clip, 1.0) * 2.0 ** p.frac_bits * len(active) < 2.0 ** (p.ring_bits - 1):
-            raise ValueError("secagg client: weight x clip x 2^frac_bits x clients overflows the ring; "
-                             "lower clip or frac_bits")
+        try:
+            check_ring(w, clip, len(active), p.frac_bits, p.ring_bits)
+        except ValueError as e:
+            raise ValueError(f"secagg client: {e}; lower clip or frac_bits") from None
         y = encode_fixed(np.append(w * x, w), p.frac_bits, p.ring_bits)
         L = len(y)
         b = secrets.randbelow(2**256)

@@ -270,6 +270,9 @@ def cmd_params(args) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     print(f"{args.method}: {proto.summary} ({proto.partition} split)")
+    print("partial work (faults.partial_work): " + (
+        "honoured, its clients cut their local epochs/steps to the share of work they get" if
+        proto.honours_partial_work else "ignored, its clients always do all their local work (closed-form steps)"))
     if not rows:
         print("  (no parameters)")
         return 0

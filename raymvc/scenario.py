@@ -213,6 +213,14 @@ class StragglerCfg(_Strict):
     delay_s: DelayCfg = DelayCfg()
 
 
+class PartialWorkCfg(_Strict):
+    """Completeness (docs/fault-models.md): in each round each client, with probability
+    ``fraction``, finishes only the share ``work`` of its local work."""
+
+    fraction: float = Rate
+    work: float = Field(default=1.0, gt=0.0, le=1.0)
+
+
 class CrashCfg(_Strict):
     client: int = Field(ge=0)
     at_round: int = Field(ge=0)
@@ -333,6 +341,7 @@ class FaultsCfg(_Strict):
     drop: list[DropCfg] = []  # scheduled dropouts: this client misses this round
     crash: list[CrashCfg] = []
     stragglers: StragglerCfg = StragglerCfg()
+    partial_work: PartialWorkCfg | None = None  # clients that finish only part of a round's work
     deadline_s: float | None = Field(default=None, gt=0.0)
     min_clients: int = Field(default=1, ge=1)
 

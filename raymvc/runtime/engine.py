@@ -157,7 +157,8 @@ def _spawn(sc: Scenario, part, ds, seats=None, crew: Crew | None = None) -> tupl
     ids = list(range(part.n_clients))
     search = tuple(search_paths())  # where the driver looks for a method's module
     common = dict(n_clients=part.n_clients, n_clusters=ds.n_clusters, channel=sc.channel.model_dump(),
-                  seed=sc.seed, threads=rt.threads, search=search)
+                  seed=sc.seed, threads=rt.threads, search=search,
+                  partial_work=sc.faults.partial_work.model_dump() if sc.faults.partial_work else None)
     srv_kw = dict(client_ids=ids, n_clusters=ds.n_clusters,
                   n_samples=part.n_samples if part.kind == "vertical" else None,
                   channel=sc.channel.model_dump(), faults=sc.faults.model_dump(), network=sc.network.model_dump(),

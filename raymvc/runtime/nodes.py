@@ -598,7 +598,8 @@ class ServerNode:
             else:
                 p.missed += 1
 
-    def _step(self, r: int, st: RoundState, addressed: int, answered: int) -> None:
+    def _step(self, r: int, st: RoundState, addressed: int, answered: int,
+              not_sampled: tuple[int, ...] | list[int] = ()) -> None:
         if addressed and answered < min(self.min_clients, addressed):
             self.status = "failed"
             self.error = (f"round {r}: {answered} of {addressed} clients replied, "
@@ -606,7 +607,7 @@ class ServerNode:
             return
         pin_threads(self.threads)
         try:
-            result = self.server.step(r, st.replies, set(st.missing))
+            result = self.server.step(r, st.replies, set(st.missing) | set(not_sampled))
         except Exception as e:
             self.status = "error"
             self.errors.append(party_error(SERVER, "step", r, e))
@@ -619,6 +620,13 @@ class ServerNode:
             self.outgoing = result
             self.round += 1
 
+    def _sample(self, r: int, outgoing: dict[int, Message]) -> tuple[dict[int, Message], list[int]]:
+        """The messages sent in round ``r`` under ``faults.sampling``, and the clients left out."""
+        chosen = self.plan.sampled(r)
+        if chosen is None:
+            return outgoing, []
+        return {c: m for c, m in outgoing.items() if c in chosen}, sorted(c for c in outgoing if c not in chosen)
+
     def _partial(self, r: int, addressed: dict[int, Message], st: RoundState) -> list[int]:
         """The clients that acted on the round's message with only part of their local work."""
         acted = set(addressed) - set(st.dropped) - set(st.crashed) - self.crashed - set(self.offline)
@@ -630,7 +638,7 @@ class ServerNode:
         wall = time.perf_counter()
         t0 = self.clock
         ledger_mark = len(self.ledger.rows)
-        addressed = self.outgoing
+        addressed, not_sampled = self._sample(r, self.outgoing)
         st, self.clock = self._exchange(r, addressed, "protocol", self.faults)
         answered = len(st.replies) + len(st.acked)  # to the round's request, whatever secure aggregation adds
         if self.secure is not None:
@@ -642,13 +650,13 @@ class ServerNode:
 
             self.secure.aggregate(st, extra)
         self._tally(r, addressed, st)
-        self._step(r, st, len(addressed), answered)
+        self._step(r, st, len(addressed), answered, not_sampled)
         rows = self.ledger.rows[ledger_mark:]
         record = RoundRecord(
             round=r, replied=sorted(st.replies), missing=sorted(st.missing), dropped=st.dropped, late=st.late,
             rejected=st.rejected, crashed=st.crashed, client_errors=sorted(st.errors), messages=len(rows),
             wire_bytes=sum(x.wire_bytes for x in rows), payload_bytes=sum(x.payload_bytes for x in rows),
-            partial_work=self._partial(r, addressed, st),
+            partial_work=self._partial(r, addressed, st), not_sampled=not_sampled,
             virtual_start_s=t0, virtual_end_s=self.clock, wall_s=time.perf_counter() - wall,
             info=dict(self.server.info), done=self.status in ("finished", "failed", "error"), error=self.error)
         self.server.info = {}

@@ -158,8 +158,8 @@ def _title(meta: dict, points: list[PlotPoint], xkey: str | None) -> str:
     n_runs = sum(p.runs for p in points)
     n_failed = sum(p.failed for p in points)
     seeds = meta.get("seeds")
-    over = f"seeds {','.join(map(str, seeds))}" if seeds else "seeds"
-    text = f"{xkey or 'runs'}: metrics are the mean ± std over the finished runs of {over}"
+    over = f" of seeds {','.join(map(str, seeds))}" if seeds else ""
+    text = f"{xkey or 'runs'}: metrics are the mean ± std over the finished runs{over}"
     if n_failed:
         text += (f"; {n_failed} of {n_runs} runs failed, raised an error or were interrupted: counted in the "
                  f"first panel, left out of the means (open rings: n = finished runs; × where none finished)")
@@ -169,8 +169,8 @@ def _title(meta: dict, points: list[PlotPoint], xkey: str | None) -> str:
 
 
 def _legend_label(name: str, pts: list[PlotPoint]) -> str:
-    runs = {p.runs for p in pts}
-    each = f"{runs.pop()} runs per point" if len(runs) == 1 else "runs per point as run"
+    lo, hi = min(p.runs for p in pts), max(p.runs for p in pts)
+    each = f"{hi} run{'s' if hi != 1 else ''} per point" if lo == hi else f"{lo}-{hi} runs per point"
     fewer = sum(p.finished < p.runs for p in pts)
     return f"{name}: mean over finished runs\n({each}; fewer at {fewer} of {len(pts)} points)" if fewer else \
         f"{name}: mean over finished runs\n({each}, all finished)"

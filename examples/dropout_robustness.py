@@ -9,7 +9,8 @@ The same as::
     raymvc plot runs/dropout
 
 Prints, per method and dropout rate, mean ± std over the seeds of ACC/NMI/ARI/MB and
-how many runs completed, were degraded or failed (failed runs are not averaged).
+how many runs finished (completed or degraded) of how many; failed runs are counted,
+never averaged, and the plot shows the share that failed at every point.
 Rerunning with the same --out resumes: finished runs are not run again.
 """
 
@@ -37,6 +38,8 @@ first, last = (int(x) for x in args.seeds.split("-"))
 s = raymvc.sweep(args.scenarios, grid={"faults.dropout.rate": yaml.safe_load(args.rates)},
                  seeds=range(first, last + 1), backend=args.backend, jobs=args.jobs, out=args.out, progress=True)
 for row in s.aggregate:
-    print(f"{row['scenario']:<20} dropout {row['faults.dropout.rate']:<4} ACC {row['acc_mean']:.4f} "
-          f"± {row['acc_std'] or 0:.4f}  MB {row['mb_mean']:.3f}")
+    finished = int(row["completed"]) + int(row["degraded"])
+    scores = (f"ACC {float(row['acc_mean']):.4f} ± {float(row['acc_std'] or 0):.4f}  MB {float(row['mb_mean']):.3f}"
+              if row["acc_mean"] not in (None, "") else "no finished run")
+    print(f"{row['scenario']:<20} dropout {row['faults.dropout.rate']:<4} {finished}/{row['runs']} finished  {scores}")
 raise SystemExit(main(["plot", args.out]))

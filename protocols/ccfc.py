@@ -447,19 +447,19 @@ class CCFCClient(Client):
                 y = assign(z_global, self.C)
                 self.global_model.eval()
             opt = torch.optim.Adam(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-            for _ in range(cfg.local_epochs):
-                for idx in _batches(self.n, cfg.batch_size, g):
-                    self.model.train()
-                    xb = self.x[idx]
-                    if phase == "simsiam":
-                        loss = simsiam_loss(self.model, augment(xb, cfg, g), augment(xb, cfg, g))
-                    else:
-                        loss = ccfc_loss(self.model, self.global_model, xb, y[idx], cfg, g)
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    opt.step()
-                    loss_sum += float(loss.detach())
-                    steps += 1
+            # ctx.work < 1 (faults.partial_work): only that share of the epochs' batches
+            for idx in self.ctx.local_batches(cfg.local_epochs, lambda: _batches(self.n, cfg.batch_size, g)):
+                self.model.train()
+                xb = self.x[idx]
+                if phase == "simsiam":
+                    loss = simsiam_loss(self.model, augment(xb, cfg, g), augment(xb, cfg, g))
+                else:
+                    loss = ccfc_loss(self.model, self.global_model, xb, y[idx], cfg, g)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                loss_sum += float(loss.detach())
+                steps += 1
         fields: dict = dict(state_to_arrays(self.model))
         fields["n"] = self.n
         fields["loss"] = loss_sum / steps if steps else 0.0
@@ -578,4 +578,5 @@ PROTOCOL = Protocol(
     quick_params={"warmup_rounds": 1, "cluster_rounds": 1, "batch_size": 64, "channels": [4, 8, 8], "proj_hidden": 8,
                   "latent_dim": 8, "pred_dim": 4, "kmeans_init": 1, "server_kmeans_init": 2},
     secure_sums=(UPDATE,),
+    honours_partial_work=True,  # local epochs scaled by ctx.work (faults.partial_work)
 )

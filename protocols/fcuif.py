@@ -458,4 +458,5 @@ PROTOCOL = Protocol(
     # a few more pretraining epochs than FedDMVC's quick setting (argmax P) gets by with
     quick_params={**fd.PROTOCOL.quick_params, "pretrain_epochs": 15, "align_epochs": 3, "align_batch": 32},
     analytic_bytes=analytic_bytes,
+    honours_partial_work=True,  # local epochs scaled by ctx.work (faults.partial_work)
 )

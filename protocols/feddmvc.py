@@ -388,23 +388,23 @@ class FedDMVCClient(Client):
         g = generator(seed)
         model.train()
         total, steps = 0.0, 0
-        for _ in range(epochs):
-            for b in batches(self.n, cfg.batch_size, g):
-                b = b.to(self.dev)
-                xb = self.x[b]
-                z, xr = model(xb)
-                loss = ((xr - xb) ** 2).mean()  # L_r (mean per entry)
-                if P is not None and cfg.gamma > 0:
-                    q = model.soft_assign(z)
-                    pb = P[b]
-                    # KL(P^m || Q_m), mean over the batch's samples
-                    kl = (pb * (torch.log(pb.clamp_min(1e-12)) - torch.log(q.clamp_min(1e-12)))).sum(1).mean()
-                    loss = loss + cfg.gamma * kl
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                total += float(loss.detach())
-                steps += 1
+        # ctx.work < 1 (faults.partial_work): only that share of the epochs' batches
+        for b in self.ctx.local_batches(epochs, lambda: batches(self.n, cfg.batch_size, g)):
+            b = b.to(self.dev)
+            xb = self.x[b]
+            z, xr = model(xb)
+            loss = ((xr - xb) ** 2).mean()  # L_r (mean per entry)
+            if P is not None and cfg.gamma > 0:
+                q = model.soft_assign(z)
+                pb = P[b]
+                # KL(P^m || Q_m), mean over the batch's samples
+                kl = (pb * (torch.log(pb.clamp_min(1e-12)) - torch.log(q.clamp_min(1e-12)))).sum(1).mean()
+                loss = loss + cfg.gamma * kl
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total += float(loss.detach())
+            steps += 1
         return total / steps if steps else 0.0
 
     @torch.no_grad()
@@ -621,4 +621,5 @@ PROTOCOL = Protocol(
     quick_params={"rounds": 2, "pretrain_epochs": 3, "finetune_epochs": 2, "batch_size": 64,
                   "hidden": (32, 32, 64), "latent_dim": 8, "kmeans_init": 2, "lr": 2e-3},
     analytic_bytes=analytic_bytes,
+    honours_partial_work=True,  # local epochs scaled by ctx.work (faults.partial_work)
 )

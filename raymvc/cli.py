@@ -215,6 +215,10 @@ def cmd_list(args) -> int:
         ("stragglers", "fraction of slow clients and their delay distribution (virtual seconds)"),
         ("deadline_s", "round deadline on the virtual clock; later replies count as late"),
         ("min_clients", "fewest replies a round needs; fewer ends the run as failed"),
+        ("partial_work", "{fraction: F, work: W}: per client and round, with chance F it does only W of its "
+                         "local work (deep methods; raymvc params METHOD says which honour it)"),
+        ("sampling", "{fraction: F}: the server asks F of the clients each round, the rest are not_sampled "
+                     "(horizontal methods; no fault)"),
     ]:
         print(f"  {name:<16} {text}")
     return 0
@@ -270,6 +274,9 @@ def cmd_params(args) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     print(f"{args.method}: {proto.summary} ({proto.partition} split)")
+    print("partial work (faults.partial_work): " + (
+        "honoured, its clients cut their local epochs/steps to the share of work they get" if
+        proto.honours_partial_work else "ignored, its clients always do all their local work (closed-form steps)"))
     if not rows:
         print("  (no parameters)")
         return 0

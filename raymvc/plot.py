@@ -1,15 +1,28 @@
 """``raymvc plot SWEEP_DIR``: metrics and MB against the swept key, one line per method.
 
 Reads ``sweep.csv`` (and ``sweep.json`` for the grid keys), aggregates over seeds as
-``aggregate.csv`` does (failed runs left out of the means) and writes ``sweep.png`` and
-``sweep.svg`` into the sweep folder: one panel per metric (ACC, NMI, ARI where the runs
-have them) and one for MB, mean ± std as error bars. The x axis is the first grid key
-(numeric when every value is a number); other grid keys and several scenarios of one
-method give separate lines.
+``aggregate.csv`` does and writes ``sweep.png`` and ``sweep.svg`` into the sweep folder.
+
+Every grid point is shown, whatever became of its runs. The first panel gives, per grid
+point and line, the share of runs that did not finish (status ``failed``, ``error`` or
+``interrupted``), with the count ``k/n`` beside each point where some did. The other
+panels (ACC, NMI,
+ARI where the runs have them, and MB) draw the mean ± std *over the finished runs*
+(``completed`` or ``degraded``), with the number of finished runs ``n=`` beside each
+point where that is fewer than the runs made there (an open ring); a point where no
+run finished is marked ``×`` at the bottom of the panel. The legend says, per line, how
+many runs each point holds and at how many points fewer finished. A curve over
+survivors looks better the more often a method fails: read it with the failure panel.
+
+The x axis is the first grid key (numeric when every value is a number) and holds every
+grid point; other grid keys and several scenarios of one method give separate lines. The
+numbers drawn come from :func:`plot_points`, a pure function of the aggregate.
 """
 
 from __future__ import annotations
 
+import textwrap
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -18,6 +31,24 @@ from .scenario import safe_yaml_load
 from .studies import _num, read_sweep, short_key
 
 PANELS = (("acc", "ACC"), ("nmi", "NMI"), ("ari", "ARI"), ("mb", "MB (protocol traffic)"))
+FINISHED = ("completed", "degraded")
+NOT_FINISHED = ("failed", "error", "interrupted")
+
+
+@dataclass(frozen=True)
+class PlotPoint:
+    """What the plot draws for one line at one grid point."""
+
+    line: str
+    x: str  # the grid value as sweep.csv writes it ("all" without a grid)
+    runs: int
+    finished: int  # completed + degraded: the runs every mean is taken over
+    failed: int  # failed + error + interrupted: counted, never averaged
+    stats: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)  # metric -> (mean, std)
+
+    @property
+    def failed_share(self) -> float:
+        return self.failed / self.runs if self.runs else 0.0
 
 
 def _x_value(text: str):
@@ -37,8 +68,8 @@ def _x_positions(agg: list[dict], xkey: str | None) -> tuple[list[str], dict[str
     return xs_text, pos, numeric
 
 
-def _lines(agg: list[dict], other: list[str]) -> dict[str, list[dict]]:
-    """Aggregate rows grouped into one line per method (and scenario, and other grid keys)."""
+def _line_names(agg: list[dict], other: list[str]) -> list[str]:
+    """One line per method (and scenario, and other grid keys), one name per aggregate row."""
     methods_per_scenario: dict[str, set] = {}
     for r in agg:
         methods_per_scenario.setdefault(r["method"], set()).add(r["scenario"])
@@ -49,44 +80,114 @@ def _lines(agg: list[dict], other: list[str]) -> dict[str, list[dict]]:
             name += " " + " ".join(f"{short_key(k)}={r[k]}" for k in other)
         return name
 
-    lines: dict[str, list[dict]] = {}
-    for r in agg:
-        lines.setdefault(line_name(r), []).append(r)
-    return lines
+    return [line_name(r) for r in agg]
 
 
-def _left_out(r: dict) -> int:
-    """Runs of an aggregate row that no mean includes: failed, error, interrupted."""
-    return sum(int(r.get(k) or 0) for k in ("failed", "error", "interrupted"))
+def plot_points(agg: list[dict], keys: list[str]) -> list[PlotPoint]:
+    """The numbers the plot draws: one point per aggregate row (line, grid point), in order.
+
+    ``agg`` is :func:`raymvc.studies.aggregate`'s output (or ``aggregate.csv``'s rows) over
+    the grid ``keys``; the first key is the x axis. A grid point whose runs all failed is
+    kept, with ``finished == 0`` and no means.
+    """
+    xkey = keys[0] if keys else None
+    points = []
+    for name, r in zip(_line_names(agg, list(keys[1:])), agg):
+        finished = sum(int(r.get(k) or 0) for k in FINISHED)
+        failed = sum(int(r.get(k) or 0) for k in NOT_FINISHED)
+        stats = {m: (_num(r.get(f"{m}_mean")), _num(r.get(f"{m}_std"))) for m, _ in PANELS}
+        points.append(PlotPoint(line=name, x=str(r[xkey]) if xkey else "all", runs=int(r["runs"]),
+                                finished=finished, failed=failed, stats=stats))
+    return points
 
 
-def _draw_panel(ax, m: str, lines: dict[str, list[dict]], xkey: str | None, pos: dict[str, float]) -> None:
-    for name, rs in lines.items():
-        rs = sorted(rs, key=lambda r: pos[str(r[xkey])] if xkey else 0)
-        pts = [(pos[str(r[xkey])] if xkey else 0, _num(r.get(f"{m}_mean")), _num(r.get(f"{m}_std")) or 0.0,
-                _left_out(r), int(r["runs"])) for r in rs]
-        pts = [p for p in pts if p[1] is not None]
-        if not pts:
+def sweep_points(sweep_dir: str | Path) -> list[PlotPoint]:
+    """:func:`plot_points` of a sweep folder (its ``sweep.csv`` and ``sweep.json``)."""
+    meta, _rows, agg = read_sweep(sweep_dir)
+    return plot_points(agg, list(meta.get("grid_keys") or []))
+
+
+def _by_line(points: list[PlotPoint], pos: dict[str, float]) -> dict[str, list[PlotPoint]]:
+    lines: dict[str, list[PlotPoint]] = {}
+    for p in points:
+        lines.setdefault(p.line, []).append(p)
+    return {k: sorted(v, key=lambda p: pos[p.x]) for k, v in lines.items()}
+
+
+def _draw_failures(ax, lines: dict[str, list[PlotPoint]], pos: dict[str, float], colors: dict[str, str]) -> None:
+    span = (max(pos.values()) - min(pos.values())) or 1.0
+    for i, (name, pts) in enumerate(lines.items()):
+        shift = (i - (len(lines) - 1) / 2) * 0.012 * span  # lines side by side, none hidden under another
+        x = [pos[p.x] + shift for p in pts]
+        y = [p.failed_share for p in pts]
+        ax.plot(x, y, marker="s", markersize=5, linewidth=1.2, linestyle="--", color=colors[name])
+        for xi, yi, p in zip(x, y, pts):
+            if p.failed:
+                ax.annotate(f"{p.failed}/{p.runs}", (xi, yi), textcoords="offset points", xytext=(0, 6 + 9 * i),
+                            ha="center", fontsize=7, color=colors[name])
+    ax.set_ylim(-0.05, 1.25)
+    ax.set_yticks([0, 0.25, 0.5, 0.75, 1.0])
+
+
+def _draw_panel(ax, m: str, lines: dict[str, list[PlotPoint]], pos: dict[str, float],
+                colors: dict[str, str]) -> None:
+    for i, (name, pts) in enumerate(lines.items()):
+        color = colors[name]
+        done = [p for p in pts if p.stats[m][0] is not None]
+        for p in pts:  # no finished run here: a mark at the bottom, never a vanished point
+            if p.stats[m][0] is None:
+                ax.plot([pos[p.x]], [0.0], marker="x", markersize=8, color=color, clip_on=False,
+                        transform=ax.get_xaxis_transform())
+                ax.annotate(f"n=0 of {p.runs}", (pos[p.x], 0.0), xycoords=("data", "axes fraction"),
+                            textcoords="offset points", xytext=(0, 7 + 9 * i), ha="center", fontsize=7,
+                            color=color)
+        if not done:
             continue
-        x, y, e, failed, runs = zip(*pts)
-        line = ax.errorbar(x, y, yerr=e, marker="o", markersize=4, capsize=3, linewidth=1.5, label=name)
-        color = line[0].get_color()
-        for xi, yi, fi, ni in zip(x, y, failed, runs):
-            if fi:  # a mean over fewer runs: an open ring and the count of failed runs
-                ax.plot([xi], [yi], marker="o", markersize=9, color=color, markerfacecolor="none",
-                        markeredgecolor=color)
-                ax.annotate(f"{fi}/{ni} left out", (xi, yi), textcoords="offset points", xytext=(0, 9),
-                            ha="center", fontsize=7, color=color)
+        x = [pos[p.x] for p in done]
+        y = [p.stats[m][0] for p in done]
+        e = [p.stats[m][1] or 0.0 for p in done]
+        ax.errorbar(x, y, yerr=e, marker="o", markersize=4, capsize=3, linewidth=1.5, color=color)
+        for xi, yi, p in zip(x, y, done):
+            if p.finished < p.runs:  # a mean over fewer runs: an open ring and its count
+                ax.plot([xi], [yi], marker="o", markersize=9, color=color, markerfacecolor="none")
+                ax.annotate(f"n={p.finished} of {p.runs}", (xi, yi), textcoords="offset points",
+                            xytext=(0, 6 + 9 * i), ha="center", fontsize=7, color=color)
 
 
-def _title(meta: dict, agg: list[dict], xkey: str | None) -> str:
-    n_runs = sum(int(r["runs"]) for r in agg)
-    n_failed = sum(_left_out(r) for r in agg)
+def _title(meta: dict, points: list[PlotPoint], xkey: str | None) -> str:
+    n_runs = sum(p.runs for p in points)
+    n_failed = sum(p.failed for p in points)
     seeds = meta.get("seeds")
-    sub = f"mean ± std over seeds {','.join(map(str, seeds))}" if seeds else "mean ± std over seeds"
+    over = f" of seeds {','.join(map(str, seeds))}" if seeds else ""
+    text = f"{xkey or 'runs'}: metrics are the mean ± std over the finished runs{over}"
     if n_failed:
-        sub += f"; {n_failed} of {n_runs} runs failed, raised an error or were interrupted: left out of the means (open rings)"
-    return f"{xkey or 'runs'}: {sub}"
+        text += (f"; {n_failed} of {n_runs} runs failed, raised an error or were interrupted: counted in the "
+                 f"first panel, left out of the means (open rings: n = finished runs; × where none finished)")
+    else:
+        text += f"; all {n_runs} runs finished"
+    return text
+
+
+def _legend_label(name: str, pts: list[PlotPoint]) -> str:
+    lo, hi = min(p.runs for p in pts), max(p.runs for p in pts)
+    each = f"{hi} run{'s' if hi != 1 else ''} per point" if lo == hi else f"{lo}-{hi} runs per point"
+    fewer = sum(p.finished < p.runs for p in pts)
+    return f"{name}: mean over finished runs\n({each}; fewer at {fewer} of {len(pts)} points)" if fewer else \
+        f"{name}: mean over finished runs\n({each}, all finished)"
+
+
+def _style_axis(ax, xkey, xs_text, pos, numeric) -> None:
+    ax.set_xlabel(short_key(xkey) if xkey else "")
+    ticks = list(pos.values())
+    ax.set_xticks(ticks)
+    if numeric:
+        ax.set_xticklabels(xs_text)
+        span = (max(ticks) - min(ticks)) or 1.0
+        ax.set_xlim(min(ticks) - 0.08 * span, max(ticks) + 0.08 * span)
+    else:
+        ax.set_xticklabels([t if len(t) <= 14 else t[:13] + "…" for t in xs_text], rotation=20, ha="right")
+        ax.set_xlim(-0.5, len(ticks) - 0.5)
+    ax.grid(True, alpha=0.3)
 
 
 def plot_sweep(sweep_dir: str | Path, formats: tuple[str, ...] = ("png", "svg")) -> list[Path]:
@@ -94,39 +195,49 @@ def plot_sweep(sweep_dir: str | Path, formats: tuple[str, ...] = ("png", "svg"))
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     d = Path(sweep_dir)
-    meta, rows, agg = read_sweep(d)
+    meta, _rows, agg = read_sweep(d)
+    if not agg:
+        raise ValueError(f"{d}: sweep.csv holds no runs")
     keys = list(meta.get("grid_keys") or [])
     xkey = keys[0] if keys else None
-    panels = [(m, title) for m, title in PANELS if any(_num(r.get(f"{m}_mean")) is not None for r in agg)]
-    if not panels:
-        raise ValueError(f"{d}: no finished run has scores to plot")
+    points = plot_points(agg, keys)
+    metrics = [(m, t) for m, t in PANELS if any(p.stats[m][0] is not None for p in points)] or [PANELS[0]]
+    panels = [("failed", "Runs not finished (failed / error / interrupted)")] + \
+        [(m, f"{t}: mean ± std over finished runs") for m, t in metrics]
     xs_text, pos, numeric = _x_positions(agg, xkey)
-    lines = _lines(agg, keys[1:])
+    lines = _by_line(points, pos)
+    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = {name: cycle[i % len(cycle)] for i, name in enumerate(lines)}
 
-    ncols = 2 if len(panels) > 2 else len(panels)
+    ncols = 3 if len(panels) > 4 else min(2, len(panels))
     nrows = (len(panels) + ncols - 1) // ncols
-    fig, grid_axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.3 * nrows + 0.9), squeeze=False)
+    fig, grid_axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.4 * nrows + 1.2), squeeze=False,
+                                  layout="constrained")
     axes = list(grid_axes.ravel())
     for ax in axes[len(panels):]:
-        ax.set_visible(False)
-    mb_values = [v for r in agg if (v := _num(r.get("mb_mean"))) is not None and v > 0]
+        ax.axis("off")
+    mb = [v for p in points if (v := p.stats["mb"][0]) is not None and v > 0]
     for ax, (m, title) in zip(axes, panels):
-        _draw_panel(ax, m, lines, xkey, pos)
-        ax.set_title(title)
-        ax.set_xlabel(short_key(xkey) if xkey else "")
-        if not numeric:
-            ax.set_xticks(list(pos.values()))
-            ax.set_xticklabels([t if len(t) <= 14 else t[:13] + "…" for t in xs_text], rotation=20, ha="right")
-        if m == "mb" and mb_values and max(mb_values) / min(mb_values) > 50:
+        if m == "failed":
+            _draw_failures(ax, lines, pos, colors)
+            ax.set_ylabel("share of runs")
+        else:
+            _draw_panel(ax, m, lines, pos, colors)
+        ax.set_title(title, fontsize=9)
+        _style_axis(ax, xkey, xs_text, pos, numeric)
+        if m == "mb" and mb and max(mb) / min(mb) > 50:
             ax.set_yscale("log")
-        ax.grid(True, alpha=0.3)
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.suptitle(_title(meta, agg, xkey), fontsize=10)
-    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.955), ncol=min(len(labels), 4),
-               fontsize=9, frameon=False)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.6 / fig.get_size_inches()[1]))
+    handles = [Line2D([], [], color=colors[n], marker="o", label=_legend_label(n, pts)) for n, pts in lines.items()]
+    width = int(fig.get_size_inches()[0] * 11)  # characters that surely fit at fontsize 10
+    fig.suptitle("\n".join(textwrap.wrap(_title(meta, points, xkey), width)), fontsize=10)
+    if len(axes) > len(panels):  # a spare slot holds the legend
+        axes[-1].legend(handles=handles, loc="center", fontsize=9, frameon=False)
+    else:
+        fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 3), fontsize=9,
+                   frameon=False)
     written = []
     for fmt in formats:
         path = d / f"sweep.{fmt}"

@@ -31,10 +31,11 @@ never see bytes, actors, keys or clocks.
 
 from __future__ import annotations
 
+import math
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -65,8 +66,18 @@ def seed_from(rng: np.random.Generator) -> int:
     return int(rng.integers(2**31 - 1))
 
 
+T = TypeVar("T")
+
 # stream roles, so client, server and engine streams never coincide
 _CLIENT_STREAM, _SERVER_STREAM = 2, 3
+
+
+def work_steps(work: float, total: int) -> int:
+    """How many of ``total`` local steps a client doing the share ``work`` takes:
+    ``total`` when ``work >= 1``, else ``ceil(work x total)``, at least 1 (0 if ``total`` is 0)."""
+    if work >= 1.0 or total <= 0:
+        return max(int(total), 0)
+    return max(1, math.ceil(work * total - 1e-9))
 
 
 @dataclass
@@ -76,6 +87,11 @@ class ClientContext:
     ``round`` is the round of the message being handled; the engine sets it before
     every ``handle``. Randomness comes from :meth:`rng_for`, a stream keyed by
     ``(seed, client, round, tag)``: a round the client missed shifts no later draw.
+
+    ``work`` is the share of its local work the client gets to do in this round (1: all;
+    less under ``faults.partial_work``), also set by the engine before every ``handle``.
+    A method with local epochs or steps honours it by iterating :meth:`local_batches`
+    (and declares ``Protocol.honours_partial_work``); a closed-form method ignores it.
     """
 
     client_id: int
@@ -84,6 +100,26 @@ class ClientContext:
     seed: int
     float_dtype: str = "float64"
     round: int = 0
+    work: float = 1.0
+
+    def local_batches(self, epochs: int, one_pass: Callable[[], Sequence[T]]) -> Iterator[T]:
+        """The batches of ``epochs`` passes, ``one_pass()`` giving one pass's batches, cut to
+        the share ``work`` of all of them (:func:`work_steps`: at least one).
+
+        ``one_pass`` is called lazily at the start of each pass, as a loop
+        ``for _ in range(epochs): for b in one_pass()`` would, so with ``work == 1`` the
+        batches and every random draw are those of that loop.
+        """
+        budget, done = None, 0
+        for _ in range(epochs):
+            batches = one_pass()
+            if budget is None:
+                budget = work_steps(self.work, epochs * len(batches))
+            for b in batches:
+                if done >= budget:
+                    return
+                done += 1
+                yield b
 
     def rng_for(self, tag: str, round: int | None = None) -> np.random.Generator:
         """A fresh generator for ``tag`` in ``round`` (default: the current round)."""
@@ -286,3 +322,5 @@ class Protocol:
     quick_params: dict[str, Any] = field(default_factory=dict)
     analytic_bytes: Callable[[Any, RunFacts], int] | None = None
     secure_sums: tuple[SecureSum, ...] = ()  # reply fields the server only needs summed (secure aggregation)
+    # whether its clients scale their local work by ctx.work (faults.partial_work); closed-form methods do not
+    honours_partial_work: bool = False

@@ -213,6 +213,21 @@ class StragglerCfg(_Strict):
     delay_s: DelayCfg = DelayCfg()
 
 
+class PartialWorkCfg(_Strict):
+    """Completeness (docs/fault-models.md): in each round each client, with probability
+    ``fraction``, finishes only the share ``work`` of its local work."""
+
+    fraction: float = Rate
+    work: float = Field(default=1.0, gt=0.0, le=1.0)
+
+
+class SamplingCfg(_Strict):
+    """Client sampling (docs/fault-models.md), for horizontal methods: each round the server
+    asks round(``fraction`` x clients) of them (at least one), drawn from the seed; not a fault."""
+
+    fraction: float = Field(default=1.0, gt=0.0, le=1.0)
+
+
 class CrashCfg(_Strict):
     client: int = Field(ge=0)
     at_round: int = Field(ge=0)
@@ -333,6 +348,8 @@ class FaultsCfg(_Strict):
     drop: list[DropCfg] = []  # scheduled dropouts: this client misses this round
     crash: list[CrashCfg] = []
     stragglers: StragglerCfg = StragglerCfg()
+    partial_work: PartialWorkCfg | None = None  # clients that finish only part of a round's work
+    sampling: SamplingCfg | None = None  # clients asked per round (horizontal methods); not a fault
     deadline_s: float | None = Field(default=None, gt=0.0)
     min_clients: int = Field(default=1, ge=1)
 

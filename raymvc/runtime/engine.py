@@ -61,6 +61,22 @@ def _check_secure_aggregation(sc: Scenario, proto) -> None:
                                              "secure-aggregation keys never leave them, not even into a checkpoint")
 
 
+def _check_sampled_secure_aggregation(sc: Scenario, asked: int, n_clients: int) -> None:
+    """Secure aggregation is set up once among all clients: the clients a round asks must
+    reach its threshold on their own, or no round's sum could ever be rebuilt."""
+    ch = sc.channel
+    if not ch.secure_aggregation:
+        return
+    if ch.secagg_neighbours:
+        raise _err(sc, "faults.sampling", "cannot be combined with channel.secagg_neighbours (a round's sampled "
+                                          "clients may leave a neighbourhood under its threshold)")
+    need = int(ch.secagg_threshold * n_clients) + 1
+    if asked < need:
+        raise _err(sc, "faults.sampling", f"asks {asked} of {n_clients} clients per round, fewer than the {need} "
+                                          f"secure aggregation needs (channel.secagg_threshold "
+                                          f"{ch.secagg_threshold}); lower the threshold below {asked / n_clients:g}")
+
+
 def prepare(sc: Scenario, dataset=None):
     """Load, normalise and split the data as the scenario says (no Ray needed); ``dataset``
     (a :class:`~raymvc.data.types.MultiViewDataset`) replaces ``data.path``/``data.dataset``.
@@ -140,6 +156,16 @@ def prepare(sc: Scenario, dataset=None):
                                                        f"(clients are 0..{part.n_clients - 1})")
     if sc.faults.min_clients > part.n_clients:
         raise _err(sc, "faults.min_clients", f"{sc.faults.min_clients} is more than the {part.n_clients} clients")
+    sampling = sc.faults.sampling
+    if sampling is not None and sampling.fraction < 1.0:
+        if proto.partition != "horizontal":
+            raise _err(sc, "faults.sampling", f"client sampling is for horizontal methods; {sc.method} is vertical "
+                                              "(every view's client takes part in every round)")
+        asked = max(1, int(round(sampling.fraction * part.n_clients)))
+        if sc.faults.min_clients > asked:
+            raise _err(sc, "faults.min_clients", f"{sc.faults.min_clients} is more than the {asked} clients "
+                                                 f"faults.sampling asks per round")
+        _check_sampled_secure_aggregation(sc, asked, part.n_clients)
     return ds, part
 
 
@@ -157,7 +183,8 @@ def _spawn(sc: Scenario, part, ds, seats=None, crew: Crew | None = None) -> tupl
     ids = list(range(part.n_clients))
     search = tuple(search_paths())  # where the driver looks for a method's module
     common = dict(n_clients=part.n_clients, n_clusters=ds.n_clusters, channel=sc.channel.model_dump(),
-                  seed=sc.seed, threads=rt.threads, search=search)
+                  seed=sc.seed, threads=rt.threads, search=search,
+                  partial_work=sc.faults.partial_work.model_dump() if sc.faults.partial_work else None)
     srv_kw = dict(client_ids=ids, n_clusters=ds.n_clusters,
                   n_samples=part.n_samples if part.kind == "vertical" else None,
                   channel=sc.channel.model_dump(), faults=sc.faults.model_dump(), network=sc.network.model_dump(),

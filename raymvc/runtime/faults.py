@@ -17,6 +17,16 @@ What a fault means (the same on both backends):
 * **crash**: at the start of the round the client's actor is killed (``ray.kill``);
   it never answers again (``crashed_clients``).
 * **disconnect**: the client never connects; it is addressed by no message.
+* **not sampled** (``faults.sampling``, horizontal methods): each round the server asks
+  only a seeded share of the clients (:meth:`FaultPlan.sampled`); the others get no
+  message that round and the server's step sees them as missing. Not a fault: counted in
+  no fault total, listed as ``not_sampled`` in ``rounds.jsonl``.
+* **partial work** (``faults.partial_work``): the client acts on the message and replies,
+  but after only the share ``work`` of its local work (``ClientContext.work``); methods
+  with local epochs or steps honour it, closed-form ones ignore it. Decided by
+  :func:`work_share`, which the client's node calls for itself (the draw depends on the
+  seed, client and round only, so it is the plan's on either backend); the server's plan
+  records it (``partial_work`` in ``rounds.jsonl``). Not a missing reply.
 
 Availability (``faults.availability``, docs/fault-models.md) gives each client and round
 a probability of being unavailable (:meth:`FaultPlan.unavailable`); an unavailable client
@@ -40,11 +50,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..scenario import DelayCfg, FaultsCfg, NetworkCfg
+from ..scenario import DelayCfg, FaultsCfg, NetworkCfg, PartialWorkCfg
 
 # stream tags, so the streams never overlap
 _DISCONNECT, _STRAGGLERS, _DROPOUT, _DELAY = 101, 102, 103, 104
-_PER_CLIENT, _PHASE, _MARKOV = 105, 106, 107
+_PER_CLIENT, _PHASE, _MARKOV, _PARTIAL, _SAMPLING = 105, 106, 107, 108, 109
 
 
 def _draw_delay(cfg: DelayCfg, rng: np.random.Generator) -> float:
@@ -57,6 +67,19 @@ def _draw_delay(cfg: DelayCfg, rng: np.random.Generator) -> float:
     # lognormal parametrised by its mean and the sigma of the underlying normal
     mu = math.log(cfg.mean) - cfg.sigma**2 / 2.0
     return float(rng.lognormal(mu, cfg.sigma))
+
+
+def work_share(cfg: PartialWorkCfg | dict | None, seed: int, round: int, client: int) -> float:
+    """The share of its local work ``client`` does in ``round``: ``cfg.work`` with probability
+    ``cfg.fraction`` (a coin from the stream ``(seed, tag, client, round)``), else 1."""
+    if cfg is None:
+        return 1.0
+    if isinstance(cfg, dict):
+        cfg = PartialWorkCfg(**cfg)
+    if cfg.fraction <= 0 or cfg.work >= 1:
+        return 1.0
+    u = np.random.default_rng([int(seed), _PARTIAL, int(client), int(round)]).random()
+    return float(cfg.work) if u < cfg.fraction else 1.0
 
 
 def _sub(sub: int) -> tuple[int, ...]:
@@ -84,6 +107,8 @@ class FaultPlan:
         n_slow = int(round(self.cfg.stragglers.fraction * n))
         rng = np.random.default_rng([self.seed, _STRAGGLERS])
         self.stragglers: set[int] = set(int(c) for c in rng.choice(ids, n_slow, replace=False)) if n_slow else set()
+        frac = self.cfg.sampling.fraction if self.cfg.sampling is not None else 1.0
+        self.n_sampled = max(1, int(round(frac * n))) if n else 0  # clients asked per round (sampling)
         self.drop_at: set[tuple[int, int]] = {(d.at_round, d.client) for d in self.cfg.drop}
         self.crash_at: dict[int, int] = {}
         for c in self.cfg.crash:
@@ -153,6 +178,19 @@ class FaultPlan:
             return 0.0
         return _draw_delay(self.cfg.stragglers.delay_s,
                            np.random.default_rng([self.seed, _DELAY, round, client, *_sub(sub)]))
+
+    def sampled(self, round: int) -> set[int] | None:
+        """The clients asked in ``round`` under ``faults.sampling`` (``None``: all of them):
+        round(fraction x clients), at least one, drawn from the stream (seed, tag, round)."""
+        s = self.cfg.sampling
+        if s is None or s.fraction >= 1.0 or not self.client_ids:
+            return None
+        rng = np.random.default_rng([self.seed, _SAMPLING, round])
+        return set(int(c) for c in rng.choice(sorted(self.client_ids), self.n_sampled, replace=False))
+
+    def work(self, round: int, client: int) -> float:
+        """The share of its local work ``client`` does in ``round`` (:func:`work_share`)."""
+        return work_share(self.cfg.partial_work, self.seed, round, client)
 
     def crashes_now(self, round: int) -> list[int]:
         return sorted(c for c, r in self.crash_at.items() if r == round)

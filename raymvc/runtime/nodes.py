@@ -29,8 +29,8 @@ import numpy as np
 from ..channel import Encoded, Endpoint, Ledger, LedgerRow, RejectedMessage, handshake_bytes
 from ..messages import Done, Message, labels_array
 from ..protocol import ClientContext, ServerContext
-from ..scenario import ChannelCfg, FaultsCfg, NetworkCfg
-from .faults import FaultPlan, Injector, Network
+from ..scenario import ChannelCfg, FaultsCfg, NetworkCfg, PartialWorkCfg
+from .faults import FaultPlan, Injector, Network, work_share
 from .records import FaultCounts, Participation, RoundRecord, RunEnd
 from .secure import ClientLayer, ServerLayer
 from .state import dump_state, load_state
@@ -124,13 +124,16 @@ class ClientNode:
     """One client: its private shard, the protocol's client object, its endpoint."""
 
     def __init__(self, cid: int, method: str, params: dict, shard, *, n_clients: int, n_clusters: int,
-                 channel: dict, seed: int, threads: int = 1, search: tuple[str, ...] = ()):
+                 channel: dict, seed: int, threads: int = 1, search: tuple[str, ...] = (),
+                 partial_work: dict | None = None):
         from ..protocols import add_search_path, get
 
         for folder in search:  # where the driver found the method's module
             add_search_path(folder)
 
         self.cid = cid
+        self.seed = seed
+        self.partial_work = PartialWorkCfg(**partial_work) if partial_work else None  # faults.partial_work
         self.threads = threads
         pin_threads(threads)
         ch = ChannelCfg(**channel)
@@ -175,6 +178,8 @@ class ClientNode:
         t = time.perf_counter()
         try:
             self.client.ctx.round = opened.round
+            # the plan's decision (FaultPlan.work), drawn here from the same stream
+            self.client.ctx.work = work_share(self.partial_work, self.seed, opened.round, self.cid)
             if opened.msg.kind == EVAL_PREDICT:
                 y = self.client.predict()  # None: nothing to label its rows with
                 reply = Message(EVAL_LABELS) if y is None else Message(EVAL_LABELS, y=labels_array(y))
@@ -593,7 +598,8 @@ class ServerNode:
             else:
                 p.missed += 1
 
-    def _step(self, r: int, st: RoundState, addressed: int, answered: int) -> None:
+    def _step(self, r: int, st: RoundState, addressed: int, answered: int,
+              not_sampled: tuple[int, ...] | list[int] = ()) -> None:
         if addressed and answered < min(self.min_clients, addressed):
             self.status = "failed"
             self.error = (f"round {r}: {answered} of {addressed} clients replied, "
@@ -601,7 +607,7 @@ class ServerNode:
             return
         pin_threads(self.threads)
         try:
-            result = self.server.step(r, st.replies, set(st.missing))
+            result = self.server.step(r, st.replies, set(st.missing) | set(not_sampled))
         except Exception as e:
             self.status = "error"
             self.errors.append(party_error(SERVER, "step", r, e))
@@ -614,13 +620,25 @@ class ServerNode:
             self.outgoing = result
             self.round += 1
 
+    def _sample(self, r: int, outgoing: dict[int, Message]) -> tuple[dict[int, Message], list[int]]:
+        """The messages sent in round ``r`` under ``faults.sampling``, and the clients left out."""
+        chosen = self.plan.sampled(r)
+        if chosen is None:
+            return outgoing, []
+        return {c: m for c, m in outgoing.items() if c in chosen}, sorted(c for c in outgoing if c not in chosen)
+
+    def _partial(self, r: int, addressed: dict[int, Message], st: RoundState) -> list[int]:
+        """The clients that acted on the round's message with only part of their local work."""
+        acted = set(addressed) - set(st.dropped) - set(st.crashed) - self.crashed - set(self.offline)
+        return sorted(c for c in acted if self.plan.work(r, c) < 1.0)
+
     def run_round(self) -> RoundRecord:
         """Exchange the pending messages, let the protocol step, report the round."""
         r = self.round
         wall = time.perf_counter()
         t0 = self.clock
         ledger_mark = len(self.ledger.rows)
-        addressed = self.outgoing
+        addressed, not_sampled = self._sample(r, self.outgoing)
         st, self.clock = self._exchange(r, addressed, "protocol", self.faults)
         answered = len(st.replies) + len(st.acked)  # to the round's request, whatever secure aggregation adds
         if self.secure is not None:
@@ -632,12 +650,13 @@ class ServerNode:
 
             self.secure.aggregate(st, extra)
         self._tally(r, addressed, st)
-        self._step(r, st, len(addressed), answered)
+        self._step(r, st, len(addressed), answered, not_sampled)
         rows = self.ledger.rows[ledger_mark:]
         record = RoundRecord(
             round=r, replied=sorted(st.replies), missing=sorted(st.missing), dropped=st.dropped, late=st.late,
             rejected=st.rejected, crashed=st.crashed, client_errors=sorted(st.errors), messages=len(rows),
             wire_bytes=sum(x.wire_bytes for x in rows), payload_bytes=sum(x.payload_bytes for x in rows),
+            partial_work=self._partial(r, addressed, st), not_sampled=not_sampled,
             virtual_start_s=t0, virtual_end_s=self.clock, wall_s=time.perf_counter() - wall,
             info=dict(self.server.info), done=self.status in ("finished", "failed", "error"), error=self.error)
         self.server.info = {}

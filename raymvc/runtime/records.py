@@ -22,6 +22,8 @@ class RoundRecord:
     rejected: list[int] = field(default_factory=list)
     crashed: list[int] = field(default_factory=list)
     client_errors: list[int] = field(default_factory=list)
+    partial_work: list[int] = field(default_factory=list)  # did only part of their local work (not a fault)
+    not_sampled: list[int] = field(default_factory=list)  # left out by client sampling: no message (not a fault)
     messages: int = 0
     wire_bytes: int = 0
     payload_bytes: int = 0

@@ -1,0 +1,212 @@
+"""Partial work (faults.partial_work): which clients do only part of their local work is
+seeded per client and round, the same in-process and on Ray, recorded in rounds.jsonl and
+seen by the clients as ``ctx.work``; the deep methods cut their local steps to it, the
+closed-form ones ignore it and ``raymvc params`` says which."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from raymvc.cli import main
+from raymvc.protocol import ClientContext, work_steps
+from raymvc.protocols import get
+from raymvc.runtime import prepare, run_scenario
+from raymvc.runtime.faults import FaultPlan, work_share
+from raymvc.scenario import FaultsCfg, load_scenario, scenario_from_dict
+
+PARTIAL = {"fraction": 0.4, "work": 0.5}
+
+# a method whose clients tell the server the share of work they were given: the engine's
+# ctx.work, seen end to end (the server puts it in rounds.jsonl's info)
+WORKECHO = '''
+from raymvc.messages import Done, Message
+from raymvc.protocol import Client, Protocol, ProtocolConfig, Server
+
+
+class Config(ProtocolConfig):
+    rounds: int = 6
+
+
+class WorkClient(Client):
+    def handle(self, msg):
+        return Message("work", work=float(self.ctx.work))
+
+    def predict(self):
+        import numpy as np
+        return np.zeros(self.shard.n_local, dtype=np.int64)
+
+
+class WorkServer(Server):
+    def start(self):
+        return {c: Message("go") for c in self.ctx.client_ids}
+
+    def step(self, round, replies, missing):
+        self.info = {"work": {str(c): float(m["work"]) for c, m in replies.items()}}
+        if round + 1 >= self.config.rounds:
+            return Done(labels=None)
+        return self.start()
+
+    def result(self):
+        return Done(labels=None)
+
+
+PROTOCOL = Protocol(name="workecho", config=Config, client=WorkClient, server=WorkServer,
+                    partition="horizontal", honours_partial_work=True)
+'''
+
+
+def workecho_file(tmp_path: Path, n_clients: int = 8, rounds: int = 6, **faults) -> Path:
+    (tmp_path / "workecho_method.py").write_text(WORKECHO)
+    sc = {"name": "workecho", "method": "workecho_method", "params": {"rounds": rounds},
+          "data": {"dataset": "digits", "partition": "horizontal", "n_clients": n_clients},
+          "faults": {"partial_work": PARTIAL, **faults}, "runtime": {"backend": "local"}, "seed": 3}
+    path = tmp_path / "workecho.yaml"
+    path.write_text(yaml.safe_dump(sc))
+    return path
+
+
+def run_rounds(path: Path, out: Path, *overrides: str) -> list[dict]:
+    s = run_scenario(load_scenario(path, list(overrides)), out, progress=lambda line: None)
+    assert s["status"] in ("completed", "degraded"), s.get("error")
+    return [json.loads(x) for x in (Path(s["out_dir"]) / "rounds.jsonl").read_text().splitlines()]
+
+
+# --------------------------------------------------------------------------- the draw
+def test_the_draw_is_seeded_per_client_and_round_with_the_given_share():
+    faults = FaultsCfg(partial_work=PARTIAL)
+    ids = list(range(20))
+    a, b = FaultPlan(faults, ids, seed=7), FaultPlan(faults, list(reversed(ids)), seed=7)
+    grid = np.array([[a.work(r, c) for c in ids] for r in range(200)])
+    assert set(np.unique(grid)) == {0.5, 1.0}
+    # the same whatever the client order or what was asked before; work_share is the plan's
+    assert all(b.work(r, c) == grid[r, c] == work_share(PARTIAL, 7, r, c) for r in (199, 0, 57) for c in ids)
+    assert abs((grid < 1).mean() - 0.4) < 0.03
+    assert not np.array_equal(grid, [[FaultPlan(faults, ids, seed=8).work(r, c) for c in ids] for r in range(200)])
+    # off: no partial work at all, and no stream drawn
+    for cfg in (None, {"fraction": 0.0, "work": 0.5}, {"fraction": 1.0, "work": 1.0}):
+        assert work_share(cfg, 7, 3, 1) == 1.0
+    assert FaultPlan(FaultsCfg(partial_work={"fraction": 1.0, "work": 0.25}), ids, 0).work(5, 3) == 0.25
+
+
+def test_bad_partial_work_is_a_scenario_error(tmp_path, capsys):
+    path = workecho_file(tmp_path)
+    for bad, words in [("faults.partial_work.work=0", "faults.partial_work.work"),
+                       ("faults.partial_work.fraction=1.5", "faults.partial_work.fraction"),
+                       ("faults.partial_work.share=0.1", "unknown key")]:
+        assert main(["validate", str(path), "--set", bad]) == 2
+        assert words in capsys.readouterr().err
+
+
+def test_clients_see_the_recorded_share_and_runs_repeat(tmp_path):
+    path = workecho_file(tmp_path)
+    plan = FaultPlan(FaultsCfg(partial_work=PARTIAL), list(range(8)), seed=3)
+    first = run_rounds(path, tmp_path / "a")
+    assert len(first) == 6
+    for rec in first:
+        r = rec["round"]
+        assert rec["partial_work"] == [c for c in range(8) if plan.work(r, c) < 1]
+        assert rec["info"]["work"] == {str(c): plan.work(r, c) for c in rec["replied"]}
+        assert rec["missing"] == []  # partial work is no fault
+    assert any(rec["partial_work"] for rec in first)
+    again = run_rounds(path, tmp_path / "b")
+    assert [(x["partial_work"], x["info"]) for x in again] == [(x["partial_work"], x["info"]) for x in first]
+
+
+def test_a_dropped_client_did_no_work_at_all(tmp_path):
+    path = workecho_file(tmp_path, dropout={"rate": 0.5})
+    recs = run_rounds(path, tmp_path / "d")
+    assert any(set(r["dropped"]) for r in recs)
+    for r in recs:
+        assert not set(r["partial_work"]) & set(r["dropped"])
+
+
+def test_partial_work_is_the_same_on_ray_and_in_process(ray_session, tmp_path):
+    path = workecho_file(tmp_path)
+    seen = {}
+    for backend in ("local", "ray"):
+        recs = run_rounds(path, tmp_path / backend, f"runtime.backend={backend}", "runtime.client_cpus=0.25",
+                          "runtime.clients_per_actor=4")
+        seen[backend] = [(r["partial_work"], r["info"]["work"]) for r in recs]
+    assert seen["ray"] == seen["local"]
+
+
+# --------------------------------------------------------------------------- the methods
+def test_local_batches_cut_to_the_share_lazily():
+    calls = []
+
+    def one_pass():
+        calls.append(1)
+        return list(range(4))
+
+    ctx = ClientContext(0, 1, 2, 0)
+    assert list(ctx.local_batches(3, one_pass)) == [0, 1, 2, 3] * 3 and len(calls) == 3
+    calls.clear()
+    ctx.work = 0.5
+    assert list(ctx.local_batches(3, one_pass)) == [0, 1, 2, 3, 0, 1] and len(calls) == 2
+    ctx.work = 0.01
+    assert list(ctx.local_batches(3, one_pass)) == [0]  # at least one step
+    assert (work_steps(1.0, 10), work_steps(0.5, 10), work_steps(0.25, 10), work_steps(0.5, 0)) == (10, 5, 3, 0)
+
+
+def count_steps(monkeypatch) -> list[int]:
+    steps = []
+    real = torch.optim.Adam.step
+    monkeypatch.setattr(torch.optim.Adam, "step", lambda self, *a, **k: steps.append(1) or real(self, *a, **k))
+    return steps
+
+
+def test_feddmvc_trains_half_the_epochs_at_work_one_half(monkeypatch):
+    import raymvc.protocols.feddmvc as fd
+
+    sc = scenario_from_dict({
+        "method": "feddmvc", "params": {**get("feddmvc").quick_params, "batch_size": 32},
+        "data": {"dataset": "synthetic", "partition": "vertical",
+                 "synthetic": {"n_samples": 128, "n_views": 2, "dims": 6, "n_clusters": 3}},
+        "runtime": {"backend": "local"}})
+    ds, part = prepare(sc)
+    cfg = fd.Config(**sc.params)
+    steps = count_steps(monkeypatch)
+    for work in (1.0, 0.5):
+        client = fd.FedDMVCClient(cfg, part.shards[0], ClientContext(0, 2, ds.n_clusters, 0, work=work))
+        steps.clear()
+        client._train(10, None, seed=1)
+        assert len(steps) == (40 if work == 1 else 20)  # 10 epochs of 4 batches; half: 5 epochs
+
+
+def test_ccfc_trains_half_its_steps_at_work_one_half(monkeypatch):
+    import raymvc.protocols.ccfc as ccfc
+    from raymvc.messages import Message
+    from raymvc.protocol import ServerContext
+
+    sc = scenario_from_dict({
+        "method": "ccfc", "params": {**get("ccfc").quick_params, "batch_size": 16, "local_epochs": 2},
+        "data": {"dataset": "digits", "partition": "horizontal", "n_clients": 20},
+        "runtime": {"backend": "local"}})
+    ds, part = prepare(sc)
+    cfg = ccfc.Config(**sc.params)
+    server = ccfc.CCFCServer(cfg, ServerContext(list(range(20)), ds.n_clusters, 0))
+    (msg, *_) = server.start().values()
+    steps = count_steps(monkeypatch)
+    counts = {}
+    for work in (1.0, 0.5):
+        client = ccfc.CCFCClient(cfg, part.shards[0], ClientContext(0, 20, ds.n_clusters, 0, work=work))
+        steps.clear()
+        assert isinstance(client.handle(Message(msg.kind, dict(msg.fields))), Message)
+        counts[work] = len(steps)
+    n_batches = -(-part.shards[0].n_local // 16)
+    assert counts == {1.0: 2 * n_batches, 0.5: n_batches}
+
+
+@pytest.mark.parametrize(("method", "honours"), [("cefmc", False), ("efimvc", False), ("kfed", False),
+                                                 ("feddmvc", True), ("fcuif", True), ("ccfc", True)])
+def test_params_say_whether_a_method_honours_partial_work(method, honours, capsys):
+    assert get(method).honours_partial_work is honours
+    assert main(["params", method]) == 0
+    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("partial work")][0]
+    assert ("honoured" if honours else "ignored") in line

@@ -496,6 +496,7 @@ PAPER_NAMES = {
     "ccfc": "CCFC: Bridging Federated Clustering and Contrastive Learning (with k-FED)",
     "feddmvc": "FedDMVC: Federated Deep Multi-View Clustering with Global Self-Supervision",
     "fcuif": "FCUIF: federated multi-view clustering for unaligned and incomplete data",
+    "robustness": "Robustness atlas: the six methods as devices fail",
 }
 
 PAGE_INTRO = """\

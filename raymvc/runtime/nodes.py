@@ -41,7 +41,7 @@ SERVER = "server"
 PROTOCOL_INPUTS = ("config", "shard", "ctx")  # rebuilt from the scenario, never checkpointed
 _ROUND = struct.Struct("<q")
 # what a server checkpoint holds besides the protocol's server object
-_SERVER_STATE = ("round", "clock", "outgoing", "done", "status", "error", "crashed", "offline", "counts",
+SERVER_STATE = _SERVER_STATE = ("round", "clock", "outgoing", "done", "status", "error", "crashed", "offline", "counts",
                  "client_errors", "errors", "participation", "compute_s", "timeouts", "evicted", "ledger")
 EVAL_PREDICT = "eval.predict"  # engine-reserved kinds: the evaluation path
 EVAL_LABELS = "eval.labels"
@@ -158,7 +158,7 @@ class ClientNode:
         return dump_state(self.client, skip=PROTOCOL_INPUTS) + _ROUND.pack(self.client.ctx.round)
 
     def restore(self, data: bytes) -> None:
-        load_state(self.client, data[:-_ROUND.size])
+        load_state(self.client, data[:-_ROUND.size], skip=PROTOCOL_INPUTS)
         (self.client.ctx.round,) = _ROUND.unpack(data[-_ROUND.size:])
 
     def deliver(self, frame: bytes | tuple[bytes, bytes]) -> tuple[str, bytes | None, str | None, float, str | None]:
@@ -437,9 +437,9 @@ class ServerNode:
 
     def restore(self, ck: dict[str, object]) -> None:
         """Carry on from :meth:`checkpoint` (after :meth:`connect` agreed fresh keys)."""
-        load_state(self, ck["node"])
+        load_state(self, ck["node"], only=_SERVER_STATE)
         self.offline |= set(self.client_ids) - set(self.connected)  # unreachable now: offline now
-        load_state(self.server, ck["server"])
+        load_state(self.server, ck["server"], skip=PROTOCOL_INPUTS)
         for cid in sorted(self.crashed):
             if cid in self.connected:
                 self.transport.kill(cid)  # still crashed after the resume

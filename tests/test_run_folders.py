@@ -384,3 +384,24 @@ def test_output_folder_leaves_a_refused_folder_as_it_was(tmp_path):
     with pytest.raises(ResultsError, match="no such folder"):
         OutputFolder(tmp_path / "gone", "run", resume=True)
     assert not (tmp_path / "gone").exists()
+
+
+def test_a_run_folder_swapped_for_a_link_mid_run_is_not_followed(tmp_path):
+    """`mv out out.real; ln -s victim out` while the run is in round 1: every file still
+    goes into the folder the run opened, none through the link."""
+    import subprocess
+
+    from gated_run import GatedRun
+
+    out, victim = tmp_path / "out", tmp_path / "victim"
+    victim.mkdir()
+    with GatedRun(["run", str(QUICK), "--backend", "local", "--out", str(out), "--quiet"], at_round=1,
+                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as run:
+        run.wait_ready()
+        out.rename(tmp_path / "out.real")
+        out.symlink_to(victim, target_is_directory=True)
+        run.go()
+        assert run.proc.wait(timeout=300) == 0
+    assert list(victim.iterdir()) == []
+    real = tmp_path / "out.real"
+    assert {"summary.json", "labels.csv", "messages.csv", "rounds.jsonl"} <= {p.name for p in real.iterdir()}

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..channel import Encoded, Endpoint, Ledger, LedgerRow, RejectedMessage, handshake_bytes
 from ..messages import Done, Message, labels_array
-from ..protocol import ClientContext, ServerContext
+from ..protocol import ClientContext, NoInput, ServerContext
 from ..scenario import ChannelCfg, FaultsCfg, NetworkCfg, PartialWorkCfg
 from .faults import FaultPlan, Injector, Network, work_share
 from .records import FaultCounts, Participation, RoundRecord, RunEnd
@@ -343,7 +343,8 @@ class ServerNode:
         ch = ChannelCfg(**channel)
         self.channel = ch
         self.plan = FaultPlan(FaultsCfg(**faults), list(client_ids), seed, client_sizes=client_sizes,
-                              client_dims=client_dims, trace=trace)
+                              client_dims=client_dims, trace=trace,
+                              exchanges=3 if ch.secure_aggregation and proto.secure_sums else 1)
         self.faults = Injector(self.plan)
         self.net = Network(NetworkCfg(**network))
         self.min_clients = self.plan.cfg.min_clients
@@ -608,6 +609,9 @@ class ServerNode:
         pin_threads(self.threads)
         try:
             result = self.server.step(r, st.replies, set(st.missing) | set(not_sampled))
+        except NoInput as e:  # the injected faults left the method nothing to work with: a failure
+            self.status, self.error = "failed", f"round {r}: {one_line(e)}"
+            return
         except Exception as e:
             self.status = "error"
             self.errors.append(party_error(SERVER, "step", r, e))

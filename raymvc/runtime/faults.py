@@ -37,6 +37,11 @@ or 1): a Markov client's state in round r comes from its first state and r trans
 each drawn from a stream keyed by (seed, tag, client, round), so it depends on no other
 client and on nothing but the round asked.
 
+Device profiles (``devices``, :class:`DeviceProfiles`) give each client its own speed,
+links and latency: a reply then leaves after the client's downlink, its nominal compute
+time and any straggler delay, and travels its own uplink; the deadline acts on that total.
+Without them every link is :class:`Network` and compute takes no virtual time.
+
 A round may hold more than one exchange (secure aggregation adds two: masked input
 and unmasking). Exchange ``sub`` > 0 of a round draws dropouts and delays from streams
 of their own (``[seed, tag, round, client, sub]``) at the same rates; a scheduled drop

@@ -307,6 +307,8 @@ class DeviceProfiles:
                         v = default[name]
                     elif not isinstance(v, (int, float)):  # a DeviceDraw
                         v = _draw_delay(v, np.random.default_rng([self.seed, _DEVICE, c, q]))
+                        if name != "latency_ms":  # a uniform draw of exactly 0 would stop the clock
+                            v = max(v, 1e-9)
                     values[name] = None if v is None else float(v)
                 self.devices[c] = Device(**values)
         sizes = self.client_sizes or {}

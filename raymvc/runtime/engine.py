@@ -191,7 +191,9 @@ def _spawn(sc: Scenario, part, ds, seats=None, crew: Crew | None = None) -> tupl
                   seed=sc.seed, reply_timeout_s=rt.reply_timeout_s, threads=rt.threads, evict_after=rt.evict_after,
                   client_sizes={c: part.shards[c].rows_held for c in ids},
                   client_dims={c: int(part.shards[c].views[0].shape[1]) for c in ids},
-                  trace=sc.availability_trace(), search=search)
+                  trace=sc.availability_trace(), search=search,
+                  devices=sc.devices.model_dump() if sc.devices is not None else None,
+                  device_classes={k: v.model_dump() for k, v in (sc.device_classes() or {}).items()} or None)
     if rt.backend == "local":
         clients = {c: ClientNode(c, sc.method, sc.params, part.shards[c], **common) for c in ids}
         return ServerNode(sc.method, sc.params, clients, **srv_kw), []

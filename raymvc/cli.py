@@ -12,6 +12,7 @@ corrupt ``summary.json`` given to ``report``; data that loads but looks unintend
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -98,6 +99,7 @@ def cmd_run(args) -> int:
 
     try:
         out = args.out or _default_run_dir(sc.name, list(args.set or []) + ([f"seed={args.seed}"] if args.seed else []))
+        made = not Path(out).exists()
         check_out_dir(out)
     except ResultsError as e:
         if rp is not None:
@@ -112,8 +114,10 @@ def cmd_run(args) -> int:
     try:
         summary = run_scenario(sc, out, prepared=prepared, overwrite=args.overwrite, resume=bool(resume), **kw)
     except ClusterError as e:
+        _drop_if_empty(out, made)
         return _fail(f"{args.scenario}: {e}")
     except (ScenarioError, ResultsError) as e:  # ResultsError: a result file could not be written
+        _drop_if_empty(out, made)
         return _fail(str(e))
     finally:
         sys.stdout = result
@@ -121,6 +125,14 @@ def cmd_run(args) -> int:
             rp.close()
     print(json.dumps(summary, indent=2) if args.json else format_summary(summary), flush=True)
     return {"failed": 1, "error": 1, "interrupted": 130}.get(summary["status"], 0)
+
+
+def _drop_if_empty(out, made: bool) -> None:
+    """A folder this command made for a run that never started (a refused scenario, a
+    cluster it could not join) goes again, so no empty folder is left for `report`."""
+    if made:
+        with contextlib.suppress(OSError):
+            Path(out).rmdir()  # only if empty
 
 
 def _default_run_dir(name: str, overrides: list[str]) -> Path:
@@ -143,6 +155,7 @@ def cmd_validate(args) -> int:
         try:
             study = load_study(args.scenario)
             n = study.check()
+            study.check_data()  # every run's data can be obtained, as `raymvc validate SCENARIO` checks
         except ScenarioError as e:
             return _fail(str(e))
         print(f"{args.scenario}: ok -- a study of {study.spec.paper} ({study.spec.title}): {n} cells "

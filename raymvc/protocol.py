@@ -147,6 +147,12 @@ class ServerContext:
         return derive_rng(self.seed, _SERVER_STREAM, round, tag)
 
 
+class NoInput(RuntimeError):
+    """Raised by a server whose clients' replies left it nothing to go on (none delivered
+    what the method needs): the injected faults stopped the run, so it ends ``failed``,
+    not ``error`` -- a protocol's own bug still raises anything else."""
+
+
 class Client:
     """Base class for a protocol's client side."""
 

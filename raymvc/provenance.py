@@ -112,6 +112,7 @@ def fingerprint(sc, data_source: str | None = None) -> str:
     if data_source and data_source.startswith("memory:"):
         h.update(data_source.encode())
     trace = [sc.trace_path()] if sc.trace_path() is not None else []  # an availability trace
+    trace += [sc.profile_path()] if sc.profile_path() is not None else []  # a device profile
     for p in (sc.data_files() if sc.data.path is not None else []) + trace:
         p = p.resolve()
         st = p.stat()

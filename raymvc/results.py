@@ -114,27 +114,32 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def write_file(path: str | Path, data: str | bytes) -> Path:
+def write_file(path: str | Path, data: str | bytes, dir_fd: int | None = None) -> Path:
     """Write ``path`` whole: to a temporary name beside it, then renamed over it.
 
     A link at ``path`` is replaced, never written through; a failed write (a full
-    disk) leaves the file that was there. Raises :class:`ResultsError` with one line.
+    disk) leaves the file that was there. With ``dir_fd`` (an open folder), ``path``'s
+    name is written in that folder whatever its path names now: a folder swapped for a
+    link while a run writes is not followed. Raises :class:`ResultsError` with one line.
     """
     path = Path(path)
     raw = data.encode("utf-8") if isinstance(data, str) else data
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    name, tmp_name = (path.name, tmp.name) if dir_fd is not None else (path, tmp)
+    at = {"dir_fd": dir_fd} if dir_fd is not None else {}
     try:
-        tmp.unlink(missing_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name, **at)
+        fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644, **at)
         try:
             _write_all(fd, raw)
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
+        os.replace(tmp_name, name, **({"src_dir_fd": dir_fd, "dst_dir_fd": dir_fd} if dir_fd is not None else {}))
     except OSError as e:
         with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+            os.unlink(tmp_name, **at)
         raise ResultsError(f"{path}: cannot write ({e.strerror or e}); the file there before is kept") from None
     return path
 
@@ -304,21 +309,29 @@ class RunWriter:
     """Writes one run's files as the run goes."""
 
     def __init__(self, out_dir: str | Path, keep_rounds: int | None = None):
-        """``keep_rounds``: resuming -- keep that many lines of ``rounds.jsonl`` and append."""
+        """``keep_rounds``: resuming -- keep that many lines of ``rounds.jsonl`` and append.
+
+        The folder is opened once; every file goes into that open folder, so swapping its
+        path for a link during the run redirects nothing."""
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._dfd = _open_nofollow(self.dir, os.O_RDONLY | os.O_DIRECTORY)
         path = self.dir / "rounds.jsonl"
         kept = b""
         if keep_rounds is not None and (path.exists() or path.is_symlink()):
             kept = b"".join(read_file(path).splitlines(keepends=True)[:keep_rounds])
-        write_file(path, kept)
+        self._write("rounds.jsonl", kept)
         try:
-            self._rounds = os.fdopen(_open_nofollow(path, os.O_WRONLY | os.O_APPEND), "a", encoding="utf-8")
+            fd = os.open("rounds.jsonl", os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dfd)
+            self._rounds = os.fdopen(fd, "a", encoding="utf-8")
         except OSError as e:
             raise ResultsError(f"{path}: cannot open ({e.strerror or e})") from None
 
+    def _write(self, name: str, data: str | bytes) -> Path:
+        return write_file(self.dir / name, data, dir_fd=self._dfd)
+
     def scenario(self, text: str) -> None:
-        write_file(self.dir / "scenario.yaml", text)
+        self._write("scenario.yaml", text)
 
     def round(self, record: dict) -> None:
         try:
@@ -330,25 +343,30 @@ class RunWriter:
     def labels(self, labels, n_samples: int) -> Path:
         """``labels.csv``: ``sample,cluster``, one row per sample, -1 where nothing labelled it."""
         y = np.full(n_samples, -1, dtype=np.int64) if labels is None else np.asarray(labels, dtype=np.int64).ravel()
-        return write_file(self.dir / "labels.csv", "sample,cluster\n" + "".join(f"{i},{c}\n" for i, c in enumerate(y.tolist())))
+        return self._write("labels.csv", "sample,cluster\n" + "".join(f"{i},{c}\n" for i, c in enumerate(y.tolist())))
 
     def errors(self, text: str) -> None:
         """``errors.log``: the full tracebacks of every party whose code raised (none: no file)."""
         if text:
-            write_file(self.dir / "errors.log", text)
+            self._write("errors.log", text)
         else:
-            (self.dir / "errors.log").unlink(missing_ok=True)  # a resumed run's earlier attempt
+            with contextlib.suppress(FileNotFoundError):  # a resumed run's earlier attempt
+                os.unlink("errors.log", dir_fd=self._dfd)
 
     def messages(self, ledger) -> None:
-        write_file(self.dir / "messages.csv", ledger.csv_text())
+        self._write("messages.csv", ledger.csv_text())
 
     def summary(self, summary: dict) -> Path:
-        return write_file(self.dir / "summary.json", json.dumps(_jsonable(summary), indent=2) + "\n")
+        return self._write("summary.json", json.dumps(_jsonable(summary), indent=2) + "\n")
 
     def close(self) -> None:
         if not self._rounds.closed:
             with contextlib.suppress(OSError):
                 self._rounds.close()
+        if self._dfd is not None:
+            fd, self._dfd = self._dfd, None
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def read_summary(out_dir: str | Path) -> dict:

@@ -366,6 +366,101 @@ class NetworkCfg(_Strict):
     bandwidth_mbps: float | None = Field(default=None, gt=0.0)
 
 
+class DeviceDraw(_Strict):
+    """A device quantity drawn once per client: lognormal with this mean (``sigma`` is the
+    underlying normal's), or uniform in [0, 2 x mean]."""
+
+    dist: Literal["lognormal", "uniform"] = "lognormal"
+    mean: float = Field(gt=0.0)
+    sigma: float = Field(default=0.5, ge=0.0)
+
+
+Positive = Annotated[float, Field(gt=0.0)]
+DEVICE_QUANTITIES = ("speed", "up_mbps", "down_mbps", "latency_ms")
+
+
+class DeviceClass(_Strict):
+    """One named class of a device profile file (docs/fault-models.md, "Device profiles")."""
+
+    speed: float = Field(gt=0.0, description="compute speed; 1 does a round's nominal work in base_compute_s")
+    up_mbps: float = Field(gt=0.0, description="uplink, Mbit/s")
+    down_mbps: float = Field(gt=0.0, description="downlink, Mbit/s")
+    latency_ms: float = Field(ge=0.0, description="one-way latency of each message, ms")
+
+
+MAX_PROFILE_BYTES = 1_000_000
+
+
+def read_profile(path: Path) -> dict[str, DeviceClass]:
+    """A device profile file: a YAML mapping ``class name -> {speed, up_mbps, down_mbps,
+    latency_ms}``. Raises ValueError naming the file and the key."""
+    if not path.is_file():
+        raise ValueError(f"file not found: {path}")
+    if path.stat().st_size > MAX_PROFILE_BYTES:
+        raise ValueError(f"{path}: more than {MAX_PROFILE_BYTES} bytes")
+    try:
+        raw = safe_yaml_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: invalid YAML: {_yaml_problem(e)}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a text file") from None
+    if not isinstance(raw, dict) or not raw:
+        raise ValueError(f"{path}: expected a mapping of device classes (name: {{speed, up_mbps, down_mbps, "
+                         f"latency_ms}}), got {short(raw)}")
+    out = {}
+    for name, entry in raw.items():
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+            raise ValueError(f"{path}: {short(name)}: a class name is letters, digits, '.', '_' or '-'")
+        extra = [k for k in entry if k not in DeviceClass.model_fields] if isinstance(entry, dict) else []
+        if extra:  # before a missing key: a misspelt key is what is wrong
+            bad = str(extra[0])[:40]
+            raise ValueError(f"{path}: {name}.{bad}: {unknown_key_message(bad, sorted(DeviceClass.model_fields))}")
+        try:
+            out[name] = DeviceClass(**entry) if isinstance(entry, dict) else DeviceClass.model_validate(entry)
+        except ValidationError as e:
+            raise ValueError(_format(str(path), e, prefix=(name,), model=DeviceClass)) from None
+        except TypeError as e:  # a key that is not a string
+            raise ValueError(f"{path}: {name}: {e}") from None
+    return out
+
+
+class DevicesCfg(_Strict):
+    """Per-client device profiles on the virtual clock (docs/fault-models.md, "Device profiles").
+
+    Each quantity is a number (every client alike) or a distribution drawn once per
+    client; a quantity left out takes ``network``'s value (``speed``: 1). Or name device
+    classes of a ``profile`` file and the share of clients in each (``classes``).
+    """
+
+    base_compute_s: float = Field(default=1.0, ge=0.0, description="virtual compute seconds of a round's work "
+                                                                   "at speed 1")
+    by_samples: bool = Field(default=False, description="scale a client's compute by its samples / the mean")
+    speed: Positive | DeviceDraw | None = None
+    up_mbps: Positive | DeviceDraw | None = None
+    down_mbps: Positive | DeviceDraw | None = None
+    latency_ms: Annotated[float, Field(ge=0.0)] | DeviceDraw | None = None
+    profile: str | None = Field(default=None, description="a YAML file of device classes, relative to the "
+                                                          "scenario file")
+    classes: dict[str, Annotated[float, Field(ge=0.0, le=1.0)]] | None = Field(
+        default=None, description="class -> share of the clients (shares sum to 1)")
+
+    @field_validator("classes")
+    @classmethod
+    def _shares(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v is not None and (not v or abs(sum(v.values()) - 1.0) > 1e-6):
+            raise ValueError(f"the shares must sum to 1, got {sum(v.values()):g}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_way(self) -> DevicesCfg:
+        if (self.profile is None) != (self.classes is None):
+            raise ValueError("give devices.profile and devices.classes together (classes: name -> share)")
+        given = [q for q in DEVICE_QUANTITIES if getattr(self, q) is not None]
+        if self.profile is not None and given:
+            raise ValueError(f"{given[0]} comes from the profile's classes; leave it out or drop devices.profile")
+        return self
+
+
 class RuntimeCfg(_Strict):
     backend: Literal["ray", "local"] = "ray"
     address: str | None = None
@@ -396,6 +491,7 @@ class Scenario(_Strict):
     channel: ChannelCfg = ChannelCfg()
     faults: FaultsCfg = FaultsCfg()
     network: NetworkCfg = NetworkCfg()
+    devices: DevicesCfg | None = None  # per-client speed and links on the virtual clock (docs/fault-models.md)
     runtime: RuntimeCfg = RuntimeCfg()
     seed: int = Field(default=0, ge=0)
 
@@ -454,6 +550,30 @@ class Scenario(_Strict):
             where = f"{self.source}: " if self.source else ""
             raise self.blame(ScenarioError(f"{where}faults.availability.path: {e}")) from None
 
+    def profile_path(self) -> Path | None:
+        """``devices.profile`` resolved relative to the scenario file."""
+        if self.devices is None or self.devices.profile is None:
+            return None
+        p = Path(self.devices.profile).expanduser()
+        return Path(self.source).parent / p if not p.is_absolute() and self.source else p
+
+    def device_classes(self) -> dict[str, DeviceClass] | None:
+        """The classes of ``devices.profile`` that ``devices.classes`` names, or None without
+        a profile; a bad file or an unknown class raises ScenarioError."""
+        p = self.profile_path()
+        if p is None:
+            return None
+        where = f"{self.source}: " if self.source else ""
+        try:
+            known = read_profile(p)
+        except ValueError as e:
+            raise self.blame(ScenarioError(f"{where}devices.profile: {e}")) from None
+        for name in self.devices.classes:
+            if name not in known:
+                raise self.blame(ScenarioError(f"{where}devices.classes.{name[:40]}: not a class of {p} "
+                                               f"(classes: {', '.join(sorted(known))})"))
+        return {name: known[name] for name in self.devices.classes}
+
     def data_files(self) -> list[Path]:
         """Every file ``data.path`` reads (a folder's tables included), for the fingerprint."""
         from .data.tables import table_files
@@ -490,6 +610,10 @@ class Scenario(_Strict):
             d["data"]["path"] = [str(q.resolve()) for q in p] if isinstance(p, list) else str(p.resolve())
         if self.trace_path() is not None:  # resolved too
             d["faults"]["availability"]["path"] = str(self.trace_path().resolve())
+        if self.devices is None:  # no key: a scenario without devices reads (and fingerprints) as before
+            del d["devices"]
+        elif self.profile_path() is not None:
+            d["devices"]["profile"] = str(self.profile_path().resolve())
         return yaml.safe_dump(d, sort_keys=False)
 
 
@@ -551,12 +675,19 @@ def blame_override(text: str, source: str | None, overrides) -> str:
     return text
 
 
+_BRANCHES = {"int", "list[int]", "constrained-float", "DeviceDraw"}  # union branch names pydantic puts in a location
+
+
 def _format(source: str | None, err: ValidationError, prefix: tuple = (), model=None, overrides=()) -> str:
-    e = err.errors()[0]
+    errors = err.errors()
+    e = errors[0]
+    if isinstance(e.get("input"), dict) and e["type"] in ("float_type", "float_parsing"):
+        # a mapping where a number or a mapping may stand (a device quantity): its own problem, not "a number"
+        e = next((x for x in errors[1:] if len(x["loc"]) > len(e["loc"])), e)
     raw_loc = [x for x in e["loc"] if not str(x).startswith("function-")]
     loc = [str(x) for x in (*prefix, *raw_loc)]
     # pydantic adds the union/literal branch name to the location; drop it
-    loc = [x if len(x) <= 40 else x[:37] + "..." for x in loc if x not in {"int", "list[int]", "constrained-float"}]
+    loc = [x if len(x) <= 40 else x[:37] + "..." for x in loc if x not in _BRANCHES]
     # faults.availability.<tag>.key -> faults.availability.key
     loc = [x for i, x in enumerate(loc) if not (i and loc[i - 1] == "availability" and x in AVAILABILITY_MODELS)]
     typ = e["type"]
@@ -568,12 +699,12 @@ def _format(source: str | None, err: ValidationError, prefix: tuple = (), model=
     elif typ == "union_tag_not_found":
         msg = "required key is missing"
     elif typ == "extra_forbidden":
-        within = [x for x in raw_loc[:-1] if str(x) not in {"int", "list[int]", "constrained-float"}]
+        within = [x for x in raw_loc[:-1] if str(x) not in _BRANCHES]
         msg = unknown_key_message(str(raw_loc[-1])[:200], valid_keys(model or Scenario, within))
     elif typ == "missing":
         msg = "required key is missing"
     elif typ in ("model_type", "dict_type"):  # a value where a mapping belongs: name its keys, not a class
-        within = [str(x) for x in raw_loc if str(x) not in {"int", "list[int]", "constrained-float"}]
+        within = [str(x) for x in raw_loc if str(x) not in _BRANCHES]
         try:
             keys = valid_keys(model or Scenario, within) or []
         except Exception:  # noqa: BLE001 -- the plain message is still right
@@ -720,6 +851,7 @@ def scenario_from_dict(raw: dict, source: str | None = None, overrides=(),
             where = f"{source}: " if source else ""
             raise ScenarioError(blame_override(f"{where}data.path: file not found: {q}", source, overrides))
     sc.availability_trace()  # a trace file is read and checked now
+    sc.device_classes()  # so is a device profile
     if sc.data.label_column is not None and p is None:
         where = f"{source}: " if source else ""
         raise ScenarioError(blame_override(f"{where}data.label_column: applies to .csv/.tsv data (data.path)",

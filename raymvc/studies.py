@@ -172,7 +172,8 @@ def plan(scenarios: list[str | tuple[str, list[str]]], grid: list[tuple[str, lis
     check_size(len(scenarios), [len(vals) for _, vals in grid], len(seeds) if seeds is not None else 1)
     for entry in scenarios:
         path, own = (entry, []) if isinstance(entry, str) else entry
-        first = _load(path, own + base, keys)
+        at_first = [f"{k}={short_value(vals[0])}" for k, vals in grid]  # a key only the grid gives may be required
+        first = _load(path, own + base + at_first, keys)
         run_seeds = seeds if seeds is not None else [first.seed]
         for combo in itertools.product(*[vals for _, vals in grid]):
             point = dict(zip(keys, combo))

@@ -271,6 +271,24 @@ class Study:
         self.check_default()
         return len(self.entries()) * len(points) * len(seeds)
 
+    def check_data(self) -> None:
+        """Load the data of every run (at every grid point that changes the data, else the
+        first): a data set that cannot be obtained is a ScenarioError naming the run."""
+        from .runtime import prepare
+        from .scenario import load_scenario
+        from .studies import short_value
+
+        points = self.points()
+        if not any(k.startswith("data.") for k in self.spec.grid):
+            points = points[:1]
+        for scenario, overrides, run in self.entries():
+            for point in points:
+                over = overrides + [f"{k}={short_value(v)}" for k, v in point.items()] + [f"seed={self.seeds()[0]}"]
+                try:
+                    prepare(load_scenario(scenario, over))
+                except ScenarioError as e:
+                    raise ScenarioError(f"{self.path}: study run {run.id!r}: {e}") from None
+
     def tuned_run(self) -> RunSpec:
         t = self.spec.tuning
         return next(r for r in self.spec.runs if t is None or t.run is None or r.id == t.run)

@@ -165,3 +165,48 @@ def test_the_recorded_checks_match_the_real_files(tmp_path, monkeypatch):
     for name, r in F.REMOTES.items():
         if name.startswith("proteinfold") and (protein / r.file).is_file():
             assert hashlib.sha256((protein / r.file).read_bytes()).hexdigest() == r.sha256
+
+
+def test_a_decompression_bomb_is_refused_before_it_is_unpacked(tmp_path):
+    """An .npz of zeros that packs small but unpacks far past the cap: refused from its
+    declared sizes, without unpacking (a cap of 1 MB here, so the test stays small)."""
+    bomb = tmp_path / "bomb.npz"
+    np.savez_compressed(bomb, X=np.zeros(4_000_000, dtype=np.uint8))  # 4 MB unpacked, a few KB packed
+    assert bomb.stat().st_size < 100_000
+    with pytest.raises(ValueError, match="unpacks to"):
+        F.npz_digest(bomb, max_bytes=1 << 20)
+    ok = tmp_path / "ok.npz"
+    np.savez(ok, X=np.arange(10), Y=np.ones((2, 3)))
+    h = hashlib.sha256()
+    for k, a in (("X", np.arange(10)), ("Y", np.ones((2, 3)))):  # the digest's definition, by hand
+        h.update(k.encode())
+        h.update(str(a.dtype).encode())
+        h.update(str(a.shape).encode())
+        h.update(a.tobytes())
+    assert F.npz_digest(ok) == h.hexdigest()
+
+
+def test_an_endless_or_slow_source_never_holds_a_fetch(tmp_path, monkeypatch):
+    class Endless:
+        def read(self, n):
+            return b"\0" * n
+
+    with pytest.raises(F.FetchError, match="more than 1000000 bytes"):
+        F._copy_capped(Endless(), tmp_path / "x", "endless", None, limit=1_000_000)
+    clock = iter([0.0, 0.0, 100.0])
+    monkeypatch.setattr("time.monotonic", lambda: next(clock))  # the deadline passes after one block
+    with pytest.raises(F.FetchError, match="not fetched within"):
+        F._copy_capped(Endless(), tmp_path / "y", "slow", deadline=50.0)
+    with pytest.raises(F.FetchError, match="not a regular file"):
+        F._get("/dev/zero", tmp_path / "z")
+
+
+def test_a_killed_fetchs_temporary_folder_is_cleared(tmp_path, fake_remote, server):
+    _served(server, fake_remote)
+    cache = tmp_path / "cache" / "mnist10k"
+    cache.mkdir(parents=True)
+    dead = cache / ".fetch-999999999-abc"  # no such process
+    dead.mkdir()
+    (dead / "partial").write_bytes(b"x")
+    F.fetch("mnist10k")
+    assert not dead.exists()

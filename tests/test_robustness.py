@@ -383,3 +383,28 @@ def test_a_pooled_client_on_ray_harms_no_neighbour(ray_session, tmp_path, act):
         assert (err["client"], err["round"]) == (0, 1)
         assert err["error"] == ("SystemExit: 3" if act == "exit" else "RuntimeError: client 0 misbehaves in round 1")
         assert part[0]["missed"] == 1 and part[0]["last_replied"] == 3
+
+
+def test_with_secure_aggregation_a_rounds_dropout_is_shared_by_its_exchanges():
+    from raymvc.runtime.faults import FaultPlan
+    from raymvc.scenario import FaultsCfg
+
+    ids = list(range(50))
+    plan = FaultPlan(FaultsCfg(dropout={"rate": 0.2}), ids, seed=1, exchanges=3)
+    lost = [any(plan.dropped(r, c, sub) for sub in range(3)) for r in range(200) for c in ids]
+    assert abs(np.mean(lost) - 0.2) < 0.02  # the rate is the chance of missing the round
+    plain = FaultPlan(FaultsCfg(dropout={"rate": 0.2}), ids, seed=1)
+    assert [plain.dropped(r, c) for r in range(20) for c in ids] == \
+        [FaultPlan(FaultsCfg(dropout={"rate": 0.2}), ids, seed=1).dropped(r, c) for r in range(20) for c in ids]
+
+
+def test_a_method_left_with_nothing_by_injected_faults_fails_not_errors(tmp_path, monkeypatch):
+    from raymvc.protocol import NoInput
+
+    def nothing(self, round, replies, missing):
+        raise NoInput("cefmc: no client delivered its embedding")
+
+    monkeypatch.setattr(cefmc.CeFMCServer, "step", nothing)
+    s = run(tmp_path, "nothing")
+    assert s["status"] == "failed" and "no client delivered" in s["error"]
+    assert not s["faults"]["client_errors"] and not (tmp_path / "nothing" / "errors.log").exists()

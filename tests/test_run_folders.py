@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from raymvc import results
@@ -209,12 +210,25 @@ def _closer(file, name, delete) -> dict:
     return {"obj": CLOSER, "attrs": {"dict": [["file", file], ["name", name], ["delete", delete]]}}
 
 
-def _plant(data: bytes, victim: Path) -> bytes:
-    """A state frame with an extra attribute naming an object that deletes ``victim``."""
+def _with_tree(data: bytes, edit) -> bytes:
+    """The state frame ``data`` with its description changed by ``edit(tree)``."""
     msg = codec.decode(data)
-    tree = json.loads(msg["tree"])
-    tree["dict"].append(["evil", _closer(_closer(None, "x", False), str(victim), True)])
-    return codec.encode(Message("state", {**msg.fields, "tree": json.dumps(tree)}))
+    tree = json.loads(msg["tree"].tobytes())
+    edit(tree)
+    return codec.encode(Message("state", {**msg.fields,
+                                          "tree": np.frombuffer(json.dumps(tree).encode(), dtype=np.uint8)}))
+
+
+def _plant(data: bytes, victim: Path, name: str = "evil") -> bytes:
+    """A state frame with an extra attribute naming an object that deletes ``victim``."""
+    return _with_tree(data, lambda t: t["dict"].append([name, _closer(_closer(None, "x", False), str(victim), True)]))
+
+
+def _rewrite_sum(out: Path, name: str) -> None:
+    pointer = out / "checkpoint.json"
+    meta = json.loads(pointer.read_text())
+    meta["sha256"][name] = hashlib.sha256(checkpoint_file(out, name).read_bytes()).hexdigest()
+    pointer.write_text(json.dumps(meta))
 
 
 def test_a_tampered_checkpoint_is_refused_and_builds_nothing(tmp_path, capsys):
@@ -226,16 +240,39 @@ def test_a_tampered_checkpoint_is_refused_and_builds_nothing(tmp_path, capsys):
     err = one_line_error(capsys, ["run", "--resume", str(out), "--quiet"])
     assert err.startswith(f"error: --resume {out}: ") and "node.bin: changed since the run wrote it" in err
     assert victim.exists()
-    # with the checksum rewritten too, the object is still never built
-    pointer = out / "checkpoint.json"
-    meta = json.loads(pointer.read_text())
-    meta["sha256"]["node.bin"] = hashlib.sha256(node.read_bytes()).hexdigest()
-    pointer.write_text(json.dumps(meta))
-    assert main(["run", "--resume", str(out), "--quiet"]) == 1
+    # with the checksum rewritten too: the engine's state holds no such attribute, refused
+    # before anything in the folder changes
+    _rewrite_sum(out, "node.bin")
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    err = one_line_error(capsys, ["run", "--resume", str(out), "--quiet"])
+    assert "it sets 'evil', which a checkpoint never holds" in err
     gc.collect()
     assert victim.read_text() == "keep me"
-    s = json.loads((out / "summary.json").read_text())
-    assert s["status"] == "failed" and f"refusing to build a {CLOSER}" in s["error"]
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    # planted in the protocol server's state (an attribute a protocol may have), the object
+    # is still never built, and the refused resume writes no summary
+    server = checkpoint_file(out, "server.bin")
+    node_ok = stopped_run(tmp_path / "r2")
+    node.write_bytes(checkpoint_file(node_ok, "node.bin").read_bytes())
+    _rewrite_sum(out, "node.bin")
+    server.write_bytes(_plant(server.read_bytes(), victim))
+    _rewrite_sum(out, "server.bin")
+    summary = (out / "summary.json").read_bytes()  # the interrupted run's
+    err = one_line_error(capsys, ["run", "--resume", str(out), "--quiet"])
+    assert f"refusing to build a {CLOSER}" in err
+    gc.collect()
+    assert victim.read_text() == "keep me" and (out / "summary.json").read_bytes() == summary
+
+
+def test_injected_engine_state_is_refused_before_the_folder_changes(tmp_path, capsys):
+    out = stopped_run(tmp_path / "r")
+    node = checkpoint_file(out, "node.bin")
+    node.write_bytes(_with_tree(node.read_bytes(), lambda t: t["dict"].append(["min_clients", {"int": "0"}])))
+    _rewrite_sum(out, "node.bin")
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    err = one_line_error(capsys, ["run", "--resume", str(out), "--quiet"])
+    assert err.startswith(f"error: --resume {out}: ") and "'min_clients'" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
 
 
 def test_a_checkpoint_of_other_code_is_refused(tmp_path, capsys):
@@ -272,11 +309,24 @@ def test_state_objects_come_back_only_into_fresh_objects_or_as_registered_plain_
         load_state(_Party(), _plant(data, victim))
     gc.collect()
     assert victim.exists()
-    msg = codec.decode(data)
-    tree = json.loads(msg["tree"])
-    tree["dict"].append(["__class__", None])
     with pytest.raises(StateError, match="not an attribute name"):
-        load_state(_Party(), codec.encode(Message("state", {**msg.fields, "tree": json.dumps(tree)})))
+        load_state(_Party(), _with_tree(data, lambda t: t["dict"].append(["__class__", None])))
+    with pytest.raises(StateError, match="'sizes', which is not state"):
+        load_state(_Party(), data, only=("ledger", "rows"))  # only declared state comes back
+
+
+def test_a_state_with_a_long_ledger_fits_the_codec_and_comes_back():
+    """A server's checkpoint holds its ledger; 20,000 rows (a 10-client run of ~1000 rounds)
+    once outgrew the codec's 1 MB header. The description now travels as an array."""
+    party = _Party()
+    for r in range(20_000):
+        party.ledger.record(round=r, src="server", dst=f"client:{r % 10}", kind="m", path="protocol",
+                            payload_bytes=r, wire_bytes=r + 40, send_t=float(r))
+    data = dump_state(party)
+    fresh = _Party.__new__(_Party)
+    fresh.ledger = Ledger()
+    load_state(fresh, data)
+    assert fresh.ledger.rows == party.ledger.rows
 
 
 # --------------------------------------------------------------------------- a full disk
@@ -334,3 +384,24 @@ def test_output_folder_leaves_a_refused_folder_as_it_was(tmp_path):
     with pytest.raises(ResultsError, match="no such folder"):
         OutputFolder(tmp_path / "gone", "run", resume=True)
     assert not (tmp_path / "gone").exists()
+
+
+def test_a_run_folder_swapped_for_a_link_mid_run_is_not_followed(tmp_path):
+    """`mv out out.real; ln -s victim out` while the run is in round 1: every file still
+    goes into the folder the run opened, none through the link."""
+    import subprocess
+
+    from gated_run import GatedRun
+
+    out, victim = tmp_path / "out", tmp_path / "victim"
+    victim.mkdir()
+    with GatedRun(["run", str(QUICK), "--backend", "local", "--out", str(out), "--quiet"], at_round=1,
+                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as run:
+        run.wait_ready()
+        out.rename(tmp_path / "out.real")
+        out.symlink_to(victim, target_is_directory=True)
+        run.go()
+        assert run.proc.wait(timeout=300) == 0
+    assert list(victim.iterdir()) == []
+    real = tmp_path / "out.real"
+    assert {"summary.json", "labels.csv", "messages.csv", "rounds.jsonl"} <= {p.name for p in real.iterdir()}

@@ -536,3 +536,20 @@ def test_a_record_copied_under_another_name_is_not_that_studys_results(tmp_path)
     write_pages(studies, tmp_path / "runs")
     section = (studies / "cefmc.md").read_text().split("<!-- study: cefmc-lambda -->")[1].split("<!-- study:")[0]
     assert "| 0/0 |" in section and "0.946" not in section
+
+
+def test_validate_a_study_whose_data_cannot_be_obtained_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("RAYMVC_DATA", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("RAYMVC_DATA_MIRROR", str(tmp_path / "no-mirror"))
+    monkeypatch.setenv("RAYMVC_DATA_OFFLINE", "1")
+    assert main(["validate", str(ROOT / "studies" / "efimvc-ablation.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "study run 'paper'" in err[0] and "data.dataset: proteinfold-per0.5: cannot fetch" in err[0]
+
+
+def test_a_run_that_never_starts_leaves_no_empty_folder(tmp_path, capsys):
+    out = tmp_path / "runs" / "x"
+    assert main(["run", str(ROOT / "scenarios" / "hw-cefmc.yaml"), "--address", "127.0.0.1:1", "--out", str(out),
+                 "--quiet"]) == 2
+    assert "cannot join the Ray cluster" in capsys.readouterr().err
+    assert not out.exists()

@@ -163,3 +163,14 @@ def test_oversized_sweeps_are_one_line_before_any_work(tmp_path, capsys, args, w
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and words in err[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_grid_may_give_a_key_the_scenario_requires(tmp_path):
+    """The Markov model needs mean_off; the grid alone gives it."""
+    sc = tmp_path / "tiny.yaml"
+    sc.write_text("name: tiny\nmethod: kfed\ndata: {dataset: digits, partition: horizontal}\n"
+                  "faults: {availability: {model: markov, mean_on: 4.0}}\nruntime: {backend: local}\n")
+    assert main(["sweep", str(sc), "--grid", "faults.availability.mean_off=[1.0, 2.0]", "--seeds", "0",
+                 "--out", str(tmp_path / "out"), "--quiet"]) == 0
+    with open(tmp_path / "out" / "sweep.csv") as fh:
+        assert len(list(csv.DictReader(fh))) == 2

@@ -45,17 +45,44 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def npz_digest(path: Path) -> str:
+MAX_NPZ_BYTES = 256 << 20  # what an .npz may unpack to before its digest is even taken
+
+
+def npz_digest(path: Path, max_bytes: int = MAX_NPZ_BYTES) -> str:
     """SHA-256 over the arrays of an ``.npz`` (name, dtype, shape, bytes, in name order):
-    the same arrays give the same digest whatever zip metadata the file carries."""
+    the same arrays give the same digest whatever zip metadata the file carries.
+
+    Streamed: the archive's declared sizes are checked against ``max_bytes`` before
+    anything is unpacked, and each array is hashed block by block, never held whole, so a
+    small file that would unpack to gigabytes is refused at once (a ValueError)."""
+    import zipfile
+
     h = hashlib.sha256()
-    with np.load(path, allow_pickle=False) as z:
-        for k in sorted(z.files):
-            a = np.ascontiguousarray(z[k])
-            h.update(k.encode())
-            h.update(str(a.dtype).encode())
-            h.update(str(a.shape).encode())
-            h.update(a.tobytes())
+    try:
+        z = zipfile.ZipFile(path)
+    except zipfile.BadZipFile as e:
+        raise ValueError(f"{path.name}: not an .npz ({e})") from None
+    with z:
+        members = {i.filename[:-4]: i for i in z.infolist() if i.filename.endswith(".npy")}
+        declared = sum(i.file_size for i in z.infolist())
+        if declared > max_bytes:
+            raise ValueError(f"{path.name} unpacks to {declared} bytes, more than the {max_bytes} allowed")
+        for k in sorted(members):
+            with z.open(members[k]) as fh:
+                version = np.lib.format.read_magic(fh)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, fortran, dtype = read(fh)
+                if dtype.hasobject:
+                    raise ValueError(f"{k}: an object array")
+                h.update(k.encode())
+                h.update(str(dtype).encode())
+                h.update(str(tuple(shape)).encode())
+                if fortran and len(shape) > 1:  # the digest is over C order: load this one (bounded above)
+                    a = np.lib.format.read_array(fh, allow_pickle=False)
+                    h.update(np.ascontiguousarray(a).tobytes())
+                    continue
+                for block in iter(lambda fh=fh: fh.read(1 << 20), b""):
+                    h.update(block)
     return h.hexdigest()
 
 
@@ -147,17 +174,58 @@ def cached_path(name: str) -> Path:
     return cache_dir() / r.folder / r.file
 
 
+MAX_FETCH_BYTES = 512 << 20  # no data set here comes near it; an endless stream stops at it
+
+
+def _copy_capped(src, to: Path, what: str, deadline: float | None, limit: int = MAX_FETCH_BYTES) -> None:
+    """Copy the stream ``src`` to ``to``: at most ``limit`` bytes, and done before ``deadline``
+    (``time.monotonic()``), else a FetchError -- a slow or endless source never holds a fetch."""
+    import time
+
+    n = 0
+    with open(to, "wb") as fh:
+        while True:
+            if deadline is not None and time.monotonic() > deadline:
+                raise FetchError(f"{what}: not fetched within {TIMEOUT_S:.0f} s")
+            block = src.read(1 << 16)
+            if not block:
+                return
+            n += len(block)
+            if n > limit:
+                raise FetchError(f"{what}: more than {limit} bytes; refused")
+            fh.write(block)
+
+
 def _download(url: str, to: Path) -> None:
-    with urllib.request.urlopen(url, timeout=TIMEOUT_S) as resp, open(to, "wb") as fh:  # noqa: S310
-        shutil.copyfileobj(resp, fh)
+    import time
+
+    deadline = time.monotonic() + TIMEOUT_S
+    with urllib.request.urlopen(url, timeout=min(TIMEOUT_S, 10.0)) as resp:  # noqa: S310
+        _copy_capped(resp, to, url, deadline)
 
 
 def _get(location: str, to: Path) -> None:
     """Copy a local file, or download an http(s) address, to ``to``."""
     if location.startswith(("http://", "https://")):
         _download(location, to)
-    else:
-        shutil.copyfile(location, to)
+        return
+    src = Path(location)
+    if not src.is_file():  # a device (say /dev/zero behind a link) or a folder is no data file
+        raise FetchError(f"{location}: not a regular file")
+    with open(src, "rb") as fh:
+        _copy_capped(fh, to, location, None)
+
+
+def _clear_abandoned(folder: Path) -> None:
+    """Remove the temporary folders of fetches whose process is gone (killed mid-fetch)."""
+    for d in folder.glob(".fetch-*-*"):
+        try:
+            pid = int(d.name.split("-")[1])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except (ValueError, IndexError, PermissionError, OSError):
+            continue
 
 
 def _settle(r: Remote, candidate: Path, final: Path, what: str) -> Path:
@@ -186,7 +254,8 @@ def fetch(name: str, *, source: str | Path | None = None) -> Path:
             return final
         final.unlink()  # damaged or replaced: fetch it again
     final.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=final.parent, prefix=".fetch-") as tmp:
+    _clear_abandoned(final.parent)
+    with tempfile.TemporaryDirectory(dir=final.parent, prefix=f".fetch-{os.getpid()}-") as tmp:
         cand = Path(tmp) / r.file
         tried = []
         if source is not None:
@@ -195,13 +264,16 @@ def fetch(name: str, *, source: str | Path | None = None) -> Path:
                 else src
             if not path.is_file():
                 raise FetchError(f"{r.name}: {src} holds no {r.file}")
-            shutil.copyfile(path, cand)
+            _get(str(path), cand)
             return _settle(r, cand, final, str(path))
         mirror = os.environ.get(MIRROR_ENV)
         if mirror:
             for loc in (f"{mirror.rstrip('/')}/{r.folder}/{r.file}", f"{mirror.rstrip('/')}/{r.file}"):
                 try:
                     _get(loc, cand)
+                except FetchError as e:
+                    tried.append(f"{loc} ({str(e).rsplit(': ', 1)[-1]})")
+                    continue
                 except (OSError, urllib.error.URLError, ValueError) as e:
                     tried.append(f"{loc} ({_reason(e)})")
                     continue
@@ -212,6 +284,8 @@ def fetch(name: str, *, source: str | Path | None = None) -> Path:
             archive = Path(tmp) / r.url.rsplit("/", 1)[-1]
             try:
                 _download(r.url, archive)
+            except FetchError as e:
+                tried.append(f"{r.url} ({str(e).rsplit(': ', 1)[-1]})")
             except (OSError, urllib.error.URLError, ValueError) as e:
                 tried.append(f"{r.url} ({_reason(e)})")
             else:

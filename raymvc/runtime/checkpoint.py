@@ -9,7 +9,12 @@ complete checkpoint. A run that ends normally removes its checkpoints.
 ``checkpoint.json`` also records the code version that wrote it (a digest of raymvc's
 sources and the method's modules) and the SHA-256 of every file: :func:`load` refuses a
 checkpoint of other code, a changed file, or a link in place of a file, with one line
-(:class:`CheckpointError`).
+(:class:`CheckpointError`). The checksums catch corruption, not a person who can write the
+run folder: such a person can rewrite the sums (and the run's results) too, so resume only
+from folders you trust. What any checkpoint can set is limited all the same: the engine's
+declared state and the protocol objects' own attributes, never their inputs (config,
+shard, context) nor an attribute a fresh party lacks (:func:`raymvc.runtime.state.load_state`),
+checked before anything in the folder changes.
 """
 
 from __future__ import annotations

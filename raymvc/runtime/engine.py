@@ -191,7 +191,9 @@ def _spawn(sc: Scenario, part, ds, seats=None, crew: Crew | None = None) -> tupl
                   seed=sc.seed, reply_timeout_s=rt.reply_timeout_s, threads=rt.threads, evict_after=rt.evict_after,
                   client_sizes={c: part.shards[c].rows_held for c in ids},
                   client_dims={c: int(part.shards[c].views[0].shape[1]) for c in ids},
-                  trace=sc.availability_trace(), search=search)
+                  trace=sc.availability_trace(), search=search,
+                  devices=sc.devices.model_dump() if sc.devices is not None else None,
+                  device_classes={k: v.model_dump() for k, v in (sc.device_classes() or {}).items()} or None)
     if rt.backend == "local":
         clients = {c: ClientNode(c, sc.method, sc.params, part.shards[c], **common) for c in ids}
         return ServerNode(sc.method, sc.params, clients, **srv_kw), []
@@ -429,9 +431,20 @@ def _out_dir(sc: Scenario, out_dir, overwrite: bool, resume: bool = False) -> Ou
 def _load_checkpoint(sc: Scenario, out: Path) -> tuple[dict, int]:
     if not checkpoint.exists(out):
         raise ScenarioError(f"--resume {out}: no checkpoint there (runs save them with runtime.checkpoint: true)")
+    from ..channel.codec import CodecError
+    from .nodes import PROTOCOL_INPUTS, SERVER_STATE
+    from .state import StateError, state_names
+
     try:
-        return checkpoint.load(out, code_version(sc.method))
-    except checkpoint.CheckpointError as e:
+        ck = checkpoint.load(out, code_version(sc.method))
+        # only declared state: checked here, before anything in the folder changes
+        odd = [n for n in state_names(ck[0]["node"]) if n not in SERVER_STATE]
+        for data in (ck[0]["server"], *(d[:-8] for d in ck[0]["clients"].values())):
+            odd += [n for n in state_names(data) if n in PROTOCOL_INPUTS]
+        if odd:
+            raise checkpoint.CheckpointError(f"it sets {odd[0][:40]!r}, which a checkpoint never holds")
+        return ck
+    except (checkpoint.CheckpointError, StateError, CodecError) as e:
         raise ScenarioError(f"--resume {out}: {e}") from None
 
 
@@ -479,11 +492,18 @@ def _run_in(sc: Scenario, out: Path, ck, ds, part, wall0: float, progress, on_ro
     except BaseException:
         run.release(reusable=False)
         raise
+    from .state import StateError
+
     interrupted = reusable = False
+    refused = None
     with _stop_on_signals(progress, stop_requested) as stop:
         try:
             end = run.drive(writer, progress, on_round, stop, resume=ck)
             reusable = end.status == "finished" and not code_errors(end)
+        except StateError as e:
+            if ck is None:
+                raise
+            refused = e  # a refused resume writes no summary over the interrupted run's
         except (KeyboardInterrupt, RunInterrupted) as e:
             stop.saving = True
             interrupted = True
@@ -498,6 +518,9 @@ def _run_in(sc: Scenario, out: Path, ck, ds, part, wall0: float, progress, on_ro
             run.release(reusable)
             if sc.runtime.backend == "local":
                 release_threads()  # the driver gets its own thread limits back
+        if refused is not None:
+            writer.close()
+            raise ScenarioError(f"--resume {out}: {one_line(refused)}")
         summary = _write_results(sc, ds, part, end, run.timing, ray_init_s, wall0, out, writer)
         if summary["status"] in ("completed", "degraded"):
             checkpoint.clear(out)

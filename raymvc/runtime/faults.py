@@ -37,9 +37,18 @@ or 1): a Markov client's state in round r comes from its first state and r trans
 each drawn from a stream keyed by (seed, tag, client, round), so it depends on no other
 client and on nothing but the round asked.
 
+Device profiles (``devices``, :class:`DeviceProfiles`) give each client its own speed,
+links and latency: a reply then leaves after the client's downlink, its nominal compute
+time and any straggler delay, and travels its own uplink; the deadline acts on that total.
+Without them every link is :class:`Network` and compute takes no virtual time.
+
 A round may hold more than one exchange (secure aggregation adds two: masked input
 and unmasking). Exchange ``sub`` > 0 of a round draws dropouts and delays from streams
-of their own (``[seed, tag, round, client, sub]``) at the same rates; a scheduled drop
+of their own (``[seed, tag, round, client, sub]``). A dropout rate ``p`` is the chance a
+client misses a round: with secure aggregation on, each of the round's three exchanges
+draws ``1 - (1 - p)^(1/3)``, so a 10-client run at ``p = 0.2`` keeps about 8 clients to the
+end of a round (the layer's default threshold needs 6), where ``p`` per exchange would
+keep about 5; a scheduled drop
 and a crash take effect in the round's first exchange.
 """
 
@@ -50,11 +59,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..scenario import DelayCfg, FaultsCfg, NetworkCfg, PartialWorkCfg
+from ..scenario import DEVICE_QUANTITIES, DelayCfg, DeviceClass, DevicesCfg, FaultsCfg, NetworkCfg, PartialWorkCfg
 
 # stream tags, so the streams never overlap
 _DISCONNECT, _STRAGGLERS, _DROPOUT, _DELAY = 101, 102, 103, 104
 _PER_CLIENT, _PHASE, _MARKOV, _PARTIAL, _SAMPLING = 105, 106, 107, 108, 109
+_DEVICE, _DEVICE_CLASS = 110, 111
 
 
 def _draw_delay(cfg: DelayCfg, rng: np.random.Generator) -> float:
@@ -97,6 +107,7 @@ class FaultPlan:
     client_sizes: dict[int, int] | None = None  # samples each client holds (availability model data)
     client_dims: dict[int, int] | None = None  # its view's dimension (data, by: dimension)
     trace: dict[int, list[tuple[float, float]]] | None = None  # availability intervals (model trace)
+    exchanges: int = 1  # exchanges in a round (3 with secure aggregation): the round's dropout is split over them
 
     def __post_init__(self) -> None:
         n = len(self.client_ids)
@@ -171,6 +182,8 @@ class FaultPlan:
         p = self.unavailable(round, client)
         if p <= 0:
             return False
+        if self.exchanges > 1 and p < 1:  # each exchange its share: the round still loses a client with p
+            p = 1.0 - (1.0 - p) ** (1.0 / self.exchanges)
         return bool(np.random.default_rng([self.seed, _DROPOUT, round, client, *_sub(sub)]).random() < p)
 
     def delay(self, round: int, client: int, sub: int = 0) -> float:
@@ -241,3 +254,97 @@ class Network:
         if self.cfg.bandwidth_mbps:
             t += nbytes * 8.0 / (self.cfg.bandwidth_mbps * 1e6)
         return t
+
+
+@dataclass
+class Device:
+    """One client's device: compute speed, links (Mbit/s; None: no bytes term) and latency (ms)."""
+
+    speed: float = 1.0
+    up_mbps: float | None = None
+    down_mbps: float | None = None
+    latency_ms: float = 0.0
+    cls: str | None = None  # its class in a profile file
+
+
+def _link_s(nbytes: int, mbps: float | None, latency_ms: float) -> float:
+    t = latency_ms / 1000.0
+    if mbps:
+        t += nbytes * 8.0 / (mbps * 1e6)
+    return t
+
+
+@dataclass
+class DeviceProfiles:
+    """Every client's :class:`Device`, decided once from the seed (``devices`` in a scenario).
+
+    A client's time in a round's first exchange is downlink + compute + uplink::
+
+        down_s    = latency + bytes_down / down bandwidth
+        compute_s = base_compute_s x (samples_c / mean samples, with by_samples) x work / speed
+        up_s      = latency + bytes_up / up bandwidth
+
+    with the bytes the engine metered for that client's messages and ``work`` the share of
+    its local work (:meth:`FaultPlan.work`, 1 without partial work). No wall-clock time
+    enters. A quantity given as a distribution is drawn once per client from the stream
+    ``(seed, tag, client, quantity)``; classes are dealt as round(share x clients), largest
+    remainders first, over a permutation of the clients from ``(seed, tag)``.
+    """
+
+    cfg: DevicesCfg
+    client_ids: list[int]
+    seed: int
+    network: NetworkCfg
+    classes: dict[str, DeviceClass] | None = None
+    client_sizes: dict[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        ids = sorted(self.client_ids)
+        if self.classes:
+            self.devices = self._deal(ids)
+        else:
+            default = {"speed": 1.0, "up_mbps": self.network.bandwidth_mbps,
+                       "down_mbps": self.network.bandwidth_mbps, "latency_ms": self.network.latency_ms}
+            self.devices = {}
+            for c in ids:
+                values = {}
+                for q, name in enumerate(DEVICE_QUANTITIES):
+                    v = getattr(self.cfg, name)
+                    if v is None:
+                        v = default[name]
+                    elif not isinstance(v, (int, float)):  # a DeviceDraw
+                        v = _draw_delay(v, np.random.default_rng([self.seed, _DEVICE, c, q]))
+                        if name != "latency_ms":  # a uniform draw of exactly 0 would stop the clock
+                            v = max(v, 1e-9)
+                    values[name] = None if v is None else float(v)
+                self.devices[c] = Device(**values)
+        sizes = self.client_sizes or {}
+        mean = float(np.mean([sizes.get(c, 0) for c in ids])) if ids else 0.0
+        self.scale = {c: (sizes.get(c, 0) / mean if self.cfg.by_samples and mean > 0 else 1.0) for c in ids}
+
+    def _deal(self, ids: list[int]) -> dict[int, Device]:
+        n = len(ids)
+        shares = list(self.cfg.classes.items())
+        counts = [math.floor(share * n) for _, share in shares]
+        by_remainder = sorted(range(len(shares)), key=lambda i: -(shares[i][1] * n - counts[i]))
+        for i in by_remainder[: n - sum(counts)]:
+            counts[i] += 1
+        order = [int(c) for c in np.random.default_rng([self.seed, _DEVICE_CLASS]).permutation(ids)]
+        out, at = {}, 0
+        for (name, _), k in zip(shares, counts):
+            d = self.classes[name]
+            for c in order[at:at + k]:
+                out[c] = Device(d.speed, d.up_mbps, d.down_mbps, d.latency_ms, cls=name)
+            at += k
+        return out
+
+    def down_s(self, client: int, nbytes: int) -> float:
+        d = self.devices[client]
+        return _link_s(nbytes, d.down_mbps, d.latency_ms)
+
+    def up_s(self, client: int, nbytes: int) -> float:
+        d = self.devices[client]
+        return _link_s(nbytes, d.up_mbps, d.latency_ms)
+
+    def compute_s(self, client: int, work: float = 1.0) -> float:
+        return self.cfg.base_compute_s * self.scale[client] * work / self.devices[client].speed

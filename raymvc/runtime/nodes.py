@@ -28,9 +28,9 @@ import numpy as np
 
 from ..channel import Encoded, Endpoint, Ledger, LedgerRow, RejectedMessage, handshake_bytes
 from ..messages import Done, Message, labels_array
-from ..protocol import ClientContext, ServerContext
-from ..scenario import ChannelCfg, FaultsCfg, NetworkCfg, PartialWorkCfg
-from .faults import FaultPlan, Injector, Network, work_share
+from ..protocol import ClientContext, NoInput, ServerContext
+from ..scenario import ChannelCfg, DeviceClass, DevicesCfg, FaultsCfg, NetworkCfg, PartialWorkCfg
+from .faults import DeviceProfiles, FaultPlan, Injector, Network, work_share
 from .records import FaultCounts, Participation, RoundRecord, RunEnd
 from .secure import ClientLayer, ServerLayer
 from .state import dump_state, load_state
@@ -41,7 +41,7 @@ SERVER = "server"
 PROTOCOL_INPUTS = ("config", "shard", "ctx")  # rebuilt from the scenario, never checkpointed
 _ROUND = struct.Struct("<q")
 # what a server checkpoint holds besides the protocol's server object
-_SERVER_STATE = ("round", "clock", "outgoing", "done", "status", "error", "crashed", "offline", "counts",
+SERVER_STATE = _SERVER_STATE = ("round", "clock", "outgoing", "done", "status", "error", "crashed", "offline", "counts",
                  "client_errors", "errors", "participation", "compute_s", "timeouts", "evicted", "ledger")
 EVAL_PREDICT = "eval.predict"  # engine-reserved kinds: the evaluation path
 EVAL_LABELS = "eval.labels"
@@ -158,7 +158,7 @@ class ClientNode:
         return dump_state(self.client, skip=PROTOCOL_INPUTS) + _ROUND.pack(self.client.ctx.round)
 
     def restore(self, data: bytes) -> None:
-        load_state(self.client, data[:-_ROUND.size])
+        load_state(self.client, data[:-_ROUND.size], skip=PROTOCOL_INPUTS)
         (self.client.ctx.round,) = _ROUND.unpack(data[-_ROUND.size:])
 
     def deliver(self, frame: bytes | tuple[bytes, bytes]) -> tuple[str, bytes | None, str | None, float, str | None]:
@@ -322,6 +322,7 @@ class RoundState:
     crashed: list[int] = field(default_factory=list)
     errors: dict[int, str] = field(default_factory=dict)
     acked: set[int] = field(default_factory=set)  # handled the message, sent no reply
+    times: dict[int, float] = field(default_factory=dict)  # with devices: each reply's virtual seconds
 
 
 class ServerNode:
@@ -331,7 +332,8 @@ class ServerNode:
                  n_samples: int | None, channel: dict, faults: dict, network: dict, seed: int,
                  reply_timeout_s: float = 600.0, threads: int = 1, client_sizes: dict[int, int] | None = None,
                  evict_after: int = 3, search: tuple[str, ...] = (), client_dims: dict[int, int] | None = None,
-                 trace: dict[int, list[tuple[float, float]]] | None = None):
+                 trace: dict[int, list[tuple[float, float]]] | None = None, devices: dict | None = None,
+                 device_classes: dict[str, dict] | None = None):
         from ..protocols import add_search_path, get
 
         for folder in search:
@@ -343,9 +345,15 @@ class ServerNode:
         ch = ChannelCfg(**channel)
         self.channel = ch
         self.plan = FaultPlan(FaultsCfg(**faults), list(client_ids), seed, client_sizes=client_sizes,
-                              client_dims=client_dims, trace=trace)
+                              client_dims=client_dims, trace=trace,
+                              exchanges=3 if ch.secure_aggregation and proto.secure_sums else 1)
         self.faults = Injector(self.plan)
         self.net = Network(NetworkCfg(**network))
+        self.devices = None  # per-client links and compute (scenario devices); None: the network for all
+        if devices is not None:
+            classes = {k: DeviceClass(**v) for k, v in device_classes.items()} if device_classes else None
+            self.devices = DeviceProfiles(DevicesCfg(**devices), list(client_ids), seed, self.net.cfg,
+                                          classes=classes, client_sizes=client_sizes)
         self.min_clients = self.plan.cfg.min_clients
         self.transport = make_transport(clients, reply_timeout_s)
         self.client_ids = list(client_ids)
@@ -437,9 +445,9 @@ class ServerNode:
 
     def restore(self, ck: dict[str, object]) -> None:
         """Carry on from :meth:`checkpoint` (after :meth:`connect` agreed fresh keys)."""
-        load_state(self, ck["node"])
+        load_state(self, ck["node"], only=_SERVER_STATE)
         self.offline |= set(self.client_ids) - set(self.connected)  # unreachable now: offline now
-        load_state(self.server, ck["server"])
+        load_state(self.server, ck["server"], skip=PROTOCOL_INPUTS)
         for cid in sorted(self.crashed):
             if cid in self.connected:
                 self.transport.kill(cid)  # still crashed after the resume
@@ -478,6 +486,8 @@ class ServerNode:
             for name in ("dropped", "late", "rejected", "crashed"):
                 getattr(into, name).extend(getattr(st, name))
             into.errors.update(st.errors)
+            for cid, t in st.times.items():
+                into.times[cid] = into.times.get(cid, 0.0) + t
         return st
 
     # -- one exchange: send, deliver, receive --------------------------------
@@ -499,7 +509,7 @@ class ServerNode:
             row = self.ledger.record(round=r, src=SERVER, dst=client_party(cid), kind=msg.kind, path=path,
                                      payload_bytes=sealed.payload_bytes, wire_bytes=sealed.wire_bytes,
                                      data_bytes=sealed.data_bytes, send_t=t0,
-                                     arrive_t=t0 + self.net.transfer_s(sealed.wire_bytes), status="delivered")
+                                     arrive_t=t0 + self._down_s(cid, sealed.wire_bytes), status="delivered")
             if cid not in self.crashed and faults.dropped(r, cid):
                 row.status = "dropped"  # sent and paid for; the client goes offline before acting on it
                 st.dropped.append(cid)
@@ -507,6 +517,12 @@ class ServerNode:
                 continue
             frames[cid], rows[cid] = sealed.parts, row
         return frames, rows
+
+    def _down_s(self, cid: int, nbytes: int) -> float:
+        return self.devices.down_s(cid, nbytes) if self.devices is not None else self.net.transfer_s(nbytes)
+
+    def _up_s(self, cid: int, nbytes: int) -> float:
+        return self.devices.up_s(cid, nbytes) if self.devices is not None else self.net.transfer_s(nbytes)
 
     def _failed_delivery(self, r: int, cid: int, out: Outcome, row: LedgerRow, path: str, st: RoundState) -> None:
         """Record a frame the client did not answer: its actor died or hung, it rejected the frame, or it raised."""
@@ -536,8 +552,10 @@ class ServerNode:
             self.client_errors.append(record)
 
     def _receive(self, r: int, cid: int, out: Outcome, row: LedgerRow, path: str, faults: Injector,
-                 st: RoundState, t0: float) -> float | None:
-        """Open, time and meter one client's reply. Returns its virtual arrival time if it counts."""
+                 st: RoundState, t0: float, compute: bool = False) -> float | None:
+        """Open, time and meter one client's reply. Returns its virtual arrival time if it counts.
+        With device profiles the reply leaves after the client's nominal compute time (in a
+        round's first exchange, ``compute``) and its straggler delay, and travels its uplink."""
         if out.status != "ok":
             self._failed_delivery(r, cid, out, row, path, st)
             return None
@@ -547,8 +565,14 @@ class ServerNode:
             st.acked.add(cid)  # answered, with nothing to say
             return None
         wire = len(out.frame) if isinstance(out.frame, (bytes, bytearray)) else 0  # anything else is rejected
-        send_t = row.arrive_t + faults.delay(r, cid)
-        arrive = send_t + self.net.transfer_s(wire)
+        if self.devices is None:
+            send_t = row.arrive_t + faults.delay(r, cid)
+        else:
+            work = self.devices.compute_s(cid, self.plan.work(r, cid)) if compute else 0.0
+            send_t = row.arrive_t + work + faults.delay(r, cid)
+        arrive = send_t + self._up_s(cid, wire)
+        if self.devices is not None:
+            st.times[cid] = arrive - t0
         try:
             opened = self.endpoint.open(out.frame, expect_src=client_party(cid), expect_round=r, pair_ok=False)
             status, kind = "delivered", opened.msg.kind
@@ -566,7 +590,8 @@ class ServerNode:
         (st.late if status == "late" else st.rejected).append(cid)
         return None
 
-    def _exchange(self, r: int, outgoing: dict[int, Message], path: str, faults: Injector) -> tuple[RoundState, float]:
+    def _exchange(self, r: int, outgoing: dict[int, Message], path: str, faults: Injector,
+                  compute: bool = False) -> tuple[RoundState, float]:
         st = RoundState()
         t0 = self.clock
         for cid in faults.crashes(r):
@@ -578,7 +603,7 @@ class ServerNode:
         outcomes = self.transport.exchange(frames)
         ends = [t0]
         for cid, out in outcomes.items():
-            arrive = self._receive(r, cid, out, rows[cid], path, faults, st, t0)
+            arrive = self._receive(r, cid, out, rows[cid], path, faults, st, t0, compute)
             if arrive is not None:
                 ends.append(arrive)
         return st, faults.round_end(max(ends), t0, bool(st.missing))
@@ -608,6 +633,9 @@ class ServerNode:
         pin_threads(self.threads)
         try:
             result = self.server.step(r, st.replies, set(st.missing) | set(not_sampled))
+        except NoInput as e:  # the injected faults left the method nothing to work with: a failure
+            self.status, self.error = "failed", f"round {r}: {one_line(e)}"
+            return
         except Exception as e:
             self.status = "error"
             self.errors.append(party_error(SERVER, "step", r, e))
@@ -639,7 +667,7 @@ class ServerNode:
         t0 = self.clock
         ledger_mark = len(self.ledger.rows)
         addressed, not_sampled = self._sample(r, self.outgoing)
-        st, self.clock = self._exchange(r, addressed, "protocol", self.faults)
+        st, self.clock = self._exchange(r, addressed, "protocol", self.faults, compute=True)
         answered = len(st.replies) + len(st.acked)  # to the round's request, whatever secure aggregation adds
         if self.secure is not None:
             self.sub = 0
@@ -657,7 +685,8 @@ class ServerNode:
             rejected=st.rejected, crashed=st.crashed, client_errors=sorted(st.errors), messages=len(rows),
             wire_bytes=sum(x.wire_bytes for x in rows), payload_bytes=sum(x.payload_bytes for x in rows),
             partial_work=self._partial(r, addressed, st), not_sampled=not_sampled,
-            virtual_start_s=t0, virtual_end_s=self.clock, wall_s=time.perf_counter() - wall,
+            virtual_start_s=t0, virtual_end_s=self.clock,
+            client_s=dict(sorted(st.times.items())) if self.devices is not None else None, wall_s=time.perf_counter() - wall,
             info=dict(self.server.info), done=self.status in ("finished", "failed", "error"), error=self.error)
         self.server.info = {}
         return record

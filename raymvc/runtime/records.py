@@ -29,6 +29,7 @@ class RoundRecord:
     payload_bytes: int = 0
     virtual_start_s: float = 0.0
     virtual_end_s: float = 0.0
+    client_s: dict[int, float] | None = None  # with device profiles: each reply's virtual seconds in the round
     wall_s: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
     done: bool = False
@@ -38,6 +39,8 @@ class RoundRecord:
         d = asdict(self)
         if d["error"] is None:
             del d["error"]
+        if d["client_s"] is None:  # no device profiles: the line is as it always was
+            del d["client_s"]
         return d
 
 

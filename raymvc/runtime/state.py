@@ -227,23 +227,55 @@ def restore_attrs(obj: Any, attrs_node: dict, dec: _Decoder) -> None:
         object.__setattr__(obj, name, dec(value_node, getattr(obj, name, None)))
 
 
+MAX_TREE_BYTES = 1 << 30  # the description of one party's state (arrays travel beside it)
+
+
 def dump_state(obj: Any, skip: tuple[str, ...] = (), only: tuple[str, ...] | None = None) -> bytes:
-    """Encode ``obj``'s attributes (``only`` these, or all but ``skip``) as one codec frame."""
+    """Encode ``obj``'s attributes (``only`` these, or all but ``skip``) as one codec frame.
+
+    The description of the tree travels as a byte array, not in the codec's header, so a
+    state that grows with the run (a server's ledger) stays within the codec's limits."""
     cls = type(obj)
     enc = _Encoder(("raymvc.", cls.__module__))
     attrs = {k: v for k, v in vars(obj).items() if k not in skip and (only is None or k in only)}
-    tree = enc(attrs, cls.__qualname__)
-    return codec.encode(Message("state", {"tree": json.dumps(tree, allow_nan=False), **enc.arrays}))
+    tree = json.dumps(enc(attrs, cls.__qualname__), allow_nan=False).encode()
+    return codec.encode(Message("state", {"tree": np.frombuffer(tree, dtype=np.uint8), **enc.arrays}))
 
 
-def load_state(obj: Any, data: bytes) -> None:
-    """Restore attributes written by :func:`dump_state` into ``obj``, built afresh the same way."""
-    msg = codec.decode(data)
-    if msg.kind != "state" or not isinstance(msg.get("tree"), str):
+def state_names(data: bytes) -> list[str]:
+    """The attribute names a state frame would restore (for checking before anything runs)."""
+    return [_attr_name(k) for k, _ in _tree(codec.decode(data))["dict"]]
+
+
+def _tree(msg: Message) -> dict:
+    tree = msg.get("tree") if msg.kind == "state" else None
+    if not isinstance(tree, np.ndarray) or tree.dtype != np.uint8 or tree.ndim != 1 or tree.size > MAX_TREE_BYTES:
         raise StateError("not a state checkpoint")
-    arrays = {k: v for k, v in msg.fields.items() if isinstance(v, np.ndarray)}
     try:
-        restore_attrs(obj, json.loads(msg["tree"]), _Decoder(arrays))
+        out = json.loads(tree.tobytes())
+    except ValueError:
+        raise StateError("malformed state checkpoint (its description is not JSON)") from None
+    if not isinstance(out, dict) or not isinstance(out.get("dict"), list):
+        raise StateError("malformed state checkpoint")
+    return out
+
+
+def load_state(obj: Any, data: bytes, skip: tuple[str, ...] = (), only: tuple[str, ...] | None = None) -> None:
+    """Restore attributes written by :func:`dump_state` into ``obj``, built afresh the same way.
+
+    Only declared state comes back: with the ``skip``/``only`` the state was dumped with,
+    a name outside them (a protocol's inputs, or anything but the engine's declared
+    state) is a StateError and nothing is set."""
+    msg = codec.decode(data)
+    tree = _tree(msg)
+    arrays = {k: v for k, v in msg.fields.items() if isinstance(v, np.ndarray) and k != "tree"}
+    try:
+        for k, _ in tree["dict"]:
+            name = _attr_name(k)
+            if name in skip or (only is not None and name not in only):
+                raise StateError(f"the checkpoint sets {name[:40]!r}, which is not state of a "
+                                 f"{type(obj).__qualname__}")
+        restore_attrs(obj, tree, _Decoder(arrays))
     except StateError:
         raise
     except (KeyError, IndexError, TypeError, ValueError, AttributeError, RecursionError) as e:

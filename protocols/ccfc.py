@@ -121,6 +121,7 @@ from raymvc.messages import Done, Message
 from raymvc.protocol import (
     Client,
     ClientContext,
+    NoInput,
     Protocol,
     ProtocolConfig,
     SecureSum,
@@ -545,7 +546,7 @@ class CCFCServer(Server):
 
     def _final(self) -> dict[int, Message]:
         if self.C is None:
-            raise RuntimeError("ccfc: no client delivered local centroids")
+            raise NoInput("ccfc: no client delivered local centroids")
         fields: dict = dict(self.weights)
         fields["C"] = self.C
         return {c: Message("final", fields) for c in self.ctx.client_ids}

@@ -79,6 +79,7 @@ from raymvc.messages import Done, Message, labels_array
 from raymvc.protocol import (
     Client,
     ClientContext,
+    NoInput,
     Protocol,
     ProtocolConfig,
     RunFacts,
@@ -288,7 +289,7 @@ class CeFMCServer(Server):
 
     def _init(self, replies: Mapping[int, Message]) -> dict[int, Message]:
         if not replies:
-            raise RuntimeError("cefmc: no client delivered its embedding")
+            raise NoInput("cefmc: no client delivered its embedding")
         for c in self.membership.join(replies):
             self.H0[c] = np.asarray(replies[c]["H"], dtype=np.float64)
         self._consensus(0)

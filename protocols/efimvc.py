@@ -150,6 +150,7 @@ from raymvc.messages import Done, Message, labels_array
 from raymvc.protocol import (
     Client,
     ClientContext,
+    NoInput,
     Protocol,
     ProtocolConfig,
     Server,
@@ -496,7 +497,7 @@ class EFIMVCServer(Server):
 
     def _init(self, replies: Mapping[int, Message]) -> dict[int, Message]:
         if not replies:
-            raise RuntimeError("efimvc: no client delivered its anchor graph")
+            raise NoInput("efimvc: no client delivered its anchor graph")
         m, n = self.m, self.n
         total = np.zeros((m, n))
         count = np.zeros(n, dtype=np.int64)

@@ -141,6 +141,7 @@ from raymvc.messages import Done, Message
 from raymvc.protocol import (
     Client,
     ClientContext,
+    NoInput,
     Protocol,
     ProtocolConfig,
     RunFacts,
@@ -458,7 +459,7 @@ class FedDMVCServer(Server):
             self._global_step(round)
         if round >= self.config.rounds:
             if self.y is None:
-                raise RuntimeError("feddmvc: no client delivered embeddings")
+                raise NoInput("feddmvc: no client delivered embeddings")
             return Done(labels=self.y.copy(), info={"members": self.members})
         if self.P is None:
             return {c: Message("pretrain") for c in self.ctx.client_ids}

@@ -47,6 +47,7 @@ from raymvc.messages import Done, Message
 from raymvc.protocol import (
     Client,
     ClientContext,
+    NoInput,
     Protocol,
     ProtocolConfig,
     RunFacts,
@@ -152,7 +153,7 @@ class KFedServer(Server):
         self.summaries.update({c: replies[c] for c in new})
         useful = [c for c in new if len(replies[c]["C"])]
         if self.C is None and not useful:
-            raise RuntimeError("kfed: no client delivered local centroids")
+            raise NoInput("kfed: no client delivered local centroids")
         if useful:
             self._global(round)
         lacking = [c for c in self.ctx.client_ids if c not in self.summaries]

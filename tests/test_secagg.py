@@ -602,7 +602,7 @@ def test_secagg_plus_in_the_engine_costs_less_and_sums_the_same(tmp_path):
 def test_secure_echo_on_ray_matches_in_process(ray_session, tmp_path, monkeypatch):
     runs = {}
     for backend in ("local", "ray"):  # dropouts in every exchange, drawn the same on both backends
-        runs[backend] = _run(tmp_path, backend, True, f"runtime.backend={backend}", "faults.dropout.rate=0.2",
+        runs[backend] = _run(tmp_path, backend, True, f"runtime.backend={backend}", "faults.dropout.rate=0.5",
                              "runtime.client_cpus=0.25", "runtime.clients_per_actor=3", rounds=4)
     (loc, llog), (ray_, rlog) = runs["local"], runs["ray"]
     assert loc["status"] == ray_["status"] == "degraded"

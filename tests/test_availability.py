@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from helpers import run_rounds, validate_fails_in_one_line
 
 from raymvc.cli import main
 from raymvc.runtime import prepare, run_scenario
@@ -34,10 +35,6 @@ def echo_file(tmp_path, faults: dict, *, rounds: int, n_clients: int, name: str 
     return path
 
 
-def run_rounds(path: Path, out: Path, *overrides: str) -> list[dict]:
-    s = run_scenario(load_scenario(path, list(overrides)), out, progress=lambda line: None)
-    assert s["status"] in ("completed", "degraded"), s.get("error")
-    return [json.loads(x) for x in (Path(s["out_dir"]) / "rounds.jsonl").read_text().splitlines()]
 
 
 def offline(rounds: list[dict], n_clients: int) -> np.ndarray:
@@ -263,12 +260,7 @@ def _csv(tmp_path, text) -> str:
 @pytest.mark.parametrize("case", sorted(BROKEN))
 def test_bad_availability_is_one_line_naming_file_and_key(tmp_path, capsys, case):
     make, expected = BROKEN[case]
-    p = make(tmp_path)
-    assert main(["validate", str(p)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0, err
-    assert err.startswith(f"error: {p}: "), err
-    assert expected in err, err
+    validate_fails_in_one_line(make(tmp_path), capsys, expected)
 
 
 @pytest.mark.parametrize("model", sorted(EXAMPLES))

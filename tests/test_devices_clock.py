@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from helpers import validate_fails_in_one_line
 
-from raymvc.cli import main
 from raymvc.runtime import prepare, run_scenario
 from raymvc.runtime.faults import DeviceProfiles
 from raymvc.scenario import DevicesCfg, NetworkCfg, load_scenario
@@ -181,12 +181,7 @@ BROKEN = {
 @pytest.mark.parametrize("case", sorted(BROKEN))
 def test_bad_devices_are_one_line_naming_file_and_key(tmp_path, capsys, case):
     make, expected = BROKEN[case]
-    p = make(tmp_path)
-    assert main(["validate", str(p)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0, err
-    assert err.startswith(f"error: {p}: "), err
-    assert expected in err, err
+    validate_fails_in_one_line(make(tmp_path), capsys, expected)
 
 
 def test_the_shipped_example_runs_in_process(tmp_path):

@@ -67,6 +67,17 @@ def _round(clients, out, drop=()):
     return replies, {c for c in out if c in drop}
 
 
+def _drive(clients, server, out, r=0, each=lambda r, replies: None):
+    """Rounds from ``r`` on until the server is done; ``each(r, replies)`` after every step."""
+    while True:
+        replies, missing = _round(clients, out)
+        res = server.step(r, replies, missing)
+        each(r, replies)
+        if isinstance(res, Done):
+            return res
+        out, r = res, r + 1
+
+
 @pytest.mark.parametrize("lam", [1e-3, 1.0])
 def test_overall_objective_never_increases(lam):
     """Guaranteed with the project's ``s_refresh: if_not_worse`` (the paper takes every new S_v)."""
@@ -99,15 +110,10 @@ def test_overall_objective_never_increases(lam):
 def test_paper_default_takes_every_new_similarity():
     clients, server, _, _ = _federation(tol=0.0, max_rounds=3)
     assert server.config.s_refresh == "always" and server.config.embedding == "plain"
-    out, r = server.start(), 0
-    while True:
-        replies, missing = _round(clients, out)
-        res = server.step(r, replies, missing)
-        if r > 0:
-            assert server.info["s_refreshed"] == len(replies)
-        if isinstance(res, Done):
-            break
-        out, r = res, r + 1
+    refreshed = []
+    _drive(clients, server, server.start(), each=lambda r, replies: r and refreshed.append(
+        server.info["s_refreshed"] == len(replies)))
+    assert refreshed and all(refreshed)
 
 
 def test_missing_reply_keeps_last_graph_and_columns():
@@ -153,13 +159,7 @@ def test_client_missing_in_round_0_is_asked_again_and_joins():
     assert server.info["joined"] == [2] and server.info["left_out"] == [] and server.members == [0, 1, 2]
     assert set(out) == {0, 1, 2} and all(m.kind == "guide" for m in out.values())
     assert not np.allclose(server.Z[:, only2], 1.0 / server.m)  # its samples now have a graph
-    r = 2
-    while True:
-        replies, missing = _round(clients, out)
-        res = server.step(r, replies, missing)
-        if isinstance(res, Done):
-            break
-        out, r = res, r + 1
+    res = _drive(clients, server, out, 2)
     assert len(res.labels) == len(present)
 
 
@@ -240,11 +240,5 @@ def test_proteinfold_end_to_end(tmp_path):
 
 def test_without_anchor_alignment_every_p_stays_the_identity():
     clients, server, _, _ = _federation(tol=0.0, max_rounds=2, align_anchors=False)
-    out, r = server.start(), 0
-    while True:
-        replies, missing = _round(clients, out)
-        res = server.step(r, replies, missing)
-        if isinstance(res, Done):
-            break
-        out, r = res, r + 1
+    _drive(clients, server, server.start())
     assert all(np.array_equal(P, np.eye(server.m)) for P in server.P.values())

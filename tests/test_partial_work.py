@@ -5,20 +5,20 @@ closed-form ones ignore it and ``raymvc params`` says which."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import yaml
+from helpers import run_rounds
 
 from raymvc.cli import main
 from raymvc.protocol import ClientContext, work_steps
 from raymvc.protocols import get
-from raymvc.runtime import prepare, run_scenario
+from raymvc.runtime import prepare
 from raymvc.runtime.faults import FaultPlan, work_share
-from raymvc.scenario import FaultsCfg, load_scenario, scenario_from_dict
+from raymvc.scenario import FaultsCfg, scenario_from_dict
 
 PARTIAL = {"fraction": 0.4, "work": 0.5}
 
@@ -71,10 +71,6 @@ def workecho_file(tmp_path: Path, n_clients: int = 8, rounds: int = 6, **faults)
     return path
 
 
-def run_rounds(path: Path, out: Path, *overrides: str) -> list[dict]:
-    s = run_scenario(load_scenario(path, list(overrides)), out, progress=lambda line: None)
-    assert s["status"] in ("completed", "degraded"), s.get("error")
-    return [json.loads(x) for x in (Path(s["out_dir"]) / "rounds.jsonl").read_text().splitlines()]
 
 
 # --------------------------------------------------------------------------- the draw

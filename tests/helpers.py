@@ -1,0 +1,26 @@
+"""Small helpers the fault and device tests share (imported as ``helpers``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from raymvc.cli import main
+from raymvc.runtime import run_scenario
+from raymvc.scenario import load_scenario
+
+
+def run_rounds(path: Path, out: Path, *overrides: str) -> list[dict]:
+    """Run a scenario file in process (it must finish) and return its round records."""
+    s = run_scenario(load_scenario(path, list(overrides)), out, progress=lambda line: None)
+    assert s["status"] in ("completed", "degraded"), s.get("error")
+    return [json.loads(x) for x in (Path(s["out_dir"]) / "rounds.jsonl").read_text().splitlines()]
+
+
+def validate_fails_in_one_line(path: Path, capsys, expected: str) -> None:
+    """``raymvc validate path`` exits 2 with one line naming the file and saying ``expected``."""
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0, err
+    assert err.startswith(f"error: {path}: "), err
+    assert expected in err, err

@@ -38,19 +38,11 @@ from raymvc.scenario import load_scenario
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def view_terms(client, y: np.ndarray, Cbar: np.ndarray, cfg) -> dict:
+def view_terms(client, y: np.ndarray, Cbar: np.ndarray) -> dict:
     """The two terms of ``client``'s first label step at the round-0 consensus ``(y, C̄_v)``."""
-    lam = cfg.lam
-    beta = cfg.beta if cfg.beta is not None else lam
     client.C, client.y = Cbar.copy(), y.copy()
-    grad = 2.0 if cfg.h_step == "gradient" else 1.0
-    H = client.H
-    from raymvc.protocols._common import polar
-
-    for _ in range(cfg.inner_iters):
-        H = polar(grad * (client.X @ (client.X.T @ H)) + lam * client.C[client.y])
-    own = lam * (H @ client.C.T)
-    prior = beta * (Cbar @ client.C.T)[y]
+    client.H = client.h_step()  # the client's own code: Alg. 1, then the label step's terms
+    own, prior = client.label_terms(y, Cbar)
     n = len(y)
     rows = np.arange(n)
     prefers = own.argmax(axis=1)
@@ -91,7 +83,7 @@ def main(argv=None) -> int:
         y = np.asarray(out[0]["y"], dtype=np.intp)
         blocks = []
         for v in range(V):
-            t = view_terms(clients[v], y, np.asarray(out[v]["C"]), cfg)
+            t = view_terms(clients[v], y, np.asarray(out[v]["C"]))
             blocks.append(t["C_v"][t["y_v"]])
             line = (f"| {seed} | {v} | {t['disagree']:.0%} | {t['own']:.4f} | {t['prior']:.4f} | {t['moved']} |")
             print(line, flush=True)

@@ -159,20 +159,28 @@ class CeFMCClient(Client):
             return self._round(y, Cbar)
         raise ValueError(f"cefmc client: unexpected message {msg.kind!r}")
 
-    def _round(self, y: np.ndarray, Cbar: np.ndarray) -> Message:
+    def h_step(self) -> np.ndarray:
+        """Alg. 1's inner iterations on ``H_v`` (with ``Y_v``, ``C_v`` fixed)."""
         cfg = self.config
-        lam, X, C = cfg.lam, self.X, self.C
-        beta = cfg.beta if cfg.beta is not None else lam
         grad = 2.0 if cfg.h_step == "gradient" else 1.0
         H = self.H
         for _ in range(cfg.inner_iters):
-            M = grad * (X @ (X.T @ H)) + lam * C[self.y]
-            H = polar(M)
-        self.H = H
-        # Y_v step of Eq. (19): argmax of λ H_v C_v^T + β Y C̄_v C_v^T (the paper's Eq. 28
-        # drops both weights, which is the same argmax when λ = β)
-        S = lam * (H @ C.T) + beta * (Cbar @ C.T)[y]
-        self.y = np.argmax(S, axis=1)
+            H = polar(grad * (self.X @ (self.X.T @ H)) + cfg.lam * self.C[self.y])
+        return H
+
+    def label_terms(self, y: np.ndarray, Cbar: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The Y_v step's two terms (Eq. 19): the view's own ``λ H_v C_v^T`` and the
+        consensus prior ``β Y C̄_v C_v^T`` (the paper's Eq. 28 drops both weights, the
+        same argmax when λ = β)."""
+        cfg = self.config
+        beta = cfg.beta if cfg.beta is not None else cfg.lam
+        return cfg.lam * (self.H @ self.C.T), beta * (Cbar @ self.C.T)[y]
+
+    def _round(self, y: np.ndarray, Cbar: np.ndarray) -> Message:
+        lam, X, C = self.config.lam, self.X, self.C
+        self.H = H = self.h_step()
+        own, prior = self.label_terms(y, Cbar)
+        self.y = np.argmax(own + prior, axis=1)
         XtH = X.T @ H
         obj = float(np.sum(XtH * XtH) + lam * np.sum(H * C[self.y]))
         if self.h_variant:

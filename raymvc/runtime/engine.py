@@ -145,6 +145,12 @@ def prepare(sc: Scenario, dataset=None):
         if isinstance(e, ScenarioError):
             raise
         raise _err(sc, "data", str(e)) from None
+    _check_faults_fit(sc, proto, part)
+    return ds, part
+
+
+def _check_faults_fit(sc: Scenario, proto, part) -> None:
+    """The scenario's faults name clients that exist and ask for no more clients than answer."""
     for key in ("crash", "drop"):
         for c in getattr(sc.faults, key):
             if c.client >= part.n_clients:
@@ -166,7 +172,6 @@ def prepare(sc: Scenario, dataset=None):
             raise _err(sc, "faults.min_clients", f"{sc.faults.min_clients} is more than the {asked} clients "
                                                  f"faults.sampling asks per round")
         _check_sampled_secure_aggregation(sc, asked, part.n_clients)
-    return ds, part
 
 
 def _progress_default(line: str) -> None:

@@ -41,9 +41,6 @@ METHODS = available()
 
 # the data situations a method exists for, so that its checks exercise them
 DATA_EXTRAS = {"fcuif": {"unaligned": 0.4, "missing": {"rate": 0.3, "pattern": "point"}}}
-# with the paper's alignment to the first client, FCUIF's quick parameters need one more
-# fine-tune round on this small unaligned, incomplete data to cluster at all
-PARAM_EXTRAS = {"fcuif": {"rounds": 3}}
 
 
 def _scenario(method: str, **over):
@@ -54,8 +51,7 @@ def _scenario(method: str, **over):
                 **DATA_EXTRAS.get(method, {})}
     else:
         data = {"dataset": "digits", "partition": "horizontal", "n_clients": 3, "heterogeneity": 0.0}
-    raw = {"name": f"conf-{method}", "method": method, "params": {**proto.quick_params, **PARAM_EXTRAS.get(method, {})},
-           "data": data,
+    raw = {"name": f"conf-{method}", "method": method, "params": dict(proto.quick_params), "data": data,
            "runtime": {"backend": "local", "client_cpus": 0.25, "server_cpus": 0.25}, "seed": 3}
     return scenario_from_dict(raw, values=over)
 

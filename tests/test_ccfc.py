@@ -369,7 +369,7 @@ def _eval_simsiam(cfg, weights, x):
 def test_training_lowers_the_loss():
     """A few FedAvg rounds of SimSiam on 300 digits: the clients' loss falls from round to
     round, and the global model does better than its random initialisation on held images."""
-    params = {"warmup_rounds": 5, "cluster_rounds": 1, "local_epochs": 2}
+    params = {"warmup_rounds": 5, "cluster_rounds": 1, "local_epochs": 2, "lr": 3e-3}
     cfg = ccfc.Config(**{**TINY, **params})
     server, clients, infos = _drive(params)
     initial = ccfc.CCFCServer(cfg, ServerContext([0, 1], K, 0)).weights

@@ -13,7 +13,9 @@ timed from start to exit, in one loop:
 * ``Ray, warm actors, one run at a time``: ``--jobs 1`` (one crew of actors, reset for
   every run of its kind);
 * ``Ray, warm actors, runs side by side``: the default (``--jobs auto``: as many runs at
-  once as the cluster's CPUs hold, each crew reused by later runs of its kind).
+  once as the cluster's CPUs hold, each crew reused by later runs of its kind);
+* ``Ray, cells as tasks``: ``--cells tasks`` (each run simulated in-process inside one
+  Ray task, as many tasks at once as the cluster's CPUs hold).
 
 The floor under the 8-run sweep on Ray is one more process in the same loop: Ray alone
 (``raymvc.bench.floor``) starting as many actors as the default sweep started (the sum of
@@ -56,6 +58,7 @@ LARGE = {"scenarios": [SC / "hw-cefmc.yaml", SC / "digits-kfed.yaml", SC / "hw-e
          "dropout": "[0, 0.1, 0.2, 0.3]"}
 SAME = ("scenario", "faults.dropout.rate", "seed", "status", "acc", "nmi", "ari", "mb")
 TARGET_EXTRA_S = 8.0  # the 8-run sweep on Ray: at most this much more than in-process
+TARGET_TASKS_S = 5.0  # the 8-run sweep as Ray tasks: at most this much more than in-process
 FLOOR_IMPORTS = ("numpy", "scipy.linalg", "sklearn.cluster", "sklearn.metrics")  # CeFMC's and k-FED's parties
 
 
@@ -106,7 +109,8 @@ def main() -> None:
     systems = [("in-process", ["--backend", "local", "--jobs", "1"]),
                ("Ray, fresh actors, one run at a time", ["--backend", "ray", "--jobs", "1", "--fresh-actors"]),
                ("Ray, warm actors, one run at a time", ["--backend", "ray", "--jobs", "1"]),
-               ("Ray, warm actors, runs side by side as the CPUs hold", ["--backend", "ray"])]
+               ("Ray, warm actors, runs side by side as the CPUs hold", ["--backend", "ray"]),
+               ("Ray, cells as tasks (each run in-process inside one task)", ["--backend", "ray", "--cells", "tasks"])]
     default = systems[3][0]  # what `raymvc sweep` does on Ray without flags
     rows: list[tuple[str, str, float, bool]] = []
     with tempfile.TemporaryDirectory(prefix="throughput-") as tmp:
@@ -131,7 +135,7 @@ def main() -> None:
         if args.large:
             c, env = three_nodes(args.node_cpus)
             try:
-                for i, (label, flags) in enumerate([systems[1], systems[3]]):
+                for i, (label, flags) in enumerate([systems[1], systems[3], systems[4]]):
                     wall, got = sweep(LARGE, Path(tmp) / f"cl-{i}", "--address", c.address, *flags[2:], env=env)
                     rows.append(("24 runs, 3 nodes", label, wall, same(got, base)))  # base: the 24 runs in-process
                     print(f"24 runs on 3 nodes, {label}: {wall:.1f} s", file=sys.stderr, flush=True)
@@ -159,7 +163,10 @@ def main() -> None:
               f"{small[systems[2][0]] - small['in-process']:+.1f} s; fresh actors one at a "
               f"time: {small[systems[1][0]] - small['in-process']:+.1f} s; warm / fresh = "
               f"{small[default] / small[systems[1][0]]:.2f}. The floor (Ray alone with the sweep's actors and "
-              f"their libraries) takes {floor:.1f} s, so raymvc adds {extra - floor:+.1f} s on Ray above it."]
+              f"their libraries) takes {floor:.1f} s, so raymvc adds {extra - floor:+.1f} s on Ray above it.",
+              "", f"8 runs as Ray tasks: {small[systems[4][0]] - small['in-process']:+.1f} s against in-process "
+              f"(target at most +{TARGET_TASKS_S:g} s: "
+              f"{'met' if small[systems[4][0]] - small['in-process'] <= TARGET_TASKS_S else 'not met'})."]
     text = "\n".join(lines) + "\n"
     print(text)
     args.md.write_text(text)

@@ -18,7 +18,6 @@ Python and one on disk are the same thing (:meth:`RunResult.load`).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import csv
 import hashlib
@@ -228,38 +227,32 @@ class SweepResult:
 def sweep(scenarios: str | Path | Sequence[str | Path], *, grid: Mapping[str, Sequence[Any]] | None = None,
           seeds: Sequence[int] | None = None, overrides: Sequence[str] = (), out: str | Path | None = None,
           jobs: int | None = None, backend: str | None = None, progress: bool = False,
-          fresh_actors: bool = False, only: Sequence[str] | None = None) -> SweepResult:
+          fresh_actors: bool = False, only: Sequence[str] | None = None, cells: str = "actors",
+          address: str | None = None) -> SweepResult:
     """Run every scenario at every grid point and seed, as ``raymvc sweep`` does (same
     folder layout; rerunning into ``out`` reuses the cells that still stand).
 
     ``grid``: ``{"faults.dropout.rate": [0, 0.3]}``; ``seeds``: e.g. ``range(5)``
     (default: each scenario's own seed). ``jobs``: runs at once (default: one with the
     local backend, as many as the cluster holds on Ray); on Ray the actors are kept from one
-    run to the next unless ``fresh_actors``. A study file (``studies/X.yaml``) brings its own
-    scenarios, grid and seeds; its folder defaults to ``runs/studies/X``, and ``only``
-    picks some of its runs by id (as ``raymvc sweep --only``).
+    run to the next unless ``fresh_actors``; ``cells="tasks"`` runs each cell as one Ray
+    task simulating in-process instead (on the cluster at ``address``, or an embedded Ray).
+    A study file (``studies/X.yaml``) brings its own scenarios, grid and seeds; its folder
+    defaults to ``runs/studies/X``, and ``only`` picks some of its runs by id (as
+    ``raymvc sweep --only``).
     """
-    from .results import default_out_dir
-    from .studies import run_sweep
-    from .study import is_study_file, load_study
+    from .studies import SweepRequest, run_sweep
 
-    paths = [str(scenarios)] if isinstance(scenarios, (str, Path)) else [str(p) for p in scenarios]
-    if out is None and len(paths) == 1 and is_study_file(paths[0]):  # a study file: runs/studies/<name>
-        out = load_study(paths[0]).default_out()
-    if out is None:  # as raymvc sweep names it
-        names = [load_scenario(p, list(overrides)).name for p in paths]
-        out = default_out_dir("sweep-" + "-".join(dict.fromkeys(names))[:60])
-    picked = ([only] if isinstance(only, str) else list(only)) if only else None
-    args = argparse.Namespace(
-        scenario=paths, set=list(overrides), grid=[f"{k}={json.dumps(list(v))}" for k, v in (grid or {}).items()],
-        seeds=",".join(str(int(s)) for s in seeds) if seeds is not None else None, seed=None, repeats=1,
-        jobs=None if jobs is None else int(jobs), out=str(out) if out is not None else None, address=None,
-        backend=backend, quiet=not progress, fresh_actors=fresh_actors, only=picked)
+    picked = ((only,) if isinstance(only, str) else tuple(only)) if only else ()
+    req = SweepRequest.build(scenarios, grid=grid, seeds=seeds, overrides=list(overrides),
+                             out=str(out) if out is not None else None, jobs=None if jobs is None else int(jobs),
+                             backend=backend, address=address, cells=cells, fresh_actors=fresh_actors,
+                             only=picked, quiet=not progress)
     with contextlib.nullcontext() if progress else contextlib.redirect_stdout(io.StringIO()):
-        code = run_sweep(args)  # prints its aggregate table: shown only with progress
+        code, folder = run_sweep(req)  # prints its aggregate table: shown only with progress
     if code == 130:
-        raise KeyboardInterrupt(f"sweep stopped by a signal; the finished runs are in {out}")
-    return SweepResult.load(out)
+        raise KeyboardInterrupt(f"sweep stopped by a signal; the finished runs are in {folder}")
+    return SweepResult.load(folder)
 
 
 __all__ = ["MultiViewData", "Messages", "RunResult", "SweepResult", "run", "sweep"]

@@ -301,6 +301,30 @@ def cmd_params(args) -> int:
     return 0
 
 
+def sweep_request(args):
+    """``raymvc sweep``'s flags as a :class:`raymvc.studies.SweepRequest` (the strings of
+    ``--grid`` and ``--seeds`` parsed here, once)."""
+    from .studies import SweepRequest, parse_grid, parse_seeds
+    from .study import is_study_file
+
+    if args.seeds is not None and args.seed is not None:
+        raise ScenarioError("--seeds and --seed: give one of them")
+    study = next((p for p in args.scenario if is_study_file(p)), None)
+    if study and (args.grid or args.seeds is not None or args.seed is not None or args.repeats > 1):
+        raise ScenarioError(f"{study}: --grid, --seeds, --seed and --repeats come from the study file")
+    if args.seeds is not None:
+        seeds = parse_seeds(args.seeds)
+    elif args.seed is not None or args.repeats > 1:
+        s0 = args.seed if args.seed is not None else load_scenario(args.scenario[0], list(args.set or [])).seed
+        seeds = [s0 + i for i in range(args.repeats)]
+    else:
+        seeds = None  # each scenario's own seed
+    return SweepRequest.build(args.scenario, grid=dict(parse_grid(args.grid or [])), seeds=seeds,
+                              overrides=args.set or [], out=args.out, jobs=args.jobs, backend=args.backend,
+                              address=args.address, cells=args.cells, fresh_actors=args.fresh_actors,
+                              only=tuple(args.only or ()), quiet=args.quiet)
+
+
 def cmd_sweep(args) -> int:
     from .results import ResultsError, check_out_dir
     from .studies import run_sweep
@@ -308,7 +332,7 @@ def cmd_sweep(args) -> int:
     try:
         if args.out:
             check_out_dir(args.out, create=False)
-        return run_sweep(args)
+        return run_sweep(sweep_request(args))[0]
     except ResultsError as e:
         return _fail(f"--out {e}")
     except ScenarioError as e:
@@ -477,6 +501,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "as the cluster's CPUs hold them (default auto)")
     sw.add_argument("--fresh-actors", action="store_true",
                     help="on Ray, start new actors for every run instead of reusing the last run's")
+    sw.add_argument("--cells", choices=["actors", "tasks"], default="actors",
+                    help="on Ray: actors = every run starts per-client actors (node loss, real stragglers); "
+                         "tasks = every run is one Ray task simulating in-process, spread over the cluster "
+                         "(same results as --backend local)")
     sw.add_argument("--out", help="sweep directory (default: runs/sweep-<names>-<time>); rerun to resume")
     sw.add_argument("--only", action="append", metavar="RUN[,RUN]",
                     help="a study file: sweep only these of its runs (ids, spread runs included); repeatable")

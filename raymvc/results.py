@@ -44,16 +44,16 @@ class ResultsError(ValueError):
     """A run folder or one of its files cannot be used; the message is one line."""
 
 
-def _jsonable(x: Any) -> Any:
+def jsonable(x: Any) -> Any:
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple, set)):
         items = sorted(x) if isinstance(x, set) else x
-        return [_jsonable(v) for v in items]
+        return [jsonable(v) for v in items]
     if isinstance(x, np.ndarray):
-        return _jsonable(x.tolist())
+        return jsonable(x.tolist())
     if isinstance(x, np.generic):
-        return _jsonable(x.item())
+        return jsonable(x.item())
     if isinstance(x, float) and not math.isfinite(x):
         return None
     return x
@@ -335,7 +335,7 @@ class RunWriter:
 
     def round(self, record: dict) -> None:
         try:
-            self._rounds.write(json.dumps(_jsonable(record)) + "\n")
+            self._rounds.write(json.dumps(jsonable(record)) + "\n")
             self._rounds.flush()
         except OSError as e:
             raise ResultsError(f"{self.dir / 'rounds.jsonl'}: cannot write ({e.strerror or e})") from None
@@ -357,7 +357,7 @@ class RunWriter:
         self._write("messages.csv", ledger.csv_text())
 
     def summary(self, summary: dict) -> Path:
-        return self._write("summary.json", json.dumps(_jsonable(summary), indent=2) + "\n")
+        return self._write("summary.json", json.dumps(jsonable(summary), indent=2) + "\n")
 
     def close(self) -> None:
         if not self._rounds.closed:

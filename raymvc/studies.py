@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import hashlib
 import io
 import itertools
@@ -46,7 +47,7 @@ from pathlib import Path
 import yaml
 
 from .provenance import fingerprint
-from .results import FINAL_STATUSES, OutputFolder, default_out_dir, read_summary, short_value, write_file
+from .results import FINAL_STATUSES, OutputFolder, default_out_dir, jsonable, read_summary, short_value, write_file
 from .runtime.cluster import AUTO_CAP, actors_needed
 from .runtime.warm import crew_key
 from .scenario import ScenarioError, load_scenario, safe_yaml_load
@@ -288,7 +289,7 @@ class Outcome:
 
 
 def execute(cells: list[Cell], jobs: int | None = 1, quiet: bool = False, live: bool | None = None,
-            warm: bool = True) -> Outcome:
+            warm: bool = True, tasks_address: str | None = None, as_tasks: bool = False) -> Outcome:
     """Run every cell that has no reusable result. Ctrl-C/SIGTERM: the runs under way stop
     (as ``interrupted``), nothing more starts, and the outcome says so.
 
@@ -298,6 +299,10 @@ def execute(cells: list[Cell], jobs: int | None = 1, quiet: bool = False, live: 
     them; with ``warm`` (on Ray) actors are kept from one run to the next of the same kind
     (:mod:`raymvc.runtime.warm`). A Ray run that failed, or had a party on a node the
     cluster lost while it ran, is run again (at most :data:`RAY_RETRIES` times).
+
+    ``as_tasks``: every cell (planned on the in-process backend) runs as one Ray task on
+    the cluster at ``tasks_address`` (or an embedded Ray), at most ``jobs`` at once
+    (default: as many as the cluster's CPUs hold); see :mod:`raymvc.runtime.cell_tasks`.
     """
     from .progress import SweepProgress
 
@@ -308,13 +313,16 @@ def execute(cells: list[Cell], jobs: int | None = 1, quiet: bool = False, live: 
     if (res.reused or res.stale) and not quiet:
         prog.line.log(f"[sweep] reusing {res.reused} of {len(cells)} finished runs; running {len(todo)}"
                       + (f" ({res.stale} finished before with other settings or code, run again)" if res.stale else ""))
-    on_ray = bool(todo) and all(c.extra.get("backend") == "ray" for c in todo)
-    parallel = (jobs or 1) > 1 and len(todo) > 1 and all(c.extra.get("backend") == "local" for c in todo)
-    if (jobs or 1) > 1 and not parallel and not on_ray and todo and not quiet:
+    on_ray = bool(todo) and all(c.extra.get("backend") == "ray" for c in todo) and not as_tasks
+    parallel = (jobs or 1) > 1 and len(todo) > 1 and all(c.extra.get("backend") == "local" for c in todo) \
+        and not as_tasks
+    if (jobs or 1) > 1 and not parallel and not on_ray and not as_tasks and todo and not quiet:
         prog.line.log("[sweep] --jobs: the runs mix the local and Ray backends; they go one after another")
     try:
         with _stop_on_signals() as stop, _warm_actors(on_ray and warm, todo) as actors:
-            if parallel:
+            if as_tasks and todo:
+                _execute_tasks(todo, jobs, tasks_address, prog, stop, res, quiet)
+            elif parallel:
                 _execute_parallel(todo, jobs, prog, stop, res)
             elif on_ray:
                 _execute_ray(todo, jobs, prog, stop, res, actors, quiet)
@@ -438,7 +446,7 @@ def ray_slots(todo: list[Cell], jobs: int | None) -> int:
 
 def _execute_ray(todo: list[Cell], jobs: int | None, prog, stop, res: Outcome, actors, quiet: bool) -> None:
     """Runs on Ray: one after another, or side by side on threads of this process."""
-    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+    from concurrent.futures import ThreadPoolExecutor
 
     slots = ray_slots(todo, jobs)
     if slots == 1:
@@ -447,17 +455,40 @@ def _execute_ray(todo: list[Cell], jobs: int | None, prog, stop, res: Outcome, a
         return
     if not quiet:
         prog.line.log(f"[sweep] {slots} runs at a time on Ray")
-    queue, running = list(todo), {}
     with ThreadPoolExecutor(max_workers=slots, thread_name_prefix="raymvc-run") as pool:
-        while queue or running:
-            while queue and len(running) < slots and not stop.signal:
-                c = queue.pop(0)
-                running[pool.submit(_run_on_ray, c, actors, stop, None, None if quiet else prog.line.log)] = c
-            if not running:
-                break
-            done, _ = wait(list(running), timeout=0.5, return_when=FIRST_COMPLETED)
-            for fut in done:
-                _record(running.pop(fut), fut.result(), prog, stop, res)
+        _drain(todo, slots, lambda c: pool.submit(_run_on_ray, c, actors, stop, None, None if quiet else prog.line.log),
+               prog, stop, res)
+
+
+def _drain(todo: list[Cell], slots: int, submit, prog, stop, res: Outcome, on_stop=None, result=None) -> None:
+    """The queue loop every side-by-side executor shares: at most ``slots`` cells under
+    way, ``submit(cell)`` starts one and returns a ``concurrent.futures.Future`` of its
+    summary; nothing starts after a signal (``on_stop()`` is called once then). A future
+    that raises is recorded as a failed run; ``result(cell, future)`` may turn a future's
+    value into the summary."""
+    from concurrent.futures import FIRST_COMPLETED, wait
+
+    queue, running = list(todo), {}
+    stopped = False
+    while queue or running:
+        while queue and len(running) < slots and not stop.signal:
+            c = queue.pop(0)
+            running[submit(c)] = c
+        if stop.signal and not stopped:
+            stopped = True
+            if on_stop is not None:
+                on_stop(list(running))
+        if not running:
+            break
+        done, _ = wait(list(running), timeout=0.5, return_when=FIRST_COMPLETED)
+        for fut in done:
+            cell = running.pop(fut)
+            try:
+                summary = fut.result() if result is None else result(cell, fut)
+            except Exception as e:  # a worker that died or a task that could not finish: record it, go on
+                summary = _failed_summary(cell, e)
+                _write_failed(cell, summary)
+            _record(cell, summary, prog, stop, res)
 
 
 class _SweepStop:
@@ -488,38 +519,67 @@ def _execute_parallel(todo: list[Cell], jobs: int, prog, stop: _SweepStop, res: 
     """At most ``jobs`` runs in worker processes; a new one starts only when one ends, and
     none after a signal (which is passed on to the runs under way)."""
     import multiprocessing
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures import ProcessPoolExecutor
 
     ctx = multiprocessing.get_context("spawn")
     pool = ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_ignore_sigint)
-    queue, running = list(todo), {}
-    forwarded = False
+
+    def forward(running) -> None:  # runs under way stop after their round
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            with contextlib.suppress(OSError):
+                os.kill(proc.pid, signal.SIGINT)
+
     try:
-        while queue or running:
-            while queue and len(running) < jobs and not stop.signal:
-                c = queue.pop(0)
-                running[pool.submit(_run_cell, c.scenario, c.overrides, str(c.run_dir))] = c
-            if stop.signal and not forwarded:
-                forwarded = True
-                for proc in list(getattr(pool, "_processes", {}).values()):  # runs under way stop after their round
-                    with contextlib.suppress(OSError):
-                        os.kill(proc.pid, signal.SIGINT)
-            if not running:
-                break
-            done, _ = wait(list(running), timeout=0.5, return_when=FIRST_COMPLETED)
-            for fut in done:
-                cell = running.pop(fut)
-                try:
-                    summary = fut.result()
-                except Exception as e:  # a worker that died: record it, go on
-                    summary = _failed_summary(cell, e)
-                    _write_failed(cell, summary)
-                res.executed += 1
-                prog.finished(cell.label, summary)
-                if summary.get("status") == "interrupted":
-                    stop.signal = stop.signal or "SIGINT"
+        _drain(todo, jobs, lambda c: pool.submit(_run_cell, c.scenario, c.overrides, str(c.run_dir)),
+               prog, stop, res, on_stop=forward)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _execute_tasks(todo: list[Cell], jobs: int | None, address: str | None, prog, stop, res: Outcome,
+                   quiet: bool) -> None:
+    """Each cell as one Ray task (:mod:`raymvc.runtime.cell_tasks`); its files come back
+    to the driver, which writes them into the cell's folder."""
+    import ray
+
+    from . import protocols
+    from .runtime import cell_tasks
+    from .runtime.cluster import init_ray
+
+    scenarios = {id(c): load_scenario(c.scenario, c.overrides) for c in todo}
+    first = scenarios[id(todo[0])]
+    init_ray(first.model_copy(update={"runtime": first.runtime.model_copy(update={"address": address})}), 1)
+    per = max(cell_tasks.task_resources(sc)["num_cpus"] for sc in scenarios.values())
+    fits = max(1, int((ray.cluster_resources().get("CPU", 0.0) + 1e-9) // per))
+    slots = max(1, min(len(todo), jobs or fits))
+    if not quiet:
+        prog.line.log(f"[sweep] cells as Ray tasks: {slots} at a time")
+    search = protocols.search_paths()
+    refs: dict = {}
+
+    def submit(cell: Cell):
+        ref = cell_tasks.submit(scenarios[id(cell)], cell.run_dir.name, search)
+        fut = ref.future()
+        refs[fut] = ref
+        return fut
+
+    def result(cell: Cell, fut) -> dict:
+        refs.pop(fut, None)
+        try:
+            summary, files, node = fut.result()
+        except ray.exceptions.TaskCancelledError:  # stopped by the sweep's signal: left for the next sweep
+            return {**_failed_summary(cell, RuntimeError("stopped by a signal")), "status": "interrupted"}
+        summary = {**summary, "out_dir": str(cell.run_dir), "cell": {"executor": "ray-task", "node": node}}
+        files["summary.json"] = (json.dumps(jsonable(summary), indent=2) + "\n").encode()
+        with OutputFolder(cell.run_dir, "run", overwrite=True):
+            for rel, data in files.items():
+                target = cell.run_dir / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                write_file(target, data)
+        return summary
+
+    _drain(todo, slots, submit, prog, stop, res, result=result,
+           on_stop=lambda running: cell_tasks.cancel([refs[f] for f in running if f in refs]))
 
 
 def _write_failed(cell: Cell, summary: dict) -> None:
@@ -659,26 +719,60 @@ def read_sweep(sweep_dir: str | Path) -> tuple[dict, list[dict], list[dict]]:
 
 
 # --------------------------------------------------------------------------- command
-def _study_args(args):
-    """A study file given to ``raymvc sweep``: its runs, grid and seeds stand for the flags."""
+@dataclass(frozen=True)
+class SweepRequest:
+    """One sweep, as ``raymvc sweep`` and :func:`raymvc.sweep` both ask for it.
+
+    ``scenarios``: scenario files, or one study file (which brings its runs, grid and
+    seeds); ``grid``: key -> values (a product); ``seeds``: every grid point's seeds
+    (None: each scenario's own); ``overrides``: ``key=value`` settings for every cell;
+    ``cells``: on Ray, ``actors`` (per-client actors) or ``tasks`` (each cell one Ray task
+    simulating in-process); ``only``: a study's runs to sweep (ids)."""
+
+    scenarios: tuple[str, ...]
+    grid: tuple[tuple[str, tuple], ...] = ()
+    seeds: tuple[int, ...] | None = None
+    overrides: tuple[str, ...] = ()
+    out: str | None = None
+    jobs: int | None = None
+    backend: str | None = None
+    address: str | None = None
+    cells: str = "actors"
+    fresh_actors: bool = False
+    only: tuple[str, ...] = ()
+    quiet: bool = False
+
+    @classmethod
+    def build(cls, scenarios, grid=None, seeds=None, overrides=(), **kw) -> SweepRequest:
+        """From plain values: ``grid`` a mapping of key -> list, ``seeds`` any iterable of ints."""
+        paths = (str(scenarios),) if isinstance(scenarios, (str, Path)) else tuple(str(p) for p in scenarios)
+        g = tuple((str(k), tuple(v)) for k, v in (dict(grid or {})).items())
+        sd = None if seeds is None else tuple(int(x) for x in seeds)
+        if sd is not None and len(sd) > MAX_SEEDS:
+            raise ScenarioError(f"seeds: more than {MAX_SEEDS} seeds")
+        return cls(scenarios=paths, grid=g, seeds=sd, overrides=tuple(overrides), **kw)
+
+
+def _from_study(req: SweepRequest):
+    """A study file given to a sweep: its runs, grid and seeds stand for the request's.
+    Returns (study or None, the entries to plan, the request as the study completes it,
+    the study's runs left out)."""
     from .study import is_study_file, load_study
 
-    studies = [p for p in args.scenario if is_study_file(p)]
-    only = [i.strip() for item in (getattr(args, "only", None) or []) for i in item.split(",") if i.strip()]
+    studies = [p for p in req.scenarios if is_study_file(p)]
+    only = [i.strip() for item in req.only for i in item.split(",") if i.strip()]
     if not studies:
         if only:
             raise ScenarioError("--only: picks runs of a study file; give one (studies/X.yaml)")
-        return None, list(args.scenario)
-    if len(args.scenario) > 1:
+        return None, list(req.scenarios), req, set()
+    if len(req.scenarios) > 1:
         raise ScenarioError(f"{studies[0]}: a study file is swept alone (it names its own scenarios)")
-    if args.grid or args.seeds is not None or args.seed is not None or args.repeats > 1:
+    if req.grid or req.seeds is not None:
         raise ScenarioError(f"{studies[0]}: --grid, --seeds, --seed and --repeats come from the study file")
     study = load_study(studies[0])
     study.check_default()  # a tuning study never runs under a default its page would misname
-    args.grid = [f"{k}={json.dumps(v)}" for k, v in study.spec.grid.items()]
-    args.seeds = ",".join(str(s) for s in study.seeds())
-    if not args.out:
-        args.out = str(study.default_out())
+    req = dataclasses.replace(req, grid=tuple((k, tuple(v)) for k, v in study.spec.grid.items()),
+                              seeds=tuple(study.seeds()), out=req.out or str(study.default_out()))
     entries = study.entries()
     ids = [r.id for _, _, r in entries]
     unknown = [i for i in only if i not in ids]
@@ -695,8 +789,8 @@ def _study_args(args):
     if not entries:
         raise ScenarioError(f"{studies[0]}: nothing to run here (runs picked: {', '.join(only or ids)}"
                             f"{'; ' + why if why else ''})")
-    args.kept_runs = set(ids) - {r.id for _, _, r in entries}  # their rows in sweep.csv stay as they are
-    return study, [(path, over) for path, over, _ in entries]
+    kept = set(ids) - {r.id for _, _, r in entries}  # their rows in sweep.csv stay as they are
+    return study, [(path, over) for path, over, _ in entries], req, kept
 
 
 def _has_cuda() -> bool:
@@ -707,56 +801,61 @@ def _has_cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def run_sweep(args) -> int:
-    study, scenarios = _study_args(args)
-    grid = parse_grid(args.grid or [])
+def run_sweep(req: SweepRequest) -> tuple[int, Path]:
+    """Plan and execute ``req``; writes ``sweep.json``, ``sweep.csv`` and ``aggregate.csv``
+    into the sweep folder, prints the aggregate on stdout. Returns (exit code: 0, or 130
+    when a signal stopped it; the sweep folder)."""
+    study, scenarios, req, kept = _from_study(req)
+    grid = [(k, list(v)) for k, v in req.grid]
     keys = [k for k, _ in grid]
-    base = list(args.set or [])
-    if getattr(args, "address", None):
-        base.append(f"runtime.address={args.address}")
-    if getattr(args, "backend", None):
-        base.append(f"runtime.backend={args.backend}")
-    if args.seeds is not None and args.seed is not None:
-        raise ScenarioError("--seeds and --seed: give one of them")
-    if args.seeds is not None:
-        seeds = parse_seeds(args.seeds)
-    elif args.seed is not None or args.repeats > 1:
-        s0 = args.seed if args.seed is not None else load_scenario(args.scenario[0], base).seed
-        seeds = [s0 + i for i in range(args.repeats)]
+    base = list(req.overrides)
+    as_tasks = req.cells == "tasks"
+    if req.cells not in ("actors", "tasks"):
+        raise ScenarioError(f"--cells {req.cells}: one of actors, tasks")
+    if as_tasks:  # the cells are in-process runs, the same as --backend local; Ray runs them as tasks
+        if req.backend == "local":
+            raise ScenarioError("--cells tasks: runs every cell as a Ray task (the cluster's backend is Ray); "
+                                "drop --backend local")
+        base.append("runtime.backend=local")
     else:
-        seeds = None  # each scenario's own seed
-    if args.jobs is not None and args.jobs < 1:
-        raise ScenarioError(f"--jobs {args.jobs}: must be >= 1")
-    if args.out:
-        out = Path(args.out)
+        if req.address:
+            base.append(f"runtime.address={req.address}")
+        if req.backend:
+            base.append(f"runtime.backend={req.backend}")
+    if req.jobs is not None and req.jobs < 1:
+        raise ScenarioError(f"--jobs {req.jobs}: must be >= 1")
+    seeds = list(req.seeds) if req.seeds is not None else None
+    if req.out:
+        out = Path(req.out)
     else:
-        names = [load_scenario(p, base).name for p in args.scenario]
+        names = [load_scenario(p, base).name for p in req.scenarios]
         out = default_out_dir("sweep-" + "-".join(dict.fromkeys(names))[:60])
     cells = plan(scenarios, grid, seeds, base, out)
     with OutputFolder(out, "sweep"):  # one sweep at a time, never into a run folder
-        meta = {"scenarios": list(args.scenario), "grid_keys": keys, "grid": {k: v for k, v in grid},
+        meta = {"scenarios": list(req.scenarios), "grid_keys": keys, "grid": {k: v for k, v in grid},
                 "seeds": seeds, "overrides": base, "runs": len(cells)}
         if study is not None:
             meta["study"] = {"file": str(study.path), "name": study.name, "paper": study.spec.paper,
                              "runs": {i: {"label": r.label, "variant": r.variant, "set": r.set}
                                       for i, r in study.labels().items()}}
         write_file(out / "sweep.json", json.dumps(meta, indent=2, default=str) + "\n")
-        res = execute(cells, jobs=args.jobs, quiet=args.quiet, warm=not getattr(args, "fresh_actors", False))
+        res = execute(cells, jobs=req.jobs, quiet=req.quiet, warm=not req.fresh_actors,
+                      as_tasks=as_tasks, tasks_address=req.address)
         # what finished, whether or not a signal stopped the sweep; cells never started are left out
         started = [c for c in cells if _current(c)]
-        rows = _kept_rows(out, getattr(args, "kept_runs", set())) + collect(started, out)
+        rows = _kept_rows(out, kept) + collect(started, out)
         write_csv(out / "sweep.csv", rows, ["scenario", "method", *keys, *RUN_FIELDS])
         agg = aggregate(rows, keys)
         write_csv(out / "aggregate.csv", agg, aggregate_fields(keys))
     print(format_aggregate(agg, keys))
-    if not args.quiet:
+    if not req.quiet:
         stale = f" ({res.stale} of them finished before with other settings or code)" if res.stale else ""
         print(f"sweep: {res.executed} runs executed{stale}, {res.reused} reused; results in {out} "
               f"(sweep.csv, aggregate.csv; plot with: raymvc plot {out})", file=sys.stderr)
         if res.interrupted:
             print(f"sweep: stopped by a signal; {len(cells) - len(started)} runs not started "
                   "(the same command carries on)", file=sys.stderr)
-    return 130 if res.interrupted else 0
+    return (130 if res.interrupted else 0), out
 
 
 def _kept_rows(out: Path, runs: set[str]) -> list[dict]:

@@ -117,6 +117,75 @@ def test_actors_no_node_can_take_are_one_line_error_not_a_wait(cluster, tmp_path
     assert not out.exists() or not any(out.iterdir())  # nothing written: the run never started
 
 
+GATED_METHOD = """
+import dataclasses, os, time
+from pathlib import Path
+
+import ray
+
+from raymvc.protocols import kfed
+
+GATE = Path(__file__).with_name("gate")
+
+
+class GatedClient(kfed.KFedClient):
+    def handle(self, msg):
+        if self.ctx.client_id == 0:  # once per run: say where it runs, then wait for the test
+            node = ray.get_runtime_context().get_node_id()
+            (GATE / f"{node}.{os.getpid()}.{time.monotonic_ns()}").write_text("")
+            while not (GATE / "go").exists():
+                time.sleep(0.05)
+        return super().handle(msg)
+
+
+PROTOCOL = dataclasses.replace(kfed.PROTOCOL, name="gatedkfed", client=GatedClient)
+"""
+
+
+def test_cells_as_tasks_fill_every_node_and_a_lost_node_reruns_its_cells(cluster, tmp_path):
+    """A study's cells as Ray tasks: running cells sit on every node of the cluster; a
+    node removed while its cells run costs nothing but a rerun of those cells elsewhere."""
+    import time
+
+    c, _, env = cluster
+    extra = c.add_node(num_cpus=2)  # the node this test removes (the module's workers stay)
+    c.wait_for_nodes()
+    (tmp_path / "gatedkfed.py").write_text(GATED_METHOD)
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    sc = tmp_path / "gated.yaml"
+    sc.write_text("name: gated\nmethod: gatedkfed\nparams: {kmeans_init: 1}\n"
+                  "data: {dataset: digits, partition: horizontal, n_clients: 3}\nseed: 0\n")
+    out = tmp_path / "sweep"
+    proc = subprocess.Popen([sys.executable, "-m", "raymvc.cli", "sweep", str(sc), "--seeds", "0-7", "--cells", "tasks",
+                             "--address", c.address, "--out", str(out), "--quiet"], env=env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300  # a bound on a hung cluster, not a timing assumption
+        while len(list(gate.iterdir())) < 7 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)  # 7 cells under way: the cluster's 7 CPUs, one task each
+        started = [p.name.split(".")[0] for p in gate.iterdir()]
+        assert len(started) == 7, proc.stderr.read() if proc.poll() is not None else started
+        nodes = {c.head_node.node_id, *(w.node_id for w in c.worker_nodes)}
+        assert set(started) == nodes  # every node runs cells, the head's one CPU included
+        on_extra = started.count(extra.node_id)
+        assert on_extra >= 1
+        c.remove_node(extra, allow_graceful=False)
+        (gate / "go").write_text("")
+        stdout, stderr = proc.communicate(timeout=600)
+    finally:
+        (gate / "go").write_text("")
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr[-3000:]
+    rows = list(csv.DictReader(open(out / "sweep.csv", newline="")))
+    assert [r["status"] for r in rows] == ["completed"] * 8
+    where = [json.loads((out / r["run_dir"] / "summary.json").read_text())["cell"]["node"] for r in rows]
+    assert extra.node_id not in where  # the removed node's cells ran again on the nodes left
+    starts = [p.name for p in gate.iterdir() if p.name != "go"]
+    assert len(starts) >= 8 + on_extra  # each of its cells started a second time
+
+
 def test_removing_a_node_mid_run_crashes_its_clients(cluster, tmp_path):
     c, workers, env = cluster
     out = tmp_path / "lose-node"

@@ -174,3 +174,32 @@ def test_a_grid_may_give_a_key_the_scenario_requires(tmp_path):
                  "--out", str(tmp_path / "out"), "--quiet"]) == 0
     with open(tmp_path / "out" / "sweep.csv") as fh:
         assert len(list(csv.DictReader(fh))) == 2
+
+
+def test_cells_as_ray_tasks_give_the_in_process_sweep(tmp_path, ray_session):
+    """--cells tasks: every cell an in-process run inside one Ray task; the same rows
+    (fingerprints included) as --backend local, the run folders written on the driver."""
+    sc = tiny(tmp_path)
+    args = ["sweep", str(sc), "--seeds", "0-2", "--grid", "faults.dropout.rate=[0, 0.5]", "--quiet"]
+    assert main([*args, "--cells", "tasks", "--out", str(tmp_path / "tasks")]) == 0
+    assert main([*args, "--backend", "local", "--out", str(tmp_path / "here")]) == 0
+    tasks, here = read_csv(tmp_path / "tasks" / "sweep.csv"), read_csv(tmp_path / "here" / "sweep.csv")
+    assert len(tasks) == 6
+    assert [{k: v for k, v in r.items() if k != "wall"} for r in tasks] == \
+        [{k: v for k, v in r.items() if k != "wall"} for r in here]
+    for r in tasks:
+        run = tmp_path / "tasks" / r["run_dir"]
+        s = json.loads((run / "summary.json").read_text())
+        assert s["cell"]["executor"] == "ray-task" and s["cell"]["node"]
+        assert s["out_dir"] == str(run)
+        assert (run / "labels.csv").read_bytes() == (tmp_path / "here" / r["run_dir"] / "labels.csv").read_bytes()
+    # a second sweep into the folder reuses every cell
+    assert main([*args, "--cells", "tasks", "--out", str(tmp_path / "tasks")]) == 0
+    assert read_csv(tmp_path / "tasks" / "sweep.csv") == tasks
+
+
+def test_cells_as_tasks_refuse_the_local_backend(tmp_path, capsys):
+    sc = tiny(tmp_path)
+    assert main(["sweep", str(sc), "--cells", "tasks", "--backend", "local", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--cells tasks" in err[0]

@@ -18,6 +18,8 @@ A scenario's ``method`` is one of three things, looked up in this order:
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
+import importlib.util
 import os
 import sys
 from importlib import metadata
@@ -79,9 +81,11 @@ def search_paths() -> list[str]:
 
 def _import_user_module(path: str):
     """Import ``path``; if it is not importable, from the first of the scenario files' folders
-    (:func:`add_search_path`) and the current directory that holds it.
+    (:func:`add_search_path`) and the current directory that holds its top-level module.
 
-    That folder is put on ``sys.path``, and on ``PYTHONPATH`` for Ray workers started later.
+    The module (or its top-level package) is loaded from that folder by its file location;
+    ``sys.path`` and the environment are left as they are. Every party the engine starts
+    gets the same folders, so a Ray worker finds the module the same way.
     """
     try:
         return importlib.import_module(path)
@@ -90,15 +94,17 @@ def _import_user_module(path: str):
         if e.name not in {top, path}:
             raise
         for folder in [*_SEARCH, os.getcwd()]:
-            if not (os.path.exists(os.path.join(folder, top + ".py")) or os.path.isdir(os.path.join(folder, top))):
+            spec = importlib.machinery.PathFinder.find_spec(top, [folder])
+            if spec is None or spec.loader is None:
                 continue
-            if folder in sys.path:
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[top] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                sys.modules.pop(top, None)
                 raise
-            sys.path.insert(0, folder)
-            old = os.environ.get("PYTHONPATH")
-            os.environ["PYTHONPATH"] = folder if not old else os.pathsep.join([folder, old])
-            importlib.invalidate_caches()
-            return importlib.import_module(path)
+            return module if path == top else importlib.import_module(path)
         raise
 
 

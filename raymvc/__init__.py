@@ -14,7 +14,13 @@ The command line (``raymvc run | sweep | ...``) is a thin layer over the same ca
 Names are imported on first use, so ``import raymvc`` stays cheap in every actor.
 """
 
-__version__ = "0.1.0"
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _installed_version
+
+try:  # the version lives in pyproject.toml only
+    __version__ = _installed_version("raymvc")
+except PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
 
 _API = {"run", "sweep", "RunResult", "SweepResult", "MultiViewData", "Messages"}
 

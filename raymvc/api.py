@@ -55,13 +55,13 @@ class MultiViewData:
     def dataset(self):
         """The checked :class:`~raymvc.data.types.MultiViewDataset` (a ``ValueError`` names what is wrong)."""
         from .data import DataError
-        from .data.datasets import _assemble
+        from .data.assemble import assemble
 
         views = [np.asarray(v) for v in self.views]
         if not views:
             raise ValueError("MultiViewData: no views")
         try:
-            ds = _assemble(Path(self.name), views, None if self.labels is None else np.asarray(self.labels),
+            ds = assemble(Path(self.name), views, None if self.labels is None else np.asarray(self.labels),
                            None if self.present is None else np.asarray(self.present), None,
                            list(self.view_names) if self.view_names else None)
         except DataError as e:

@@ -138,12 +138,12 @@ def _drop_if_empty(out, made: bool) -> None:
 def _default_run_dir(name: str, overrides: list[str]) -> Path:
     """``runs/<name>[_<key><value>...]-<time>``: the overrides show in the folder name."""
     from .results import default_out_dir
-    from .studies import _slug, short_key
+    from .studies import short_key, slug
 
     bits = []
     for item in overrides:
         key, _, val = item.partition("=")
-        text = _slug(val) if _slug(val) != "x" else "none"
+        text = slug(val) if slug(val) != "x" else "none"
         bits.append(f"{short_key(key.strip())}{'-' if text[:1].isalpha() else ''}{text}")
     return default_out_dir("_".join([name, *bits])[:80])
 

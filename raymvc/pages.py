@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .provenance import platform_text
 from .results import ResultsError, read_summary, short_value, write_file
-from .studies import _mean_std, _num, read_sweep, short_key
+from .studies import mean_std, num, read_sweep, short_key
 from .study import METRIC_NAMES, Study, load_study
 
 NAMES = {"acc": "ACC", "nmi": "NMI", "ari": "ARI", "mb": "MB"}
@@ -134,7 +134,7 @@ class StudyResult:
     def stat(self, run_id: str, point: dict, metric: str) -> tuple[float | None, float | None, int, int]:
         rows = self.cell(run_id, point)
         ok = [r for r in rows if r["status"] in OK]
-        mean, std = _mean_std([x for r in ok if (x := _num(r.get(metric))) is not None])
+        mean, std = mean_std([x for r in ok if (x := num(r.get(metric))) is not None])
         return mean, std, len(ok), len(rows)
 
     def mode_counts(self, run_id: str, point: dict) -> tuple[int, int] | None:
@@ -142,7 +142,7 @@ class StudyResult:
         m = self.study.spec.modes
         if m is None:
             return None
-        vals = [x for r in self.cell(run_id, point) if r["status"] in OK and (x := _num(r.get(m.metric))) is not None]
+        vals = [x for r in self.cell(run_id, point) if r["status"] in OK and (x := num(r.get(m.metric))) is not None]
         below = sum(x < m.split for x in vals)
         return below, len(vals) - below
 
@@ -160,16 +160,16 @@ class StudyResult:
         points = self.points()
         for point in points:
             for r in self.cell(run_id, point):
-                x = _num(r.get(metric))
+                x = num(r.get(metric))
                 if r["status"] in OK and x is not None:
                     per_seed[r["seed"]].append(x)
         full = [sum(v) / len(v) for v in per_seed.values() if len(v) == len(points)]
-        mean, std = _mean_std(full)
+        mean, std = mean_std(full)
         return mean, std, len(full), len(self.study.seeds())
 
     def wall(self) -> tuple[float, int]:
         """Summed run time of the cells swept here (not those joined from elsewhere), and their count."""
-        walls = [x for r in self.rows if not r.get("joined") and (x := _num(r.get("wall"))) is not None]
+        walls = [x for r in self.rows if not r.get("joined") and (x := num(r.get("wall"))) is not None]
         return sum(walls), len(walls)
 
     def code_versions(self) -> list[str]:
@@ -229,7 +229,7 @@ def _paper_value(study: Study, run_id: str, point: dict, metric: str) -> float |
 def _seed_list(res: StudyResult, run_id: str, point: dict, metric: str) -> str:
     vals = []
     for r in res.cell(run_id, point):
-        x = _num(r.get(metric))
+        x = num(r.get(metric))
         vals.append(f"{x:.3f}" if (x is not None and r["status"] in OK) else esc(r["status"]))
     return " / ".join(vals) or "none"
 
@@ -250,7 +250,7 @@ def _one_spread(res: StudyResult, sp, other: str) -> str:
         a = {r["seed"]: r for r in res.cell(sp.run, point)}
         b = {r["seed"]: r for r in res.cell(other, point)}
         for seed in sorted(set(a) & set(b)):
-            x, y = _num(a[seed].get("acc")), _num(b[seed].get("acc"))
+            x, y = num(a[seed].get("acc")), num(b[seed].get("acc"))
             if x is None or y is None:
                 continue
             n += 1

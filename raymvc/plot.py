@@ -28,7 +28,7 @@ from pathlib import Path
 import yaml
 
 from .scenario import safe_yaml_load
-from .studies import _num, read_sweep, short_key
+from .studies import num, read_sweep, short_key
 
 PANELS = (("acc", "ACC"), ("nmi", "NMI"), ("ari", "ARI"), ("mb", "MB (protocol traffic)"))
 FINISHED = ("completed", "degraded")
@@ -95,7 +95,7 @@ def plot_points(agg: list[dict], keys: list[str]) -> list[PlotPoint]:
     for name, r in zip(_line_names(agg, list(keys[1:])), agg):
         finished = sum(int(r.get(k) or 0) for k in FINISHED)
         failed = sum(int(r.get(k) or 0) for k in NOT_FINISHED)
-        stats = {m: (_num(r.get(f"{m}_mean")), _num(r.get(f"{m}_std"))) for m, _ in PANELS}
+        stats = {m: (num(r.get(f"{m}_mean")), num(r.get(f"{m}_std"))) for m, _ in PANELS}
         points.append(PlotPoint(line=name, x=str(r[xkey]) if xkey else "all", runs=int(r["runs"]),
                                 finished=finished, failed=failed, stats=stats))
     return points

@@ -25,7 +25,6 @@ import difflib
 import math
 import os
 import re
-import reprlib
 import types
 import typing
 from collections.abc import Mapping
@@ -42,32 +41,13 @@ from pydantic import (
     model_validator,
 )
 
-MAX_ERROR_CHARS = 400  # a whole error line
-MAX_VALUE_CHARS = 80  # a value quoted in an error
+from .text import MAX_ERROR_CHARS, MAX_VALUE_CHARS, one_line, short  # noqa: F401 (re-exported)
+
 MAX_FILE_BYTES = 1_000_000  # a scenario file
 MAX_ALIASES = 8  # YAML aliases (*name) in one document
 MAX_DEPTH = 40  # nesting of YAML collections
 MAX_SYNTHETIC_VALUES = 100_000_000  # synthetic data: n_samples x total dims (800 MB of float64)
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
-
-_repr = reprlib.Repr()
-_repr.maxstring = _repr.maxother = MAX_VALUE_CHARS
-_repr.maxlist = _repr.maxtuple = _repr.maxdict = _repr.maxset = 6
-_repr.maxlevel = 3
-
-
-def short(value: Any, limit: int = MAX_VALUE_CHARS) -> str:
-    """``repr(value)`` on one line, at most ``limit`` characters (cut with ``...``)."""
-    text = _repr.repr(value) if not isinstance(value, str) else repr(value[: limit + 1])
-    text = text.replace("\n", " ")
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def one_line(text: str, limit: int = MAX_ERROR_CHARS) -> str:
-    """``text`` with line breaks folded and at most ``limit`` characters."""
-    text = " ".join(str(text).split("\n"))
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
 
 class ScenarioError(ValueError):
     """A scenario problem, already phrased as one line for the user (at most 400 characters)."""

@@ -38,94 +38,22 @@ import itertools
 import json
 import math
 import os
-import re
 import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
+from .grid import MAX_CELLS, MAX_SEEDS, check_size, parse_grid, parse_seeds, short_key, slug  # noqa: F401
 from .provenance import fingerprint
 from .results import FINAL_STATUSES, OutputFolder, default_out_dir, jsonable, read_summary, short_value, write_file
 from .runtime.cluster import AUTO_CAP, actors_needed
 from .runtime.warm import crew_key
-from .scenario import ScenarioError, load_scenario, safe_yaml_load
+from .scenario import ScenarioError, load_scenario
 
 METRICS = ("acc", "nmi", "ari")
 RUN_FIELDS = ("seed", "status", "acc", "nmi", "ari", "mb", "rounds", "wall", "dropped_replies", "late_replies",
               "crashed_clients", "errors", "fingerprint", "run_dir")
 STATUSES = ("completed", "degraded", "failed", "error", "interrupted")
-
-
-# --------------------------------------------------------------------------- parsing
-def parse_grid(items: list[str]) -> list[tuple[str, list]]:
-    """``['key=[v1, v2]', ...]`` -> ``[('key', [v1, v2]), ...]``.
-
-    The part after ``=`` is one YAML list; without brackets it is read as if it had
-    them (``key=0,0.1`` is ``key=[0, 0.1]``), so lists and mappings inside brackets keep
-    their commas.
-    """
-    grid = []
-    for item in items:
-        if "=" not in item:
-            raise ScenarioError(f"--grid {item}: expected key.path=[v1, v2, ...]")
-        key, text = (part.strip() for part in item.split("=", 1))
-        if not key or any(not p for p in key.split(".")):
-            raise ScenarioError(f"--grid {item}: bad key path {key!r}")
-        src = text if text.startswith("[") else f"[{text}]"
-        try:
-            values = safe_yaml_load(src)
-        except yaml.YAMLError as e:
-            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-            raise ScenarioError(f"--grid {item}: {key}: values are not a valid YAML list ({problem})") from None
-        if not isinstance(values, list) or not values:
-            raise ScenarioError(f"--grid {item}: {key}: expected a non-empty YAML list of values, e.g. {key}=[0, 0.1]")
-        if key in {k for k, _ in grid}:
-            raise ScenarioError(f"--grid {item}: {key}: given twice")
-        grid.append((key, values))
-    return grid
-
-
-MAX_SEEDS = 10_000  # seeds in one sweep or study
-MAX_CELLS = 100_000  # (scenario, grid point, seed) cells in one sweep or study
-
-
-def parse_seeds(text: str, what: str = "--seeds") -> list[int]:
-    """``'0,1,2'`` or ``'0-4'`` (or a mix) -> a list of seeds (at most :data:`MAX_SEEDS`);
-    ``what`` names the option or key in errors."""
-    seeds: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        m = re.fullmatch(r"(\d+)\s*-\s*(\d+)", part)
-        if m:
-            lo, hi = int(m.group(1)), int(m.group(2))
-            if hi < lo:
-                raise ScenarioError(f"{what} {text}: a range runs from low to high, e.g. 0-4")
-            if hi - lo + 1 + len(seeds) > MAX_SEEDS:
-                raise ScenarioError(f"{what} {text}: more than {MAX_SEEDS} seeds")
-            seeds.extend(range(lo, hi + 1))
-        elif re.fullmatch(r"\d+", part):
-            seeds.append(int(part))
-        else:
-            raise ScenarioError(f"{what} {text}: expected seeds like 0,1,2 or 0-4")
-    if len(seeds) > MAX_SEEDS:
-        raise ScenarioError(f"{what} {text}: more than {MAX_SEEDS} seeds")
-    return list(dict.fromkeys(seeds))
-
-
-def short_key(key: str) -> str:
-    """``faults.dropout.rate`` -> ``dropout``; ``data.missing.rate`` -> ``missing``; ``seed`` -> ``seed``."""
-    parts = key.split(".")
-    if len(parts) >= 2 and parts[-1] in {"rate", "fraction", "value"}:
-        return parts[-2]
-    return parts[-1]
-
-
-def _slug(text: str) -> str:
-    text = re.sub(r"[\s:{}\[\],'\"]+", "-", text)
-    text = re.sub(r"[^A-Za-z0-9._=+-]", "", text)
-    return re.sub(r"-{2,}", "-", text).strip("-") or "x"
 
 
 # --------------------------------------------------------------------------- cells
@@ -150,16 +78,16 @@ class Cell:
 
 def _run_dir_name(name: str, point: dict, seed: int) -> str:
     def part(k, v) -> str:
-        text = _slug(short_value(v)) if _slug(short_value(v)) != "x" else "none"
+        text = slug(short_value(v)) if slug(short_value(v)) != "x" else "none"
         return f"{short_key(k)}{'-' if text[:1].isalpha() else ''}{text}"
 
     parts = [name] + [part(k, v) for k, v in point.items()] + [f"seed{seed}"]
-    slug = _slug("_".join(parts))
-    if len(slug) > 100 or any(_slug(short_value(v)) != short_value(v) for v in point.values()):
+    folder = slug("_".join(parts))
+    if len(folder) > 100 or any(slug(short_value(v)) != short_value(v) for v in point.values()):
         # values that lose characters in a folder name get a short digest, so two never collide
         digest = hashlib.sha1(json.dumps(point, sort_keys=True, default=str).encode()).hexdigest()[:6]
-        slug = f"{slug[:90]}-{digest}"
-    return slug
+        folder = f"{folder[:90]}-{digest}"
+    return folder
 
 
 def plan(scenarios: list[str | tuple[str, list[str]]], grid: list[tuple[str, list]], seeds: list[int] | None,
@@ -200,20 +128,6 @@ def plan(scenarios: list[str | tuple[str, list[str]]], grid: list[tuple[str, lis
         dup = next(d for d in dirs if dirs.count(d) > 1)
         raise ScenarioError(f"two runs would share the folder {dup.name}; give the scenarios different names")
     return cells
-
-
-def check_size(runs: int, grid_sizes: list[int], seeds: int) -> int:
-    """The number of cells, or a ScenarioError past :data:`MAX_CELLS` (checked before any cell is built)."""
-    n = runs * seeds
-    for g in grid_sizes:
-        n *= g
-        if n > MAX_CELLS:
-            break
-    if n > MAX_CELLS:
-        raise ScenarioError(f"the sweep has more than {MAX_CELLS} runs ({runs} scenario(s) x "
-                            f"{' x '.join(map(str, grid_sizes)) or '1'} grid points x {seeds} seed(s)); "
-                            "split it into smaller sweeps")
-    return n
 
 
 def _grid_blame(err: ScenarioError, keys: list[str]) -> ScenarioError:
@@ -620,7 +534,7 @@ def summary_row(name: str, method: str, point: dict, seed: int, s: dict, run_dir
     return row
 
 
-def _num(v) -> float | None:
+def num(v) -> float | None:
     if v is None or v == "":
         return None
     try:
@@ -630,7 +544,7 @@ def _num(v) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _mean_std(xs: list[float]) -> tuple[float | None, float | None]:
+def mean_std(xs: list[float]) -> tuple[float | None, float | None]:
     if not xs:
         return None, None
     mean = sum(xs) / len(xs)
@@ -657,7 +571,7 @@ def aggregate(rows: list[dict], keys: list[str]) -> list[dict]:
                    interrupted=sum(r["status"] == "interrupted" for r in rs))
         agg["failed"] = agg["runs"] - agg["completed"] - agg["degraded"] - agg["error"] - agg["interrupted"]
         for m in (*METRICS, "mb"):
-            mean, std = _mean_std([x for r in ok if (x := _num(r[m])) is not None])
+            mean, std = mean_std([x for r in ok if (x := num(r[m])) is not None])
             agg[f"{m}_mean"], agg[f"{m}_std"] = mean, std
         out.append(agg)
     return out
@@ -681,7 +595,7 @@ def aggregate_fields(keys: list[str]) -> list[str]:
 def format_aggregate(agg: list[dict], keys: list[str]) -> str:
     """The aggregate as a text table (mean ± std; n = runs that entered the mean)."""
     def pm(r, m, digits):
-        mean, std = _num(r.get(f"{m}_mean")), _num(r.get(f"{m}_std"))
+        mean, std = num(r.get(f"{m}_mean")), num(r.get(f"{m}_std"))
         if mean is None:
             return "n/a"
         return f"{mean:.{digits}f} ± {std:.{digits}f}" if std is not None else f"{mean:.{digits}f}"

@@ -90,7 +90,7 @@ class SpreadSpec(_Strict):
 
 def seed_list(seeds: str | list[int]) -> list[int]:
     """A study's ``seeds`` (``"0-4"`` or a list) as a list."""
-    from .studies import parse_seeds
+    from .grid import parse_seeds
 
     return list(seeds) if isinstance(seeds, list) else parse_seeds(str(seeds), "seeds")
 
@@ -146,7 +146,7 @@ class StudySpec(_Strict):
     @model_validator(mode="after")
     def _consistent(self):
         ids = [r.id for r in self.runs]
-        from .studies import check_size
+        from .grid import check_size
 
         try:
             n_seeds = len(seed_list(self.seeds))
@@ -256,8 +256,8 @@ class Study:
         """Load every run's scenario at every grid point (first seed) without loading data:
         a bad key or value anywhere is a ScenarioError; a tuning study's ``default`` must be
         what its run's scenario resolves to. Returns the number of runs the study has."""
+        from .results import short_value
         from .scenario import load_scenario
-        from .studies import short_value
 
         points = self.points()
         seeds = self.seeds()
@@ -274,9 +274,9 @@ class Study:
     def check_data(self) -> None:
         """Load the data of every run (at every grid point that changes the data, else the
         first): a data set that cannot be obtained is a ScenarioError naming the run."""
+        from .results import short_value
         from .runtime import prepare
         from .scenario import load_scenario
-        from .studies import short_value
 
         points = self.points()
         if not any(k.startswith("data.") for k in self.spec.grid):

@@ -262,8 +262,10 @@ def test_a_method_beside_its_scenario_file_runs_from_any_folder(backend, tmp_pat
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     monkeypatch.setattr(protocols, "_SEARCH", [])
     monkeypatch.delitem(sys.modules, "fedlloyd", raising=False)
+    path_before, env_before = list(sys.path), os.environ.get("PYTHONPATH")
     scenario = REPO / "examples" / "own_method" / "fedlloyd.yaml"
     assert main(["validate", str(scenario)]) == 0
+    assert sys.path == path_before and os.environ.get("PYTHONPATH") == env_before  # found without editing either
     assert "ok -- fedlloyd" in capsys.readouterr().out
     out = tmp_path / "run"
     assert main(["run", str(scenario), "--backend", backend, "--set", "params.max_rounds=2", "--set",
@@ -271,6 +273,7 @@ def test_a_method_beside_its_scenario_file_runs_from_any_folder(backend, tmp_pat
                  "--json", "--quiet"]) == 0, capsys.readouterr().err
     s = json.loads(capsys.readouterr().out)
     assert s["method"] == "fedlloyd" and s["status"] == "completed" and s["backend"] == backend
+    assert sys.path == path_before and os.environ.get("PYTHONPATH") == env_before
 
 
 def test_method_from_an_entry_point(monkeypatch):

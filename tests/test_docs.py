@@ -14,14 +14,14 @@ LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 
 
-def _slug(heading: str) -> str:
+def slug(heading: str) -> str:
     """A heading's anchor as GitHub writes it: lower case, punctuation dropped, spaces to hyphens."""
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
 def _anchors(page: Path) -> set[str]:
     text = FENCE.sub("", page.read_text())
-    return {_slug(m.group(1)) for m in re.finditer(r"^#{1,6} +(.+?) *#*$", text, re.M)}
+    return {slug(m.group(1)) for m in re.finditer(r"^#{1,6} +(.+?) *#*$", text, re.M)}
 
 
 def _links(page: Path) -> list[str]:

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from .assemble import VIEW_KEYS, DataError, DataWarning, assemble, dense, short_label  # noqa: F401 (re-exported)
 from .types import MultiViewDataset
 
 BUILTIN_DIR = Path(__file__).resolve().parent / "builtin"
@@ -39,19 +39,10 @@ _BUILTINS = {
     "synthetic": "seeded multi-view Gaussian mixture (n_samples, n_views, dims, n_clusters, noise)",
 }
 
-VIEW_KEYS = ("X", "views", "data", "fea")
 LABEL_KEYS = ("Y", "y", "gt", "labels", "label", "truelabel", "truth", "gnd")
 _NUMBERED_VIEW = re.compile(r"^(?:X|x|view_?|View_?)(\d+)$")
 _SYNTH_ARGS = ("n_samples", "n_views", "dims", "n_clusters", "noise")
 MAX_SYNTHETIC_VALUES = 100_000_000  # n_samples x total dims of a synthetic data set (800 MB of float64)
-
-
-class DataError(ValueError):
-    """A data set could not be loaded or is malformed."""
-
-
-class DataWarning(UserWarning):
-    """Data that loads but is probably not what the user meant (e.g. labels of one class)."""
 
 
 def _remotes() -> list[str]:
@@ -98,7 +89,7 @@ def load_dataset(
     elif name == "handwritten":
         ds = _handwritten()
     elif name == "handwritten-pix":
-        ds = _select(_handwritten(), ["pix"])
+        ds = select_views(_handwritten(), ["pix"])
         ds.name = "handwritten-pix"
     elif name == "digits":
         ds = _digits()
@@ -112,7 +103,7 @@ def load_dataset(
     else:
         raise DataError(f"unknown data set {name!r}; built-in data sets: {', '.join(_BUILTINS)}; fetched on "
                         f"first use: {', '.join(_remotes())}")
-    return _select(ds, views) if views is not None else ds
+    return select_views(ds, views) if views is not None else ds
 
 
 # --------------------------------------------------------------------------- builtins
@@ -195,7 +186,7 @@ def synthetic(
     )
 
 
-def _select(ds: MultiViewDataset, keep: Sequence[int | str]) -> MultiViewDataset:
+def select_views(ds: MultiViewDataset, keep: Sequence[int | str]) -> MultiViewDataset:
     """A copy of ``ds`` holding only the views in ``keep`` (indices or names)."""
     idx = []
     for k in keep:
@@ -265,7 +256,7 @@ def _load_file(path, label_column: str | int | None = None) -> MultiViewDataset:
     else:
         raise DataError(f"{path}: unsupported file type {suffix!r}; use .npz, .mat, .csv or .tsv (or a list or "
                         "folder of .csv/.tsv files, one view each)")
-    ds = _assemble(path, raw_views, labels, present, index, names)
+    ds = assemble(path, raw_views, labels, present, index, names)
     if shapes is not None:
         try:
             ds.image_shapes = image_shapes_for(ds, shapes)
@@ -282,7 +273,7 @@ def image_shapes_for(ds: MultiViewDataset, shape) -> dict[int, tuple[int, int]]:
     """
     a = np.asarray(shape)
     if a.dtype.kind not in "iu" and not (a.dtype.kind == "f" and np.all(np.isfinite(a)) and np.all(a == np.round(a))):
-        from ..scenario import short
+        from ..text import short
 
         raise DataError(f"expected whole numbers, got {short(a)}")
     a = a.astype(np.int64)
@@ -362,7 +353,7 @@ def _read_mat(path: Path):
     for k in VIEW_KEYS:
         if k in m:
             arr = m[k]
-            views = [_dense(a) for a in arr.ravel()] if arr.dtype == object else [_dense(arr)]
+            views = [dense(a) for a in arr.ravel()] if arr.dtype == object else [dense(arr)]
             break
     label_key = next((k for k in LABEL_KEYS if k in m), None)
     labels = _unwrap_cell(m[label_key]) if label_key else None
@@ -373,122 +364,12 @@ def _read_mat(path: Path):
     return views, labels, None, index, None
 
 
-def _dense(a, what: str = "view") -> np.ndarray:
-    """A matrix (possibly sparse) as a dense float64 array; complex or non-numeric data is a DataError."""
-    if hasattr(a, "toarray"):
-        a = a.toarray()
-    a = np.asarray(a)
-    if np.iscomplexobj(a):
-        raise DataError(f"{what} holds complex numbers; store real values")
-    if a.dtype.kind not in "biuf":
-        raise DataError(f"{what} is not numeric (dtype {a.dtype})")
-    return np.asarray(a, dtype=np.float64)
-
-
 def _unwrap_cell(a) -> np.ndarray:
     """Labels stored directly or inside a cell (the first cell entry is used)."""
     a = np.asarray(a)
     while a.dtype == object:
         a = np.asarray(a.ravel()[0])
     return a.ravel()
-
-
-def _assemble(path, raw_views, labels, present, index, names) -> MultiViewDataset:
-    """Orient views, build the present mask, zero-fill absent rows, remap labels."""
-    if not raw_views:
-        raise DataError(
-            f"{path}: no views found; expected a cell/list named one of {', '.join(VIEW_KEYS)} "
-            "or arrays X0, X1, ... / view_0, view_1, ..."
-        )
-    unlabelled = labels is None
-    try:
-        if unlabelled:  # no ground truth: rows are samples; give data.n_clusters
-            first = _dense(raw_views[0], "view 0")
-            if first.ndim == 0:
-                raise DataError("view 0 is a single number, expected a matrix")
-            n = first.shape[0] if first.ndim == 2 else len(first)
-            labels = np.full(n, -1, dtype=np.int64)
-        labels = _check_labels(np.asarray(labels).ravel())
-        n = len(labels)
-        if n == 0:
-            raise DataError("no samples (0 labels)" if not unlabelled else "no samples (view 0 has 0 rows)")
-        views = [_dense(X, f"view {v}") for v, X in enumerate(raw_views)]
-    except DataError as exc:
-        raise DataError(f"{path}: {exc}") from None
-    for v, X in enumerate(list(views)):
-        if X.ndim == 1:
-            X = X[:, None]
-        if X.ndim != 2:
-            raise DataError(f"{path}: view {v} has {X.ndim} dimensions, expected a matrix")
-        if X.shape[0] != n:
-            if X.shape[1] != n:
-                raise DataError(f"{path}: view {v} has shape {X.shape}, neither dimension matches "
-                                f"{n} {'samples (the rows of view 0)' if unlabelled else 'labels'}")
-            X = X.T
-        if X.shape[1] == 0:
-            raise DataError(f"{path}: view {v} has no features (shape {X.shape})")
-        views[v] = np.array(X, dtype=np.float64)
-    V = len(views)
-    if present is not None:
-        present = np.asarray(present, dtype=bool)
-        if present.shape != (n, V):
-            raise DataError(f"{path}: present mask has shape {present.shape}, expected ({n}, {V})")
-    elif index is not None:
-        if len(index) != V:
-            raise DataError(f"{path}: index has {len(index)} entries but there are {V} views")
-        present = np.zeros((n, V), dtype=bool)
-        for v, idx in enumerate(index):
-            idx = np.asarray(idx, dtype=np.int64)
-            if idx.size and (idx.min() < 1 or idx.max() > n):
-                raise DataError(f"{path}: index of view {v} is out of range 1..{n} (indices are 1-based)")
-            present[idx - 1, v] = True
-    else:
-        present = np.stack([~np.isnan(X).all(axis=1) for X in views], axis=1)
-    for v, X in enumerate(views):
-        X[~present[:, v]] = 0.0
-        bad = int(np.count_nonzero(~np.isfinite(X)))
-        if bad:
-            raise DataError(f"{path}: view {v} has {bad} non-finite value{'s' if bad > 1 else ''} "
-                            "(NaN or infinity) in rows marked present")
-    if not present.any(axis=1).all():
-        empty = int(np.count_nonzero(~present.any(axis=1)))
-        warnings.warn(DataWarning(f"{path}: {empty} sample{'s have' if empty > 1 else ' has'} no view at all; "
-                                  "no client can cluster them (-1 in labels.csv)"), stacklevel=2)
-    if present.all():
-        present = None
-    if not unlabelled:
-        classes, labels = np.unique(labels, return_inverse=True)
-        if len(classes) < 2:
-            warnings.warn(DataWarning(f"{path}: the labels hold a single class ({short_label(classes)}); "
-                                      "scores against them are trivial; data.n_clusters sets the number of clusters"),
-                          stacklevel=2)
-    if names is not None and len(names) != V:
-        names = None
-    return MultiViewDataset(
-        name=path.stem,
-        views=views,
-        labels=labels.astype(np.int64),
-        present=present,
-        view_names=names or [],
-        source=str(path),
-    )
-
-
-def _check_labels(labels: np.ndarray) -> np.ndarray:
-    """Labels as given, if they are finite real numbers or strings; else a DataError."""
-    if np.iscomplexobj(labels):
-        raise DataError("labels hold complex numbers")
-    if labels.dtype.kind == "f":
-        bad = int(np.count_nonzero(~np.isfinite(labels)))
-        if bad:
-            raise DataError(f"labels have {bad} non-finite value{'s' if bad > 1 else ''} (NaN or infinity)")
-    elif labels.dtype.kind not in "biuUS":
-        raise DataError(f"labels must be numbers or strings, got dtype {labels.dtype}")
-    return labels
-
-
-def short_label(classes: np.ndarray) -> str:
-    return repr(classes[0].item())[:40] if len(classes) else "none"
 
 
 # --------------------------------------------------------------------------- normalisation

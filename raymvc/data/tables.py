@@ -55,7 +55,7 @@ def _is_header(rows: list[list[str]], label_column: str | int | None) -> bool:
 
 def read_table(path: Path, label_column: str | int | None = None):
     """``(features (n, d) float64, labels (n,) str array or None, feature names)`` of one file."""
-    from .datasets import DataError
+    from .assemble import DataError
 
     delim = "\t" if path.suffix.lower() == ".tsv" else ","
     try:
@@ -108,7 +108,7 @@ def read_table(path: Path, label_column: str | int | None = None):
 
 def load_tables(paths: Sequence[Path], label_column: str | int | None, name: str):
     """The views of several table files (one each) and the labels of those that hold them."""
-    from .datasets import DataError, _assemble
+    from .assemble import DataError, assemble
 
     views, labels, where = [], None, None
     for i, p in enumerate(paths):
@@ -131,7 +131,7 @@ def load_tables(paths: Sequence[Path], label_column: str | int | None, name: str
     if odd is not None:
         raise DataError(f"{paths[odd]}: {len(views[odd])} rows, the first file has {len(views[0])}")
     # NaN rows mark absent views (as in .npz), labels as strings are remapped to 0..k-1
-    return _assemble(Path(name), views, labels, None, None, [p.stem for p in paths] if len(paths) > 1 else None)
+    return assemble(Path(name), views, labels, None, None, [p.stem for p in paths] if len(paths) > 1 else None)
 
 
 def _has_column(path: Path, label_column: str) -> bool:

@@ -84,8 +84,7 @@ def prepare(sc: Scenario, dataset=None):
     Every problem is raised as a :class:`ScenarioError` naming the key.
     """
     from ..data import DataError
-    from ..data.datasets import _select as select_views
-    from ..data.datasets import image_shapes_for
+    from ..data.datasets import image_shapes_for, select_views
 
     proto = get(sc.method)
     _check_secure_aggregation(sc, proto)

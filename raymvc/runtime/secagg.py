@@ -621,10 +621,6 @@ class SecAggClient:
         return self._share_out(REKEY, s_pk=_u8(_pk(self.s_sk)), epoch=self.epoch)
 
     # -- masked input -----------------------------------------------------------
-    @staticmethod
-    def is_request(msg: Message) -> bool:
-        return "secagg_k" in msg
-
     def masked(self, msg: Message, x: np.ndarray, weight: float = 1.0) -> Message | None:
         """The reply to a masked-input request: ``secagg.masked`` (or ``secagg.rekey``, or nothing)."""
         if not self.roster:

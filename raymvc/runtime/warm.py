@@ -37,7 +37,6 @@ class Crew:
     started_now: int = 0  # actors the current run started (the rest were reset)
     server: object = None  # actor handles, once spawned
     pools: dict = field(default_factory=dict)
-    runs: int = 0  # runs these actors have hosted
 
     def actors(self) -> list:
         return [a for a in (self.server, *self.pools.values()) if a is not None]
@@ -135,7 +134,6 @@ class WarmActors:
 
     def give(self, crew: Crew, reusable: bool) -> None:
         if reusable and crew.server is not None and _all_reusable(crew):
-            crew.runs += 1
             with self.lock:
                 if not self.waiting:
                     self.idle.append(crew)

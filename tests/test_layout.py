@@ -1,0 +1,93 @@
+"""The package's shape: no import circle, no argparse under the API, the version in one place."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import raymvc
+
+PKG = Path(raymvc.__file__).resolve().parent
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for path in PKG.rglob("*.py"):
+        parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        mods[".".join(parts)] = path
+    return mods
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Modules of the package that ``name`` imports anywhere (module level or in a function)."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:  # `from .x import y` where y is a module imports y
+                sub = f"{target}.{alias.name}"
+                out.add(sub if sub in known else target)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return {m for m in out if m in known and m != name}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, comps = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                comps.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return comps
+
+
+def test_no_import_circle():
+    mods = _modules()
+    graph = {m: _imports(m, p, set(mods)) for m, p in mods.items()}
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_circle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_api_builds_no_command_line():
+    text = (PKG / "api.py").read_text()
+    assert "argparse" not in text and "Namespace" not in text
+
+
+def test_the_version_is_the_installed_one():
+    from importlib.metadata import version
+
+    assert raymvc.__version__ == version("raymvc")
+    assert "0.1.0" not in (PKG / "__init__.py").read_text()

@@ -33,6 +33,8 @@ import numpy as np
 
 from .runtime.records import RoundRecord
 from .scenario import Scenario, load_scenario, scenario_from_dict
+from .status import Status
+from .summary import RunSummary
 
 
 @dataclass
@@ -109,14 +111,16 @@ def _typed(value: str) -> Any:
 class RunResult:
     """One run's results, as ``raymvc run`` writes them.
 
-    ``status``: ``completed``, ``degraded`` (injected faults only), ``failed``,
-    ``error`` (a party's code raised) or ``interrupted``. ``metrics``: the scores
-    (``None`` when the run produced no labels). ``labels``: one cluster per sample, ``-1``
-    where no label came back. ``rounds``: the round records (``rounds.jsonl``).
-    ``ledger``: every message. ``summary``: the whole ``summary.json``.
+    ``status``: a :class:`~raymvc.status.Status` -- ``completed``, ``degraded``
+    (injected faults only), ``failed``, ``error`` (a party's code raised) or
+    ``interrupted``. ``metrics``: the scores (``None`` when the run produced no labels).
+    ``labels``: one cluster per sample, ``-1`` where no label came back. ``rounds``: the
+    round records (``rounds.jsonl``). ``ledger``: every message. ``summary``: a
+    :class:`~raymvc.summary.RunSummary` (typed fields, and a read-only mapping over the
+    whole ``summary.json``).
     """
 
-    status: str
+    status: Status
     metrics: dict[str, float] | None
     labels: np.ndarray
     communication: dict[str, Any]
@@ -124,13 +128,13 @@ class RunResult:
     ledger: Messages
     faults: dict[str, Any]
     out: Path
-    summary: dict[str, Any] = field(repr=False)
+    summary: RunSummary = field(repr=False)
 
     @classmethod
     def load(cls, out: str | Path) -> RunResult:
         """Read a run folder written by ``raymvc run`` or :func:`run`."""
         out = Path(out)
-        summary = json.loads((out / "summary.json").read_text())
+        summary = RunSummary.load(out)
         labels = np.zeros(0, dtype=np.int64)
         if (out / "labels.csv").is_file():
             with open(out / "labels.csv", newline="") as fh:
@@ -146,9 +150,9 @@ class RunResult:
         if (out / "messages.csv").is_file():
             with open(out / "messages.csv", newline="") as fh:
                 records = [{k: _typed(v) for k, v in r.items()} for r in csv.DictReader(fh)]
-        return cls(status=summary["status"], metrics=summary.get("metrics"), labels=labels,
+        return cls(status=summary.status, metrics=summary.metrics, labels=labels,
                    communication=summary.get("communication", {}), rounds=rounds, ledger=Messages(records),
-                   faults=summary.get("faults", {}), out=out, summary=summary)
+                   faults=summary.faults, out=out, summary=summary)
 
 
 def _scenario(scenario: str | Path | Mapping | Scenario, overrides: Sequence[str], in_memory: bool = False) -> Scenario:

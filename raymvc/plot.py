@@ -28,11 +28,10 @@ from pathlib import Path
 import yaml
 
 from .scenario import safe_yaml_load
+from .status import FINISHED, NOT_FINISHED
 from .studies import num, read_sweep, short_key
 
 PANELS = (("acc", "ACC"), ("nmi", "NMI"), ("ari", "ARI"), ("mb", "MB (protocol traffic)"))
-FINISHED = ("completed", "degraded")
-NOT_FINISHED = ("failed", "error", "interrupted")
 
 
 @dataclass(frozen=True)

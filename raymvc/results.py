@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-FINAL_STATUSES = ("completed", "degraded", "failed", "error")
+from .status import FINAL as FINAL_STATUSES  # noqa: F401 (re-exported; the vocabulary is raymvc.status)
+
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]*")  # one path component, never "." or ".."
 
 

@@ -45,15 +45,17 @@ from pathlib import Path
 
 from .grid import MAX_CELLS, MAX_SEEDS, check_size, parse_grid, parse_seeds, short_key, slug  # noqa: F401
 from .provenance import fingerprint
-from .results import FINAL_STATUSES, OutputFolder, default_out_dir, jsonable, read_summary, short_value, write_file
+from .results import OutputFolder, default_out_dir, jsonable, short_value, write_file
 from .runtime.cluster import AUTO_CAP, actors_needed
 from .runtime.warm import crew_key
 from .scenario import ScenarioError, load_scenario
+from .status import ALL, FINISHED, Status
+from .summary import RunSummary
 
 METRICS = ("acc", "nmi", "ari")
 RUN_FIELDS = ("seed", "status", "acc", "nmi", "ari", "mb", "rounds", "wall", "dropped_replies", "late_replies",
               "crashed_clients", "errors", "fingerprint", "run_dir")
-STATUSES = ("completed", "degraded", "failed", "error", "interrupted")
+STATUSES = ALL
 
 
 # --------------------------------------------------------------------------- cells
@@ -172,23 +174,21 @@ def _run_cell(scenario: str, overrides: list[str], run_dir: str, progress=None, 
     return run_scenario(sc, Path(run_dir), overwrite=True, **kw)
 
 
-def _failed_summary(cell: Cell, err: BaseException) -> dict:
-    return {"name": cell.name, "method": cell.method, "seed": cell.seed, "status": "failed",
-            "error": f"{type(err).__name__}: {err}", "rounds": 0, "metrics": None,
-            "communication": {"mb_total": 0.0}, "faults": {}, "timing": {}, "out_dir": str(cell.run_dir),
-            "fingerprint": cell.fingerprint}
+def _failed_summary(cell: Cell, err: BaseException, status: Status = Status.FAILED) -> dict:
+    return RunSummary.failed(cell.name, cell.method, cell.seed, f"{type(err).__name__}: {err}", cell.run_dir,
+                             cell.fingerprint, status).to_dict()
 
 
 def cell_state(cell: Cell) -> str:
     """``reusable`` (finished by the same code with the same settings), ``stale`` (finished,
     but something that determines its result changed since) or ``todo``."""
     try:
-        s = read_summary(cell.run_dir)
+        s = RunSummary.load(cell.run_dir)
     except (OSError, ValueError):
         return "todo"
-    if s.get("status") not in FINAL_STATUSES:
+    if not s.final:
         return "todo"
-    return "reusable" if s.get("fingerprint") == cell.fingerprint and cell.fingerprint else "stale"
+    return "reusable" if s.fingerprint == cell.fingerprint and cell.fingerprint else "stale"
 
 
 @dataclass
@@ -482,7 +482,7 @@ def _execute_tasks(todo: list[Cell], jobs: int | None, address: str | None, prog
         try:
             summary, files, node = fut.result()
         except ray.exceptions.TaskCancelledError:  # stopped by the sweep's signal: left for the next sweep
-            return {**_failed_summary(cell, RuntimeError("stopped by a signal")), "status": "interrupted"}
+            return _failed_summary(cell, RuntimeError("stopped by a signal"), Status.INTERRUPTED)
         summary = {**summary, "out_dir": str(cell.run_dir), "cell": {"executor": "ray-task", "node": node}}
         files["summary.json"] = (json.dumps(jsonable(summary), indent=2) + "\n").encode()
         with OutputFolder(cell.run_dir, "run", overwrite=True):
@@ -507,30 +507,27 @@ def collect(cells: list[Cell], out: Path) -> list[dict]:
     rows = []
     for c in cells:
         try:
-            s = read_summary(c.run_dir)
+            s = RunSummary.load(c.run_dir)
         except (OSError, ValueError):
-            s = {"status": "failed", "metrics": None, "communication": {}, "faults": {}, "timing": {}}
-        rows.append(summary_row(c.name, s.get("method", c.method), c.point, c.seed, s, c.run_dir, out))
+            s = RunSummary.from_dict({"status": Status.FAILED.value})
+        rows.append(summary_row(c.name, s.method or c.method, c.point, c.seed, s, c.run_dir, out))
     return rows
 
 
-def summary_row(name: str, method: str, point: dict, seed: int, s: dict, run_dir: Path, out: Path) -> dict:
-    m = s.get("metrics") or {}
-    f = s.get("faults") or {}
-    status = s.get("status") or "failed"
-    if status not in STATUSES:
-        status = "failed"
+def summary_row(name: str, method: str, point: dict, seed: int, s: RunSummary, run_dir: Path, out: Path) -> dict:
+    """A run's row of ``sweep.csv``."""
+    m = s.metrics or {}
+    f = s.faults
     try:
         rel = str(Path(run_dir).relative_to(out))
     except ValueError:
         rel = str(run_dir)
     row = {"scenario": name, "method": method}
     row.update({k: short_value(v) for k, v in point.items()})
-    row.update(seed=seed, status=status, acc=m.get("acc"), nmi=m.get("nmi"), ari=m.get("ari"),
-               mb=(s.get("communication") or {}).get("mb_total"), rounds=s.get("rounds"),
-               wall=(s.get("timing") or {}).get("wall_s"), dropped_replies=f.get("dropped_replies"),
+    row.update(seed=seed, status=s.status.value, acc=m.get("acc"), nmi=m.get("nmi"), ari=m.get("ari"), mb=s.mb,
+               rounds=s.rounds, wall=s.wall_s, dropped_replies=f.get("dropped_replies"),
                late_replies=f.get("late_replies"), crashed_clients=len(f.get("crashed_clients") or []),
-               errors=len(s.get("errors") or []), fingerprint=s.get("fingerprint"), run_dir=rel)
+               errors=len(s.errors), fingerprint=s.fingerprint or None, run_dir=rel)
     return row
 
 
@@ -563,7 +560,7 @@ def aggregate(rows: list[dict], keys: list[str]) -> list[dict]:
         groups.setdefault((r["scenario"], r["method"], *[str(r[k]) for k in keys]), []).append(r)
     out = []
     for gkey, rs in groups.items():
-        ok = [r for r in rs if r["status"] in ("completed", "degraded")]
+        ok = [r for r in rs if r["status"] in FINISHED]
         agg = {"scenario": gkey[0], "method": gkey[1]}
         agg.update(zip(keys, gkey[2:]))
         agg.update(runs=len(rs), completed=sum(r["status"] == "completed" for r in rs),
@@ -588,7 +585,7 @@ def write_csv(path: Path, rows: list[dict], fields: list[str]) -> None:
 
 
 def aggregate_fields(keys: list[str]) -> list[str]:
-    return ["scenario", "method", *keys, "runs", "completed", "degraded", "failed", "error", "interrupted"] + \
+    return ["scenario", "method", *keys, "runs", *ALL] + \
         [f"{m}_{s}" for m in (*METRICS, "mb") for s in ("mean", "std")]
 
 
@@ -784,6 +781,6 @@ def _kept_rows(out: Path, runs: set[str]) -> list[dict]:
 def _current(cell: Cell) -> bool:
     """Whether the cell's folder holds a result of its current settings and code (of any status)."""
     try:
-        return bool(cell.fingerprint) and read_summary(cell.run_dir).get("fingerprint") == cell.fingerprint
+        return bool(cell.fingerprint) and RunSummary.load(cell.run_dir).fingerprint == cell.fingerprint
     except (OSError, ValueError):
         return False

@@ -91,3 +91,31 @@ def test_the_version_is_the_installed_one():
 
     assert raymvc.__version__ == version("raymvc")
     assert "0.1.0" not in (PKG / "__init__.py").read_text()
+
+
+def test_a_run_returns_a_typed_summary(tmp_path):
+    from raymvc.status import Status
+    from raymvc.summary import RunSummary
+
+    res = raymvc.run({"name": "tiny", "method": "kfed", "params": {"kmeans_init": 1},
+                      "data": {"dataset": "synthetic", "partition": "horizontal", "n_clients": 3,
+                               "synthetic": {"n_samples": 90, "n_views": 1, "dims": 3, "n_clusters": 3}},
+                      "faults": {"dropout": {"rate": 0.5}}, "runtime": {"backend": "local"}, "seed": 1},
+                     out=tmp_path / "run")
+    s = res.summary
+    assert isinstance(s, RunSummary) and res.status is s.status and isinstance(s.status, Status)
+    assert s.status == "degraded" and s.finished and s.final  # a str enum reads like the file's text
+    assert s.mb == s["communication"]["mb_total"] > 0 and s.metrics == s["metrics"]
+    assert s.faults["dropped_replies"] >= 1 and s.out_dir == str(tmp_path / "run")
+    assert RunSummary.from_dict({"status": "no such status"}).status is Status.FAILED
+
+
+def test_one_status_vocabulary():
+    """No module spells the finished statuses or the list of all as its own tuple: they come
+    from raymvc.status."""
+    import re
+
+    pattern = re.compile(r"\"completed\",\s*\"degraded\"")
+    offenders = [str(p.relative_to(PKG)) for p in PKG.rglob("*.py") if p.name != "status.py"
+                 and pattern.search(p.read_text())]
+    assert offenders == []

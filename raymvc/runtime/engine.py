@@ -29,6 +29,7 @@ from ..provenance import code_version, fingerprint, platform_info
 from ..results import OutputFolder, ResultsError, RunWriter, default_out_dir, format_summary
 from ..scenario import ChannelCfg, Scenario, ScenarioError
 from ..scenario import one_line as one_line_text
+from ..status import FINISHED, Status
 from . import checkpoint
 from .cluster import ClusterError, actors_needed, current_node, init_ray
 from .nodes import ClientNode, ClientPool, ServerNode, one_line, party_error
@@ -526,7 +527,7 @@ def _run_in(sc: Scenario, out: Path, ck, ds, part, wall0: float, progress, on_ro
             writer.close()
             raise ScenarioError(f"--resume {out}: {one_line(refused)}")
         summary = _write_results(sc, ds, part, end, run.timing, ray_init_s, wall0, out, writer)
-        if summary["status"] in ("completed", "degraded"):
+        if summary["status"] in FINISHED:
             checkpoint.clear(out)
     if interrupted:
         progress(f"[{sc.name}] interrupted: partial results in {out}")
@@ -633,14 +634,14 @@ def _final_status(end: RunEnd, labels: np.ndarray | None) -> str:
     """``interrupted`` (stopped by a signal), ``error`` (some party's code raised, in any
     phase), ``failed`` (the run could not finish), ``degraded`` (injected faults only) or
     ``completed``."""
-    if end.status == "interrupted":
-        return "interrupted"
-    if end.status == "error" or code_errors(end):
-        return "error"
-    if end.status == "failed" or labels is None:
-        return "failed"
+    if end.status == Status.INTERRUPTED:
+        return Status.INTERRUPTED.value
+    if end.status == Status.ERROR or code_errors(end):
+        return Status.ERROR.value
+    if end.status == Status.FAILED or labels is None:
+        return Status.FAILED.value
     troubled = end.crashed or end.disconnected or end.counts.any()
-    return "degraded" if troubled else "completed"
+    return (Status.DEGRADED if troubled else Status.COMPLETED).value
 
 
 def errors_log(end: RunEnd) -> str:

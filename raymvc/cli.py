@@ -158,9 +158,10 @@ def cmd_validate(args) -> int:
             study.check_data()  # every run's data can be obtained, as `raymvc validate SCENARIO` checks
         except ScenarioError as e:
             return _fail(str(e))
+        fewer = [r.id for _, _, r in study.entries() if r.seeds is not None]
         print(f"{args.scenario}: ok -- a study of {study.spec.paper} ({study.spec.title}): {n} cells "
-              f"({len(study.entries())} runs x {n // len(study.entries()) // len(study.seeds())} grid points "
-              f"x {len(study.seeds())} seeds)")
+              f"({len(study.entries())} runs x {len(study.points())} grid points x {len(study.seeds())} seeds"
+              + (f"; fewer seeds for {', '.join(fewer)}" if fewer else "") + ")")
         return 0
     try:
         sc, (ds, part) = _load_and_prepare(args)

@@ -166,7 +166,8 @@ class StudyResult:
                     per_seed[r["seed"]].append(x)
         full = [sum(v) / len(v) for v in per_seed.values() if len(v) == len(points)]
         mean, std = mean_std(full)
-        return mean, std, len(full), len(self.study.seeds())
+        run = self.study.labels().get(run_id)
+        return mean, std, len(full), len(self.study.run_seeds(run) if run is not None else self.study.seeds())
 
     def wall(self) -> tuple[float, int]:
         """Summed run time of the cells swept here (not those joined from elsewhere), and their count."""
@@ -367,6 +368,7 @@ def study_section(res: StudyResult, fig_dir: Path | None, page_dir: Path) -> str
                    *cells, *paper, *([res.mode_text(r.id, point)] if modes else []),
                    _seed_list(res, r.id, point, metrics[0])]
             lines.append("| " + " | ".join(row) + " |")
+    fewer = [r for r in runs if r.seeds is not None]
     others = [pr for pr in spec.paper_results if pr.method]
     for pr in others:
         vals = [f"{getattr(pr, m):.3f}" if getattr(pr, m) is not None else "" for m in refs]
@@ -374,6 +376,9 @@ def study_section(res: StudyResult, fig_dir: Path | None, page_dir: Path) -> str
                *([""] * len(metrics)), *vals, *([""] if modes else []), ""]
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
+    if fewer:
+        lines += ["Fewer seeds (too slow here for all of the study's): " + "; ".join(
+            f"*{esc(r.label)}* on seeds {esc(', '.join(map(str, st.run_seeds(r))))}" for r in fewer) + ".", ""]
     if modes:
         lines += [f"Seeds per mode: {NAMES[modes.metric]} below {modes.split:g} counts as *{esc(modes.below)}*, "
                   f"at or above it as *{esc(modes.above)}* (the split, from the study file, lies between the two "

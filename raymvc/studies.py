@@ -92,20 +92,21 @@ def _run_dir_name(name: str, point: dict, seed: int) -> str:
     return folder
 
 
-def plan(scenarios: list[str | tuple[str, list[str]]], grid: list[tuple[str, list]], seeds: list[int] | None,
+def plan(scenarios: list[str | tuple], grid: list[tuple[str, list]], seeds: list[int] | None,
          base: list[str], out: Path) -> list[Cell]:
     """Every (scenario, grid point, seed), validated before anything runs. A scenario is a
-    file, or ``(file, overrides)`` -- a study's run, with its own ``set`` values and name."""
+    file, or ``(file, overrides)`` -- a study's run, with its own ``set`` values and name --
+    or ``(file, overrides, seeds)``, a run with its own subset of the seeds (None: all)."""
     from .runtime import prepare
 
     cells: list[Cell] = []
     keys = [k for k, _ in grid]
     check_size(len(scenarios), [len(vals) for _, vals in grid], len(seeds) if seeds is not None else 1)
     for entry in scenarios:
-        path, own = (entry, []) if isinstance(entry, str) else entry
+        path, own, own_seeds = (entry, [], None) if isinstance(entry, str) else (*entry, None)[:3]
         at_first = [f"{k}={short_value(vals[0])}" for k, vals in grid]  # a key only the grid gives may be required
         first = _load(path, own + base + at_first, keys)
-        run_seeds = seeds if seeds is not None else [first.seed]
+        run_seeds = own_seeds if own_seeds is not None else seeds if seeds is not None else [first.seed]
         for combo in itertools.product(*[vals for _, vals in grid]):
             point = dict(zip(keys, combo))
             over = own + base + [f"{k}={short_value(v)}" for k, v in point.items()]
@@ -701,7 +702,8 @@ def _from_study(req: SweepRequest):
         raise ScenarioError(f"{studies[0]}: nothing to run here (runs picked: {', '.join(only or ids)}"
                             f"{'; ' + why if why else ''})")
     kept = set(ids) - {r.id for _, _, r in entries}  # their rows in sweep.csv stay as they are
-    return study, [(path, over) for path, over, _ in entries], req, kept
+    return study, [(path, over, study.run_seeds(r) if r.seeds is not None else None) for path, over, r in entries], \
+        req, kept
 
 
 def _has_cuda() -> bool:

@@ -63,6 +63,8 @@ class RunSpec(_Strict):
     variant: Literal["paper", "project", "ablation", "baseline"] = "paper"
     scenario: str
     set: dict[str, Any] = Field(default_factory=dict)
+    seeds: str | int | None = Field(default=None, description="a subset of the study's seeds for this run "
+                                    "alone (a run too slow for all of them); the page says so")
 
     @field_validator("id")
     @classmethod
@@ -174,6 +176,10 @@ class StudySpec(_Strict):
                 raise ValueError(f"spread.{i}.run: no run {sp.run!r} (runs: {', '.join(ids)})")
         if self.tuning is not None:
             self._check_tuning(ids)
+        every = set(seed_list(self.seeds))
+        for r in self.runs:
+            if r.seeds is not None and not set(seed_list(r.seeds)) <= every:
+                raise ValueError(f"runs.{r.id}.seeds: {r.seeds} is not a subset of the study's seeds {self.seeds}")
         return self
 
     def spreads(self) -> list[SpreadSpec]:
@@ -219,6 +225,10 @@ class Study:
     def seeds(self) -> list[int]:
         return seed_list(self.spec.seeds)
 
+    def run_seeds(self, run: RunSpec) -> list[int]:
+        """The seeds ``run`` sweeps: its own subset, or all of the study's."""
+        return seed_list(run.seeds) if run.seeds is not None else self.seeds()
+
     def scenario_path(self, run: RunSpec) -> str:
         p = Path(run.scenario)
         return str(p if p.is_absolute() else (self.path.parent / p))
@@ -240,7 +250,7 @@ class Study:
         for sp in self.spec.spreads():
             base = next(r for r in self.spec.runs if r.id == sp.run)
             label = sp.label or f"{base.label} ({', '.join(f'{k}={v}' for k, v in sp.set.items())})"
-            spread = RunSpec(id=self._spread_id(sp), label=label, variant=base.variant, scenario=base.scenario,
+            spread = RunSpec(id=self._spread_id(sp), label=label, variant=base.variant, scenario=base.scenario, seeds=base.seeds,
                              set={**base.set, **sp.set})
             out.append((self.scenario_path(base), [*_overrides(spread.set), f"name={spread.id}"], spread))
         return out
@@ -269,7 +279,7 @@ class Study:
                 except ScenarioError as e:
                     raise ScenarioError(f"{self.path}: study run {run.id!r}: {e}") from None
         self.check_default()
-        return len(self.entries()) * len(points) * len(seeds)
+        return sum(len(self.run_seeds(run)) for _, _, run in self.entries()) * len(points)
 
     def check_data(self) -> None:
         """Load the data of every run (at every grid point that changes the data, else the

@@ -105,6 +105,8 @@ def test_every_shipped_study_validates(path, capsys):
     # bounded sizes: one line, at once
     ("study: {paper: x, title: t, seeds: 0-100000000000, runs: [{id: a, label: A, scenario: ../tiny.yaml}]}",
      "study.seeds 0-100000000000: more than 10000 seeds"),
+    ("study: {paper: x, title: t, seeds: 0-2, runs: [{id: a, label: A, scenario: ../tiny.yaml, seeds: 5}]}",
+     "runs.a.seeds: 5 is not a subset of the study's seeds"),
     ("study: {paper: x, title: t, grid: {" + ", ".join(f"params.k{i}: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]" for i in range(14))
      + "}, runs: [{id: a, label: A, scenario: ../tiny.yaml}]}", "study.grid: the sweep has more than 100000 runs"),
 ])
@@ -558,3 +560,23 @@ def test_a_run_that_never_starts_leaves_no_empty_folder(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "cannot join the Ray cluster" in r.stderr
     assert not out.exists()
+
+
+def test_a_run_may_sweep_a_subset_of_the_seeds(tmp_path, monkeypatch, capsys):
+    """A run too slow for every seed takes its own subset; its page row counts only those."""
+    (tmp_path / "tiny.yaml").write_text(SCENARIO)
+    studies = tmp_path / "studies"
+    studies.mkdir()
+    (studies / "few.yaml").write_text(STUDY.replace("scenario: ../tiny.yaml, set: {params.kmeans_init: 5}}",
+                                                    "scenario: ../tiny.yaml, set: {params.kmeans_init: 5}, seeds: 1}"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["validate", "studies/few.yaml"]) == 0
+    assert "fewer seeds for ours" in capsys.readouterr().out
+    assert main(["sweep", "studies/few.yaml", "--quiet"]) == 0
+    rows = _csv(tmp_path / "runs" / "studies" / "few" / "sweep.csv")
+    assert sorted({r["seed"] for r in rows if r["scenario"] == "ours"}) == ["1"]
+    assert sorted({r["seed"] for r in rows if r["scenario"] == "paper"}) == ["0", "1", "2"]
+    write_pages(studies, tmp_path / "runs" / "studies", None)
+    page = (studies / "kfed.md").read_text()
+    assert "| k-FED more restarts | project | 0.5 | 1/1 |" in page
+    assert "*k-FED more restarts* on seeds 1" in page

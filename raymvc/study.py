@@ -2,7 +2,7 @@
 
 A study names the scenarios to run (each a *run*: the paper's variant, the project's,
 an ablation), the grid of overrides, the seeds and the paper's own numbers, so that one
-command reproduces the experiment and one script (:mod:`raymvc.pages`) writes its page::
+command reproduces the experiment and one script of the repository (``tools/study_pages.py``) writes its page::
 
     study:
       paper: feddmvc                  # the page it belongs to: studies/feddmvc.md

@@ -119,3 +119,11 @@ def test_one_status_vocabulary():
     offenders = [str(p.relative_to(PKG)) for p in PKG.rglob("*.py") if p.name != "status.py"
                  and pattern.search(p.read_text())]
     assert offenders == []
+
+
+def test_the_repositorys_reports_stay_out_of_the_package():
+    """The study pages' generator, its policy and prose live in raymvc_reports (a checkout's
+    folder, not installed); the package never imports it."""
+    assert not (PKG / "pages.py").exists()
+    assert [str(p.relative_to(PKG)) for p in PKG.rglob("*.py") if "raymvc_reports" in p.read_text()] == []
+    assert (PKG.parent / "raymvc_reports" / "pages.py").is_file() or not (PKG.parent / "tools").is_dir()

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from raymvc.cli import main
-from raymvc.pages import README_BEGIN, README_END, write_pages
 from raymvc.scenario import ScenarioError
 from raymvc.study import is_study_file, load_study
+from raymvc_reports.pages import README_BEGIN, README_END, write_pages
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDIES = sorted((ROOT / "studies").glob("*.yaml"))
@@ -320,7 +320,7 @@ class _FakeResult:
     ({1: (0.88, 0.01), 5: (0.90, 0.05)}, "0.020 below the best (within one std of either)."),
 ])
 def test_the_tuning_line_says_where_the_default_stands(tmp_path, means, words):
-    from raymvc.pages import tuning_summary
+    from raymvc_reports.pages import tuning_summary
 
     (tmp_path / "tiny.yaml").write_text(SCENARIO)
     (tmp_path / "s").mkdir()

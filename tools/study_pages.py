@@ -17,9 +17,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from raymvc.pages import write_pages
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # raymvc_reports lives in the checkout, not in the installed package
+
+from raymvc_reports.pages import write_pages  # noqa: E402
 
 
 def main(argv=None) -> int:

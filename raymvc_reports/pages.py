@@ -20,11 +20,11 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from .provenance import platform_text
-from .results import ResultsError, read_summary, short_value, write_file
-from .status import FINISHED
-from .studies import mean_std, num, read_sweep, short_key
-from .study import METRIC_NAMES, Study, load_study
+from raymvc.provenance import platform_text
+from raymvc.results import ResultsError, read_summary, short_value, write_file
+from raymvc.status import FINISHED
+from raymvc.studies import mean_std, num, read_sweep, short_key
+from raymvc.study import METRIC_NAMES, Study, load_study
 
 NAMES = {"acc": "ACC", "nmi": "NMI", "ari": "ARI", "mb": "MB"}
 DIGITS = {"acc": 3, "nmi": 3, "ari": 3, "mb": 3}

@@ -55,7 +55,7 @@ def _key(point: dict, text: bool = False) -> tuple:
 
 
 RECORD_DIR = "results"  # studies/results/<study>.csv: the cells a page was written from
-RECORD_EXTRA = ("code_version", "platform", "labels_sha256", "joined", "study")
+RECORD_EXTRA = ("code_version", "platform", "labels_sha256", "virtual_s", "joined", "study")
 
 
 class StudyResult:
@@ -103,7 +103,7 @@ class StudyResult:
             for r in out:
                 old = by_cell.get(_row_cell(r, study))
                 if old is not None and old.get("fingerprint") == r.get("fingerprint"):
-                    for k in ("code_version", "platform", "labels_sha256"):
+                    for k in ("code_version", "platform", "labels_sha256", "virtual_s"):
                         r[k] = r[k] or old.get(k, "")
             out += earlier
         return cls(study, out)
@@ -199,15 +199,16 @@ def _run_facts(sweep_dir: Path, row: dict) -> dict:
     try:
         s = read_summary(d)
     except (OSError, ResultsError):
-        return {"code_version": "", "platform": "", "labels_sha256": ""}
+        return {"code_version": "", "platform": "", "labels_sha256": "", "virtual_s": ""}
     digest = ""
     if s.get("fingerprint") == row.get("fingerprint"):
         try:
             digest = hashlib.sha256((d / "labels.csv").read_bytes()).hexdigest()
         except OSError:
             pass
+    virtual = (s.get("timing") or {}).get("virtual_s")
     return {"code_version": s.get("code_version") or "", "platform": platform_text(s.get("platform")),
-            "labels_sha256": digest}
+            "labels_sha256": digest, "virtual_s": "" if virtual is None else virtual}
 
 
 def _pm(mean, std, digits) -> str:
@@ -529,11 +530,135 @@ there with `raymvc sweep --only` and joined with `tools/study_pages.py --also`).
 NOTES_DIR = "notes"  # studies/notes/<paper>.md: the page's hand-written part (coverage, derivations)
 
 
-def paper_page(paper: str, sections: list[str], notes: str = "") -> str:
-    """A paper's page: title, the common intro, the paper's notes, then the study sections."""
+ATLAS = "robustness"  # the studies of this "paper" are the robustness atlas: one fault kind each
+
+
+def _extremes(res: StudyResult) -> tuple[dict, dict]:
+    """The atlas's mildest and harshest grid points: the first and the last of its grid."""
+    points = res.points()
+    return points[0], points[-1]
+
+
+def atlas_ranking(res: StudyResult) -> list[dict]:
+    """Per run of one fault kind: ACC at the mildest and the harshest point, the change, how
+    many runs finished at the harshest point; ranked by ACC there (runs that did not all
+    finish rank after those that did; no finished run: last)."""
+    mild, harsh = _extremes(res)
+    out = []
+    for r in [r for _, _, r in res.study.entries() if r.id not in res.study.spread_ids()]:
+        m0, _, _, _ = res.stat(r.id, mild, "acc")
+        m1, s1, ok, total = res.stat(r.id, harsh, "acc")
+        mb0, _, _, _ = res.stat(r.id, mild, "mb")
+        mb1, _, _, _ = res.stat(r.id, harsh, "mb")
+        if total == 0:
+            continue  # not run yet
+        out.append({"run": r, "mild": m0, "harsh": m1, "harsh_std": s1, "ok": ok, "total": total,
+                    "change": None if m0 is None or m1 is None else m1 - m0, "mb_mild": mb0, "mb_harsh": mb1})
+    out.sort(key=lambda e: (e["harsh"] is None, e["ok"] < e["total"], -(e["harsh"] or 0.0)))
+    return out
+
+
+def atlas_overview(results: list[StudyResult], fig_dir: Path, page_dir: Path) -> str:
+    """The atlas across its fault kinds: a ranking per kind, a rank matrix, and a figure of
+    ACC against MB and against the virtual time of every cell."""
+    results = [res for res in results if res.rows]
+    if not results:
+        return ""
+    lines = ["## Ranking per fault kind", "",
+             "Per kind of device behaviour, the methods ranked by mean ACC at the kind's harshest point "
+             "(finished runs only; a method not all of whose runs finished there ranks after those that all "
+             "did). \"change\" is ACC at the harshest point minus ACC at the mildest; \"runs ok\" counts the "
+             "runs that finished at the harshest point. Rows come from the sections below (their seeds, their "
+             "settings).", ""]
+    ranks: dict[str, dict[str, str]] = defaultdict(dict)
+    kinds = []
+    for res in sorted(results, key=lambda r: r.study.name):
+        ranking = atlas_ranking(res)
+        if not ranking:
+            continue
+        mild, harsh = _extremes(res)
+        kind = res.study.name.removeprefix("robustness-")
+        kinds.append(kind)
+        lines += [f"**{esc(res.study.spec.title)}** ({esc(_fmt_point(mild))} to {esc(_fmt_point(harsh))})", "",
+                  "| rank | run | ACC, mildest | ACC, harshest | change | runs ok, harshest | MB, mildest → harshest |",
+                  "|---|---|---|---|---|---|---|"]
+        for i, e in enumerate(ranking, 1):
+            change = "n/a" if e["change"] is None else f"{e['change']:+.3f}"
+            mb = f"{_pm(e['mb_mild'], None, 3)} → {_pm(e['mb_harsh'], None, 3)}"
+            lines.append(f"| {i} | {esc(e['run'].label)} | {_pm(e['mild'], None, 3)} | "
+                         f"{_pm(e['harsh'], e['harsh_std'], 3)} | {change} | {e['ok']}/{e['total']} | {mb} |")
+            ranks[e["run"].id][kind] = f"{i} ({change})"
+        lines.append("")
+    labels = {r.id: r.label for res in results for r in res.study.spec.runs}
+    lines += ["**Ranks at a glance** (rank at the harshest point, with the change in ACC):", "",
+              "| run | " + " | ".join(esc(k) for k in kinds) + " |", "|---|" + "---|" * len(kinds)]
+    for rid, per in ranks.items():
+        lines.append(f"| {esc(labels.get(rid, rid))} | " + " | ".join(per.get(k, "-") for k in kinds) + " |")
+    lines.append("")
+    fig = draw_atlas_figure(results, fig_dir / "robustness-atlas.png")
+    if fig is not None:
+        lines += ["## Accuracy against traffic and virtual time", "",
+                  "Every cell of the atlas (a method at one point of one fault kind, mean over its finished "
+                  "runs): ACC against the MB the protocol sent and against the run's virtual time (the clock "
+                  "of the device model: a round lasts as long as its slowest awaited client; without device "
+                  "profiles it counts stragglers' delays only). Filled markers: the mildest point of a kind; "
+                  "open: harsher ones.", "",
+                  f"![ACC against MB and virtual time]({fig.relative_to(page_dir).as_posix()})", ""]
+    return "\n".join(lines)
+
+
+def draw_atlas_figure(results: list[StudyResult], path: Path) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    per_run: dict[str, list[tuple[float, float, float | None, bool]]] = defaultdict(list)
+    labels: dict[str, str] = {}
+    for res in results:
+        points = res.points()
+        for r in [r for _, _, r in res.study.entries() if r.id not in res.study.spread_ids()]:
+            labels[r.id] = r.label
+            for i, point in enumerate(points):
+                acc, _, ok, _ = res.stat(r.id, point, "acc")
+                mb, _, _, _ = res.stat(r.id, point, "mb")
+                vt, _, _, _ = res.stat(r.id, point, "virtual_s")
+                if acc is not None and mb is not None:
+                    per_run[r.id].append((mb, acc, vt, i == 0))
+    if not per_run:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for (rid, pts), color in zip(sorted(per_run.items()), colors * 3):
+        for ax, xi in ((axes[0], 0), (axes[1], 2)):
+            for mild in (True, False):
+                sel = [(p[xi], p[1]) for p in pts if p[3] == mild and p[xi] is not None and p[xi] > 0]
+                if sel:
+                    x, y = zip(*sel)
+                    ax.scatter(x, y, s=22, color=color, facecolors=color if mild else "none",
+                               label=labels[rid] if mild and xi == 0 else None)
+    for ax, name in ((axes[0], "MB the protocol sent (log)"), (axes[1], "virtual time of the run, s (log)")):
+        ax.set_xscale("log")
+        ax.set_xlabel(name)
+        ax.set_ylabel("ACC")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("Robustness atlas: every cell", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def paper_page(paper: str, sections: list[str], notes: str = "", overview: str = "") -> str:
+    """A paper's page: title, the common intro, the paper's notes, an overview across its
+    studies (the atlas's ranking), then the study sections."""
     parts = [f"# {PAPER_NAMES.get(paper, paper)}: studies", "", PAGE_INTRO]
     if notes.strip():
         parts += [notes.strip(), ""]
+    if overview.strip():
+        parts += [overview.strip(), ""]
     parts += sections
     return "\n".join(parts).rstrip() + "\n"
 
@@ -648,7 +773,9 @@ def write_pages(studies_dir: Path, runs_dir: Path, readme: Path | None = None,
             else:
                 say(f"{page}: no section for {st.name} (no sweep folder, cell record or earlier section)")
         notes = studies_dir / NOTES_DIR / f"{paper}.md"
-        page.write_text(paper_page(paper, sections, notes.read_text() if notes.is_file() else ""))
+        overview = atlas_overview([res for _, res in entries if res is not None], studies_dir / "figures",
+                                  studies_dir) if paper == ATLAS else ""
+        page.write_text(paper_page(paper, sections, notes.read_text() if notes.is_file() else "", overview))
         written.append(page)
     if readme is not None and readme.is_file():
         text = readme.read_text()

@@ -580,3 +580,40 @@ def test_a_run_may_sweep_a_subset_of_the_seeds(tmp_path, monkeypatch, capsys):
     page = (studies / "kfed.md").read_text()
     assert "| k-FED more restarts | project | 0.5 | 1/1 |" in page
     assert "*k-FED more restarts* on seeds 1" in page
+
+
+def test_the_atlas_page_ranks_methods_per_fault_kind(tmp_path, monkeypatch):
+    """Studies of the page ``robustness``: a ranking per kind by ACC at the harshest point,
+    a rank matrix and a figure of ACC against MB and virtual time."""
+    (tmp_path / "tiny.yaml").write_text(SCENARIO)
+    studies = tmp_path / "studies"
+    studies.mkdir()
+    atlas = """
+study:
+  paper: robustness
+  title: Dropouts
+  seeds: 0-1
+  grid: {{faults.dropout.rate: [0.0, 0.6]}}
+  metrics: [acc, mb]
+  readme: false
+  runs:
+    - {{id: few, label: one start, variant: baseline, scenario: ../tiny.yaml, set: {{params.kmeans_init: 1, {extra}}}}}
+    - {{id: many, label: five starts, variant: baseline, scenario: ../tiny.yaml, set: {{params.kmeans_init: 5}}}}
+"""
+    (studies / "robustness-drop.yaml").write_text(atlas.format(extra="params.max_iter: 1"))
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", "studies/robustness-drop.yaml", "--quiet"]) == 0
+    write_pages(studies, tmp_path / "runs" / "studies", None)
+    page = (studies / "robustness.md").read_text()
+    rows = _csv(tmp_path / "runs" / "studies" / "robustness-drop" / "sweep.csv")
+    harsh = {rid: statistics.mean(float(r["acc"]) for r in rows if r["scenario"] == rid
+                                  and r["faults.dropout.rate"] == "0.6" and r["status"] in ("completed", "degraded"))
+             for rid in ("few", "many")}
+    first, second = sorted(harsh, key=lambda k: -harsh[k])
+    label = {"few": "one start", "many": "five starts"}
+    assert "## Ranking per fault kind" in page
+    assert f"| 1 | {label[first]} |" in page and f"| 2 | {label[second]} |" in page
+    assert "**Ranks at a glance**" in page and "| run | drop |" in page
+    assert (studies / "figures" / "robustness-atlas.png").stat().st_size > 1000
+    record = _csv(studies / "results" / "robustness-drop.csv")
+    assert all(r["virtual_s"] != "" for r in record)  # the virtual clock of every cell is kept

@@ -804,3 +804,106 @@ def test_an_aggregation_that_raised_half_way_leaves_the_next_one_clean():
     with pytest.raises(RuntimeError):
         layer._one("update", [0, 1, 2], broken)
     assert layer.sa.phase == "idle"
+
+
+# --------------------------------------------------------------------------- malformed messages: the sender's error
+class _Tampered:
+    """A client whose secure-aggregation messages pass through ``tamper`` on their way out."""
+
+    def __init__(self, real, tamper):
+        self.real, self.tamper = real, tamper
+
+    def owns(self, msg):
+        return self.real.owns(msg)
+
+    def _out(self, rep):
+        return None if rep is None else self.tamper(rep)
+
+    def handle(self, msg):
+        return self._out(self.real.handle(msg))
+
+    def masked(self, msg, x, w):
+        return self._out(self.real.masked(msg, x, w))
+
+    def fresh_key(self):
+        return self._out(self.real.fresh_key())
+
+
+def _edit(kind, **fields):
+    """A tamper that rewrites ``fields`` of messages of ``kind`` (a value may be a function of the old one)."""
+    def tamper(m):
+        if m.kind != kind:
+            return m
+        new = {k: (v(m.fields[k]) if callable(v) else v) for k, v in fields.items()}
+        return Message(m.kind, {**m.fields, **new})
+    return tamper
+
+
+MALFORMED = {
+    "short public key": (_edit(sa.KEYS, c_pk=lambda v: np.asarray(v)[:16]), "setup"),
+    "all-zero mask key": (_edit(sa.KEYS, s_pk=np.zeros(32, dtype=np.uint8)), "setup"),
+    "2-D masked vector": (_edit(sa.MASKED, y=lambda v: np.asarray(v)[None, :]), "masked"),
+    "0-d masked vector": (_edit(sa.MASKED, y=lambda v: np.asarray(v)[0]), "masked"),
+    "masked vector one entry short": (_edit(sa.MASKED, y=lambda v: np.asarray(v)[:-1]), "masked"),
+    "non-integer epoch": (_edit(sa.REKEY, epoch=1.5), "rekey"),
+    "all-zero new mask key": (_edit(sa.REKEY, s_pk=np.zeros(32, dtype=np.uint8)), "rekey"),
+}
+
+
+@pytest.mark.parametrize("what", sorted(MALFORMED))
+def test_one_malformed_client_is_left_out_and_blamed_alone(what):
+    """Client 0 (the lowest id, whose message the server reads first) sends one malformed
+    message: nobody raises, the server blames client 0 alone, and the honest clients' inputs
+    are summed exactly."""
+    tamper, _phase = MALFORMED[what]
+    n = 6
+    net = Net(n)
+    net.clients[0] = _Tampered(net.clients[0], tamper)
+    net.setup()
+    x, w = _inputs(n, 20)
+    out = net.aggregate(x, w)
+    blame = net.server.take_blame()
+    assert list(blame) == [0] and blame[0].startswith("secagg: ")
+    honest = [1, 2, 3, 4, 5]
+    assert out.failed is None and out.contributors == honest
+    total, weight = _plain(x, w, honest)
+    np.testing.assert_allclose(out.total, total, atol=1e-5)
+    assert math.isclose(out.weight, weight, abs_tol=1e-5)
+    assert net.server.take_blame() == {}  # told once
+
+
+def test_share_ciphertexts_that_do_not_open_blame_their_sender_not_the_peers():
+    n = 6
+    net = Net(n)
+    corrupt = _edit(sa.MASKED, ct=lambda v: np.bitwise_xor(np.asarray(v), np.uint8(1)))
+    net.clients[3] = _Tampered(net.clients[3], corrupt)
+    net.setup()
+    x, w = _inputs(n, 10)
+    out = net.aggregate(x, w)  # no honest client raises
+    blame = net.server.take_blame()
+    assert list(blame) == [3] and "did not decrypt" in blame[3]
+    assert out.failed is not None and "3" in out.failed  # its self-mask cannot be removed: that sum is lost
+    again = net.aggregate(*_inputs(n, 10, seed=1), drop_reply={3})  # without it, the next one succeeds
+    assert again.failed is None and again.contributors == [0, 1, 2, 4, 5]
+
+
+def test_in_a_run_a_malformed_masked_input_is_its_senders_error(tmp_path, monkeypatch):
+    """End to end: client 0 sends a masked vector one entry short every round; the run
+    finishes, every round's sum holds the five honest clients, and errors.log names client 0."""
+    real = sa.SecAggClient.masked
+
+    def masked(self, msg, x, weight=1.0):
+        rep = real(self, msg, x, weight)
+        if self.id == 0 and rep is not None and rep.kind == sa.MASKED:
+            rep = Message(rep.kind, {**rep.fields, "y": np.asarray(rep["y"])[:-1]})
+        return rep
+
+    monkeypatch.setattr(sa.SecAggClient, "masked", masked)
+    summary, log = _run(tmp_path, "blame", True, rounds=2)
+    assert summary["status"] == "error"  # a party misbehaved: never "completed"
+    errors = summary["faults"]["client_errors"]
+    assert errors and {e["client"] for e in errors} == {0} and all(e["path"] == "secagg" for e in errors)
+    assert all(rec["client_errors"] == [0] and 0 in rec["missing"] and set(rec["replied"]) == {1, 2, 3, 4, 5}
+               for rec in log)
+    text = (tmp_path / "blame" / "errors.log").read_text()
+    assert "client 0" in text and "entries where 5 of 6 clients sent" in text

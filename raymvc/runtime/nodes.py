@@ -474,6 +474,7 @@ class ServerNode:
         if self.secure is not None:  # key set-up, like the handshake free of injected faults
             st = RoundState()
             self.secure.setup(lambda out: self._extra_exchange(self.round, out, Injector(None), st))
+            self._blame_senders(self.round, st)
             self.counts.client_errors += len(st.errors)
             self.counts.rejected_messages += len(st.rejected)
         self.outgoing = self.server.start()
@@ -523,6 +524,13 @@ class ServerNode:
 
     def _up_s(self, cid: int, nbytes: int) -> float:
         return self.devices.up_s(cid, nbytes) if self.devices is not None else self.net.transfer_s(nbytes)
+
+    def _blame_senders(self, r: int, st: RoundState) -> None:
+        """Malformed secure-aggregation messages: each is its sender's error (never the
+        driver's or an honest peer's); the aggregation went on without them."""
+        for cid, why in sorted(self.secure.blame().items()):
+            st.errors[cid] = _cut(why)
+            self.client_errors.append({"round": r, "client": cid, "path": "secagg", "error": st.errors[cid]})
 
     def _failed_delivery(self, r: int, cid: int, out: Outcome, row: LedgerRow, path: str, st: RoundState) -> None:
         """Record a frame the client did not answer: its actor died or hung, it rejected the frame, or it raised."""
@@ -677,6 +685,7 @@ class ServerNode:
                 return self._extra_exchange(r, out, self.faults.at(self.sub), st)
 
             self.secure.aggregate(st, extra)
+            self._blame_senders(r, st)
         self._tally(r, addressed, st)
         self._step(r, st, len(addressed), answered, not_sampled)
         rows = self.ledger.rows[ledger_mark:]

@@ -83,6 +83,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -260,6 +261,55 @@ def neighbourhoods(ids: Iterable[int], k: int, seed: int = 0) -> dict[int, list[
     return {c: sorted(v) for c, v in nb.items()}
 
 
+# ---------------------------------------------------------------------------
+# what the server accepts from one client (anything else is that client's error)
+def _int_scalar(v) -> int | None:
+    """An integer scalar (a 0-d integer array or int, never a bool), else None."""
+    a = np.asarray(v)
+    if a.ndim != 0 or a.dtype.kind not in "iu":
+        return None
+    return int(a)
+
+
+def _int_list(v) -> list[int] | None:
+    """A 1-D array of non-negative integers as a list, else None."""
+    a = np.asarray(v)
+    if a.ndim != 1 or (a.size and (a.dtype.kind not in "iu" or int(a.min()) < 0)):
+        return None
+    return a.astype(np.int64).tolist()
+
+
+def _rows_of(v, n: int, width: int) -> np.ndarray | None:
+    """``n`` rows of ``width`` bytes (a 2-D uint8 array), else None."""
+    a = np.asarray(v)
+    if a.dtype != np.uint8 or a.ndim != 2 or a.shape != (n, width):
+        return None
+    return a
+
+
+def valid_public_key(v) -> bytes | None:
+    """32 bytes of an X25519 public key of full order, else None (a low-order point, e.g.
+    all zeros, would make every peer's key agreement fail)."""
+    a = np.asarray(v)
+    if a.dtype != np.uint8 or a.shape != (KEY_BYTES,):
+        return None
+    raw = a.tobytes()
+    try:
+        X25519PrivateKey.generate().exchange(X25519PublicKey.from_public_bytes(raw))
+    except ValueError:
+        return None
+    return raw
+
+
+def _share_cts(m: Message) -> list[tuple[int, bytes]] | None:
+    """A shares message's ``(recipient, ciphertext)`` pairs, else None."""
+    to = _int_list(m.get("to"))
+    ct = _rows_of(m.get("ct"), len(to), CT_BYTES) if to is not None else None
+    if to is None or ct is None:
+        return None
+    return [(d, bytes(row)) for d, row in zip(to, ct)]
+
+
 @dataclass(frozen=True)
 class SecAggParams:
     """Encoding parameters, the same on every party.
@@ -328,6 +378,16 @@ class SecAggServer:
         self.survivors: list[int] = []
         self.dropped: list[int] = []
         self.y: dict[int, np.ndarray] = {}
+        self.blamed: dict[int, str] = {}  # client -> what it sent that the server could not use
+
+    def take_blame(self) -> dict[int, str]:
+        """The clients whose messages were malformed since the last call, and why (their
+        errors: the message was left out, nobody else's input was)."""
+        out, self.blamed = self.blamed, {}
+        return out
+
+    def _blame(self, c: int, why: str) -> None:
+        self.blamed.setdefault(int(c), f"secagg: {why}")
 
     @property
     def ready(self) -> bool:
@@ -406,7 +466,11 @@ class SecAggServer:
     def _on_keys(self, replies: Mapping[int, Message]) -> Outcome:
         for c, m in sorted(replies.items()):
             if m.kind == KEYS and c in self.client_ids:
-                self.c_pk[c], self.s_pk[c], self.epoch[c] = bytes(m["c_pk"]), bytes(m["s_pk"]), 0
+                c_pk, s_pk = valid_public_key(m.get("c_pk")), valid_public_key(m.get("s_pk"))
+                if c_pk is None or s_pk is None:
+                    self._blame(c, "its public keys are not 32-byte X25519 keys of full order; left out of the roster")
+                    continue
+                self.c_pk[c], self.s_pk[c], self.epoch[c] = c_pk, s_pk, 0
         self.roster = sorted(self.c_pk)
         self.group = neighbourhoods(self.roster, self.params.neighbours, self.seed)
         g = min((len(v) for v in self.group.values()), default=0)
@@ -426,35 +490,60 @@ class SecAggServer:
         for c, m in replies.items():
             if c not in self.c_pk or m.kind not in (SHARES, REKEY):
                 continue
+            cts = _share_cts(m)
+            if cts is None:
+                self._blame(c, f"its {m.kind} message does not hold one {CT_BYTES}-byte ciphertext per recipient")
+                self.exposed.add(c)  # its peers may not hold its key's shares: it re-keys before taking part
+                continue
             if m.kind == REKEY:
-                if int(m["epoch"]) <= self.epoch[c]:
+                epoch, s_pk = _int_scalar(m.get("epoch")), valid_public_key(m.get("s_pk"))
+                if epoch is None or s_pk is None:
+                    self._blame(c, "its new mask key is not an integer epoch with a 32-byte X25519 key of full order")
+                    self.exposed.add(c)  # it would mask with a key the server never took: it re-keys first
                     continue
-                self.s_pk[c] = bytes(m["s_pk"])
-                self.epoch[c] = int(m["epoch"])
+                if epoch <= self.epoch[c]:
+                    continue
+                self.s_pk[c] = s_pk
+                self.epoch[c] = epoch
                 for dst in self.group.get(c, list(self.pending)):  # shares of the old key: of no use now
                     box = self.pending.get(dst, {})
                     for key in [key for key in box if key[0] == c and key[1] == _S]:
                         del box[key]
-            for dst, ct in zip(np.asarray(m["to"]).tolist(), np.asarray(m["ct"])):
+            for dst, ct in cts:
                 if dst in self.c_pk:
-                    self.pending.setdefault(dst, {})[(c, _S, self.epoch[c])] = bytes(ct)
+                    self.pending.setdefault(dst, {})[(c, _S, self.epoch[c])] = ct
             self.members.add(c)
             self.exposed.discard(c)
 
     def _on_masked(self, replies: Mapping[int, Message]) -> Outcome:
         self._on_shares({c: m for c, m in replies.items() if m.kind in (SHARES, REKEY)})  # joined: active next time
-        L = None
+        inputs: dict[int, tuple[np.ndarray, list[tuple[int, bytes]]]] = {}
         for c, m in sorted(replies.items()):
-            if m.kind != MASKED or c not in self.active_pk or int(m["k"]) != self.k:
+            if m.kind != MASKED or c not in self.active_pk:
                 continue
-            y = np.asarray(m["y"])
-            if y.dtype != ring_dtype(self.params.ring_bits) or (L is not None and len(y) != L):
+            k, y, cts = _int_scalar(m.get("k")), np.asarray(m.get("y")), _share_cts(m)
+            if k is None or y.ndim != 1 or y.dtype != ring_dtype(self.params.ring_bits) or cts is None:
+                self._blame(c, f"its masked input is not a 1-D vector of the ring with integer k and "
+                               f"{CT_BYTES}-byte share ciphertexts; left out of aggregation {self.k}")
                 continue
-            L = len(y)
+            if k == self.k:
+                inputs[c] = (y, cts)
+        lengths = [len(y) for y, _ in inputs.values()]
+        counts = {n: lengths.count(n) for n in set(lengths)}
+        best = max(counts.values(), default=0)
+        if sum(v == best for v in counts.values()) > 1:  # no length most clients agree on
+            self.dropped = sorted(set(self.active) - set(inputs))
+            return self._fail(f"masked inputs of {sorted(counts)} entries, no length most of them share")
+        L = next((n for n, v in counts.items() if v == best), None)
+        for c, (y, cts) in inputs.items():
+            if len(y) != L:
+                self._blame(c, f"its masked input has {len(y)} entries where {best} of {len(inputs)} clients sent {L}; "
+                               f"left out of aggregation {self.k}")
+                continue
             self.y[c] = y
-            for dst, ct in zip(np.asarray(m["to"]).tolist(), np.asarray(m["ct"])):
+            for dst, ct in cts:
                 if dst in self.active_pk:
-                    self.pending.setdefault(dst, {})[(c, _B, self.k)] = bytes(ct)
+                    self.pending.setdefault(dst, {})[(c, _B, self.k)] = ct
         self.survivors = sorted(self.y)
         self.dropped = sorted(set(self.active) - set(self.y))
         if len(self.survivors) < self.t:
@@ -516,13 +605,28 @@ class SecAggServer:
         b_sh: dict[int, dict[int, int]] = {j: {} for j in self.survivors}
         s_sh: dict[int, dict[int, int]] = {j: {} for j in self.dropped}
         for c, m in sorted(replies.items()):
-            if m.kind != REVEAL or c not in self.survivors or int(m["k"]) != self.k:
+            if m.kind != REVEAL or c not in self.survivors:
                 continue
+            k = _int_scalar(m.get("k"))
+            parts = []
+            for ids, sh in (("b_ids", "b_sh"), ("s_ids", "s_sh")):
+                got = _int_list(m.get(ids))
+                rows = _rows_of(m.get(sh), len(got), SHARE_BYTES) if got is not None else None
+                parts.append(None if rows is None else list(zip(got, rows)))
+            bad = _int_list(m.get("bad", np.zeros(0, dtype=np.int64)))
+            if k is None or None in parts or bad is None:
+                self._blame(c, f"its reveal is not an integer k with {SHARE_BYTES}-byte shares by client id")
+                continue
+            if k != self.k:
+                continue
+            for src in bad:  # its share ciphertexts to c did not open: the sender's fault, not c's
+                if src in self.c_pk and src != c:
+                    self._blame(src, f"its encrypted shares for client {c} did not decrypt")
             box = self.pending.get(c, {})
             for key in [key for key in box if key[1] == _S]:  # delivered: the client keeps them
                 del box[key]
-            for ids, sh, into in (("b_ids", "b_sh", b_sh), ("s_ids", "s_sh", s_sh)):
-                for j, row in zip(np.asarray(m[ids]).tolist(), np.asarray(m[sh])):
+            for pairs, into in zip(parts, (b_sh, s_sh)):
+                for j, row in pairs:
                     if j in into:
                         into[j][c + 1] = int.from_bytes(bytes(row), "big")
         short = [j for j, sh in {**b_sh, **s_sh}.items() if len(sh) < self.t]
@@ -698,10 +802,14 @@ class SecAggClient:
         mine = set(self.masked_with[k]) | {self.id}
         if set(U) & set(D) or not set(U) | set(D) <= mine or self.id not in U or len(U) < self.t:
             raise ValueError("secagg client: inconsistent survivor/dropped sets; refusing to unmask")
+        bad = set()
         for src, what, ctr, ct in zip(np.asarray(msg["src"]).tolist(), np.asarray(msg["what"]).tolist(),
                                       np.asarray(msg["ctr"]).tolist(), np.asarray(msg["ct"])):
             if src in self.c_pk and src != self.id:
-                self.held[(src, what, ctr)] = open_share(self.c_sk, self.c_pk[src], src, self.id, what, ctr, ct)
+                try:
+                    self.held[(src, what, ctr)] = open_share(self.c_sk, self.c_pk[src], src, self.id, what, ctr, ct)
+                except (InvalidTag, ValueError):  # its sender's fault: that share is missing, the reveal goes on
+                    bad.add(src)
         if any((j, _B, k) in self.held for j in D):
             raise ValueError("secagg client: a client named dropped sent its input; refusing to unmask")
         self.revealed.add(k)
@@ -718,7 +826,7 @@ class SecAggClient:
                 s_sh.append(self.held[(j, _S, ep)])
                 self.exposed_pks.add(pk)
         return Message(REVEAL, k=k, b_ids=np.asarray(b_ids, dtype=np.int64), b_sh=_rows(b_sh, SHARE_BYTES),
-                       s_ids=np.asarray(s_ids, dtype=np.int64), s_sh=_rows(s_sh, SHARE_BYTES))
+                       s_ids=np.asarray(s_ids, dtype=np.int64), s_sh=_rows(s_sh, SHARE_BYTES), bad=_ids(bad))
 
 
 __all__ = [

@@ -116,6 +116,11 @@ class ServerLayer:
         self.specs = {s.kind: s for s in specs}
         self.sa = SecAggServer(client_ids, params(neighbours, fraction), seed=seed)
 
+    def blame(self) -> dict[int, str]:
+        """Clients whose secure-aggregation messages were malformed since the last call, and
+        why: each is that client's error; the aggregation went on without its message."""
+        return self.sa.take_blame()
+
     def setup(self, exchange: Exchange) -> None:
         """Key advertisement and the shares of every client's first mask key."""
         st = exchange(self.sa.start())

@@ -312,3 +312,33 @@ def test_a_sweep_on_the_cluster_reruns_the_run_a_removed_node_hit(cluster, tmp_p
     for r in rows["ray"]:  # every run, the one hit included, ran on the nodes left
         s = json.loads((tmp_path / "ray" / r["run_dir"] / "summary.json").read_text())
         assert victim.node_id not in s["placement"]["nodes"]
+
+
+def test_the_example_cluster_script_stops_only_what_it_started(tmp_path):
+    """examples/local_cluster.sh: start prints the address, a run joins it, stop ends every
+    process it started and removes its folder (no `ray stop`, nothing left behind)."""
+    script = REPO / "examples" / "local_cluster.sh"
+    too_long = subprocess.run(["bash", str(script), "start", str(tmp_path / ("x" * 40))], capture_output=True, text=True)
+    assert too_long.returncode == 2 and "at most 40 characters" in too_long.stderr
+    where = Path(tempfile.mkdtemp(prefix="rmvc-lc-", dir="/tmp")) / "c"  # short: Ray's socket paths live here
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "RAY_ADDRESS"))}
+    env["HOME"] = str(tmp_path / "home")
+    port = str(_free_port())
+    start = subprocess.run(["bash", str(script), "start", str(where), port, "2"], capture_output=True, text=True,
+                           timeout=300, env=env)
+    try:
+        assert start.returncode == 0, start.stderr[-2000:]
+        address = start.stdout.strip().splitlines()[-1]
+        assert address == f"127.0.0.1:{port}"
+        r = _cli(["run", str(QUICK), "--address", address, "--set", "runtime.client_cpus=auto",
+                  "--out", str(tmp_path / "run"), "--json", "--quiet"], {**env, "RAY_AUTH_MODE": "disabled"})
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert json.loads(r.stdout)["status"] == "completed"
+    finally:
+        stop = subprocess.run(["bash", str(script), "stop", str(where)], capture_output=True, text=True,
+                              timeout=300, env=env)
+    assert stop.returncode == 0, stop.stderr[-2000:]
+    left = subprocess.run(["pgrep", "-f", str(where)], capture_output=True, text=True).stdout.split()
+    assert left == [] and not where.exists()
+    assert not (tmp_path / "home" / ".ray").exists()  # no token written
+    where.parent.rmdir()

@@ -127,3 +127,15 @@ def test_the_repositorys_reports_stay_out_of_the_package():
     assert not (PKG / "pages.py").exists()
     assert [str(p.relative_to(PKG)) for p in PKG.rglob("*.py") if "raymvc_reports" in p.read_text()] == []
     assert (PKG.parent / "raymvc_reports" / "pages.py").is_file() or not (PKG.parent / "tools").is_dir()
+
+
+def test_method_docstrings_carry_no_scores():
+    """Numbers live in generated pages: a method's text says what it does and where its
+    measurements are, never an ACC or NMI of its own."""
+    import re
+
+    import raymvc.protocols as protocols
+
+    folder = Path(protocols.__file__).resolve().parent
+    score = re.compile(r"\b(ACC|NMI|ARI)\b[^.\n]{0,12}\b0\.\d{2,}")
+    assert [p.name for p in folder.glob("*.py") if score.search(p.read_text())] == []

@@ -135,8 +135,9 @@ class Done:
     """Returned by a server's ``step`` when the protocol has finished.
 
     ``labels`` are the final cluster labels for all ``n_samples`` (vertical methods,
-    whose server holds the consensus), or ``None`` when every client labels its own
-    samples; then the engine collects them on the evaluation path.
+    whose server holds the consensus; -1 for a sample the server has no label for, e.g.
+    no client holding one of its views ever answered), or ``None`` when every client
+    labels its own samples; then the engine collects them on the evaluation path.
     """
 
     labels: np.ndarray | None = None

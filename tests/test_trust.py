@@ -226,3 +226,31 @@ def test_a_server_that_raises_leaves_its_full_traceback(tmp_path, monkeypatch):
     log = (tmp_path / "srv" / "errors.log").read_text()
     assert "Traceback (most recent call last)" in log and "in oops" in log and 'return {}["oops"]' in log
     assert len(json.dumps(s)) < 20_000
+
+
+def test_server_labels_may_leave_a_sample_unlabelled_with_minus_one(tmp_path, monkeypatch, capsys):
+    """-1 in a server's Done labels is "no label" (e.g. no client holding the sample ever
+    answered): the run completes with the sample unlabelled; -2 is still the server's error."""
+    from raymvc.protocols import cefmc
+
+    real = cefmc.CeFMCServer.step
+    mark = {"value": -1}
+
+    def some_unlabelled(self, r, replies, missing):
+        out = real(self, r, replies, missing)
+        if isinstance(out, Done):
+            labels = np.array(out.labels, copy=True)
+            labels[:5] = mark["value"]
+            return Done(labels=labels, info=out.info)
+        return out
+
+    monkeypatch.setattr(cefmc.CeFMCServer, "step", some_unlabelled)
+    hw = Path(__file__).resolve().parents[1] / "scenarios" / "hw-cefmc.yaml"
+    assert main(["run", str(hw), "--backend", "local", "--out", str(tmp_path / "a"), "--json", "--quiet"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["status"] == "completed" and s["unlabelled_samples"] == 5 and s["errors"] == []
+    assert [r["cluster"] for r in _rows(tmp_path / "a" / "labels.csv")[:5]] == ["-1"] * 5
+    mark["value"] = -2
+    assert main(["run", str(hw), "--backend", "local", "--out", str(tmp_path / "b"), "--json", "--quiet"]) == 1
+    s = json.loads(capsys.readouterr().out)
+    assert s["status"] == "error" and "negative label -2" in s["errors"][0]

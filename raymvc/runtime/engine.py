@@ -588,14 +588,16 @@ def _stop(handles: list) -> None:
             pass
 
 
-def _labels_problem(y, n: int) -> str | None:
-    """Why ``y`` cannot be ``n`` cluster labels (None if it can)."""
+def _labels_problem(y, n: int, unlabelled: bool = False) -> str | None:
+    """Why ``y`` cannot be ``n`` cluster labels (None if it can). With ``unlabelled`` (a
+    server's ``Done``) -1 marks a sample the server has no label for (no client holding it
+    answered); any other negative value is a problem."""
     y = np.asarray(y)
     if y.ndim != 1 or len(y) != n:
         return f"{y.size if y.ndim != 1 else len(y)} labels (shape {y.shape}) for {n} samples"
     if y.dtype.kind not in "iu":
         return f"labels of type {y.dtype}, not integers"
-    if n and y.min() < 0:
+    if n and y.min() < (-1 if unlabelled else 0):
         return f"negative label {y.min()}"
     return None
 
@@ -605,7 +607,7 @@ def _assemble_labels(part, end: RunEnd) -> np.ndarray | None:
     the server's error (no labels), a client's wrong predictions that client's error (its
     rows stay -1)."""
     if end.labels is not None:
-        problem = _labels_problem(end.labels, part.n_samples)
+        problem = _labels_problem(end.labels, part.n_samples, unlabelled=True)
         if problem is None:
             return np.asarray(end.labels).astype(np.int64)
         end.errors.append({"party": "server", "phase": "eval", "round": end.rounds,

@@ -564,7 +564,11 @@ def atlas_overview(results: list[StudyResult], fig_dir: Path, page_dir: Path) ->
     results = [res for res in results if res.rows]
     if not results:
         return ""
+    walls = [res.wall() for res in results]
+    total_s, total_n = sum(w for w, _ in walls), sum(n for _, n in walls)
     lines = ["## Ranking per fault kind", "",
+             f"The atlas: {total_n} runs over {len(results)} kinds, {total_s / 3600:.1f} h of run time in all "
+             "(summed over runs; each section gives its own and the command that reproduces it).", "",
              "Per kind of device behaviour, the methods ranked by mean ACC at the kind's harshest point "
              "(finished runs only; a method not all of whose runs finished there ranks after those that all "
              "did). \"change\" is ACC at the harshest point minus ACC at the mildest; \"runs ok\" counts the "

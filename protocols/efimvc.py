@@ -123,8 +123,8 @@ which a clustering run cannot read) and reports λ = 1e-3 best on ProteinFold, 0
 WebKB, with β of little effect. A run needs one value without labels: the method's
 default is ``m = 2k`` anchors, ``λ = 1e-3``, ``β = 1``, chosen among the paper's grid
 values on tuning seeds (``efimvc-tuning`` on HW, ``efimvc-tuning-proteinfold``; the rule
-and the table are on the method's page); the ProteinFold scenario keeps ``β = 1e-3``. ``σ`` of the anchor similarity is not given in the
-paper (see above).
+and the table are on the method's page); the ProteinFold scenario keeps ``β = 1e-3``.
+``σ`` of the anchor similarity is not given in the paper (see above).
 
 Cost
 ----

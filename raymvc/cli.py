@@ -328,6 +328,7 @@ def sweep_request(args):
 
 def cmd_sweep(args) -> int:
     from .results import ResultsError, check_out_dir
+    from .runtime.engine import ClusterError
     from .studies import run_sweep
 
     try:
@@ -336,7 +337,7 @@ def cmd_sweep(args) -> int:
         return run_sweep(sweep_request(args))[0]
     except ResultsError as e:
         return _fail(f"--out {e}")
-    except ScenarioError as e:
+    except (ScenarioError, ClusterError) as e:  # a cluster that cannot be joined: one line, as for a run
         return _fail(str(e))
 
 

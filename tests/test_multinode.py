@@ -142,6 +142,29 @@ PROTOCOL = dataclasses.replace(kfed.PROTOCOL, name="gatedkfed", client=GatedClie
 """
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return not open(f"/proc/{pid}/stat").read().split(") ", 1)[1].startswith("Z")  # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+READY = """
+import sys, ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as On
+ray.init(address=sys.argv[1], log_to_driver=False)
+nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+ping = ray.remote(num_cpus=0)(lambda: True)
+assert all(ray.get([ping.options(scheduling_strategy=On(n, soft=False)).remote() for n in nodes], timeout=540))
+"""
+
+
 def test_cells_as_tasks_fill_every_node_and_a_lost_node_reruns_its_cells(cluster, tmp_path):
     """A study's cells as Ray tasks: running cells sit on every node of the cluster; a
     node removed while its cells run costs nothing but a rerun of those cells elsewhere."""
@@ -150,6 +173,9 @@ def test_cells_as_tasks_fill_every_node_and_a_lost_node_reruns_its_cells(cluster
     c, _, env = cluster
     extra = c.add_node(num_cpus=2)  # the node this test removes (the module's workers stay)
     c.wait_for_nodes()
+    ready = subprocess.run([sys.executable, "-c", READY, c.address], env=env, capture_output=True, text=True,
+                           timeout=600)  # every node runs a task before the sweep joins (a loaded machine is slow)
+    assert ready.returncode == 0, ready.stderr[-2000:]
     (tmp_path / "gatedkfed.py").write_text(GATED_METHOD)
     gate = tmp_path / "gate"
     gate.mkdir()
@@ -170,7 +196,11 @@ def test_cells_as_tasks_fill_every_node_and_a_lost_node_reruns_its_cells(cluster
         assert set(started) == nodes  # every node runs cells, the head's one CPU included
         on_extra = started.count(extra.node_id)
         assert on_extra >= 1
+        pids = [int(p.name.split(".")[1]) for p in gate.iterdir() if p.name.startswith(extra.node_id)]
         c.remove_node(extra, allow_graceful=False)
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline + 120:
+            time.sleep(0.1)  # its workers end with their node: only then may the cells go on
+        assert not any(_alive(pid) for pid in pids)
         (gate / "go").write_text("")
         stdout, stderr = proc.communicate(timeout=600)
     finally:

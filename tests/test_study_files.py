@@ -60,8 +60,12 @@ def test_every_shipped_study_validates(path, capsys):
     assert is_study_file(path) and study.seeds()
     assert study.check() >= len(study.entries())  # every run's scenario at every grid point loads
     assert all(r.variant in ("paper", "project", "ablation", "baseline") for r in study.spec.runs)
-    assert main(["validate", str(path)]) == 0
-    assert "ok -- a study of" in capsys.readouterr().out
+    code = main(["validate", str(path)])
+    out, err = capsys.readouterr()
+    if code == 2 and "cannot fetch it" in err and not (ROOT.parent / "shared" / "data").is_dir():
+        pytest.skip("its data set is fetched, and this checkout has no shared data folder to fetch it from offline")
+    assert code == 0, err
+    assert "ok -- a study of" in out
 
 
 @pytest.mark.parametrize("text, words", [

@@ -203,3 +203,17 @@ def test_cells_as_tasks_refuse_the_local_backend(tmp_path, capsys):
     assert main(["sweep", str(sc), "--cells", "tasks", "--backend", "local", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--cells tasks" in err[0]
+
+
+def test_a_sweep_of_tasks_on_a_cluster_that_does_not_answer_is_one_line(tmp_path, capsys):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sc = tiny(tmp_path)
+    code = main(["sweep", str(sc), "--seeds", "0", "--cells", "tasks", "--address", f"127.0.0.1:{port}",
+                 "--out", str(tmp_path / "o"), "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and "Traceback" not in "\n".join(err)
+    assert err[-1].startswith("error: ") and "runtime.address" in err[-1]

@@ -142,6 +142,20 @@ PROTOCOL = dataclasses.replace(kfed.PROTOCOL, name="gatedkfed", client=GatedClie
 """
 
 
+def _add_node(c, **kw):
+    """A node joining the module's cluster as its first nodes did: without token
+    authentication, whatever this process's own Ray session holds in the environment."""
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("RAY_AUTH")}
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    try:
+        node = c.add_node(**kw)
+        c.wait_for_nodes()
+    finally:
+        os.environ.pop("RAY_AUTH_MODE", None)
+        os.environ.update(saved)
+    return node
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -171,8 +185,7 @@ def test_cells_as_tasks_fill_every_node_and_a_lost_node_reruns_its_cells(cluster
     import time
 
     c, _, env = cluster
-    extra = c.add_node(num_cpus=2)  # the node this test removes (the module's workers stay)
-    c.wait_for_nodes()
+    extra = _add_node(c, num_cpus=2)  # the node this test removes (the module's workers stay)
     ready = subprocess.run([sys.executable, "-c", READY, c.address], env=env, capture_output=True, text=True,
                            timeout=600)  # every node runs a task before the sweep joins (a loaded machine is slow)
     assert ready.returncode == 0, ready.stderr[-2000:]

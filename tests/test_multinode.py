@@ -10,6 +10,7 @@ not after a few slow answers).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -29,15 +30,17 @@ QUICK = REPO / "scenarios" / "hw-cefmc.yaml"
 SLOW = REPO / "scenarios" / "hw-efimvc-missing.yaml"
 
 
-@pytest.fixture(scope="module")
-def cluster():
+@contextlib.contextmanager
+def _nodes(n_workers: int = 2):
+    """A head of 1 CPU and ``n_workers`` workers of 2 CPUs on this machine, without token
+    authentication, its Ray files in a temporary folder; yields (cluster, workers, env)."""
     from ray.cluster_utils import Cluster
 
     saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("RAY_AUTH")}
     os.environ["RAY_AUTH_MODE"] = "disabled"
     tmp = tempfile.mkdtemp(prefix="rmvc-", dir="/tmp")
     # Cluster writes a pointer to itself under Ray's temporary root (``$RAY_TMPDIR/ray``,
-    # /tmp/ray by default, which may not exist): keep it in this module's folder
+    # /tmp/ray by default, which may not exist): keep it in this folder
     old_tmpdir = os.environ.get("RAY_TMPDIR")
     os.environ["RAY_TMPDIR"] = tmp
     os.makedirs(os.path.join(tmp, "ray"), exist_ok=True)
@@ -48,7 +51,7 @@ def cluster():
             c = Cluster(initialize_head=True, connect=False,
                         head_node_args={"num_cpus": 1, "temp_dir": tmp, "include_dashboard": False,
                                         "_system_config": TOLERANT})
-            workers = [c.add_node(num_cpus=2) for _ in range(2)]
+            workers = [c.add_node(num_cpus=2) for _ in range(n_workers)]
             c.wait_for_nodes()
         finally:
             os.environ.pop("RAY_AUTH_MODE", None)
@@ -65,6 +68,12 @@ def cluster():
             os.environ["RAY_TMPDIR"] = old_tmpdir
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with _nodes(2) as nodes:
+        yield nodes
 
 
 def _cli(args, env, **kw):
@@ -142,20 +151,6 @@ PROTOCOL = dataclasses.replace(kfed.PROTOCOL, name="gatedkfed", client=GatedClie
 """
 
 
-def _add_node(c, **kw):
-    """A node joining the module's cluster as its first nodes did: without token
-    authentication, whatever this process's own Ray session holds in the environment."""
-    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("RAY_AUTH")}
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    try:
-        node = c.add_node(**kw)
-        c.wait_for_nodes()
-    finally:
-        os.environ.pop("RAY_AUTH_MODE", None)
-        os.environ.update(saved)
-    return node
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -179,13 +174,18 @@ assert all(ray.get([ping.options(scheduling_strategy=On(n, soft=False)).remote()
 """
 
 
-def test_cells_as_tasks_fill_every_node_and_a_lost_node_reruns_its_cells(cluster, tmp_path):
+def test_cells_as_tasks_fill_every_node_and_a_lost_node_reruns_its_cells(tmp_path):
     """A study's cells as Ray tasks: running cells sit on every node of the cluster; a
-    node removed while its cells run costs nothing but a rerun of those cells elsewhere."""
+    node removed while its cells run costs nothing but a rerun of those cells elsewhere.
+    A cluster of its own (head and three workers), so the module's cluster never holds a
+    node that is gone but not yet declared dead."""
+    with _nodes(3) as (c, workers, env):
+        _tasks_on_every_node(c, workers[2], env, tmp_path)
+
+
+def _tasks_on_every_node(c, extra, env, tmp_path):
     import time
 
-    c, _, env = cluster
-    extra = _add_node(c, num_cpus=2)  # the node this test removes (the module's workers stay)
     ready = subprocess.run([sys.executable, "-c", READY, c.address], env=env, capture_output=True, text=True,
                            timeout=600)  # every node runs a task before the sweep joins (a loaded machine is slow)
     assert ready.returncode == 0, ready.stderr[-2000:]

@@ -205,15 +205,22 @@ def test_cells_as_tasks_refuse_the_local_backend(tmp_path, capsys):
     assert len(err) == 1 and "--cells tasks" in err[0]
 
 
-def test_a_sweep_of_tasks_on_a_cluster_that_does_not_answer_is_one_line(tmp_path, capsys):
+def test_a_sweep_of_tasks_on_a_cluster_that_does_not_answer_is_one_line(tmp_path):
+    """As a user runs it (a fresh process: no Ray of this test session to fall back on)."""
+    import os
     import socket
+    import subprocess
+    import sys
 
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     sc = tiny(tmp_path)
-    code = main(["sweep", str(sc), "--seeds", "0", "--cells", "tasks", "--address", f"127.0.0.1:{port}",
-                 "--out", str(tmp_path / "o"), "--quiet"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and "Traceback" not in "\n".join(err)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "RAY_ADDRESS"))}
+    env["HOME"] = str(tmp_path / "home")
+    r = subprocess.run([sys.executable, "-m", "raymvc.cli", "sweep", str(sc), "--seeds", "0", "--cells", "tasks",
+                        "--address", f"127.0.0.1:{port}", "--out", str(tmp_path / "o"), "--quiet"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and "Traceback" not in r.stderr
     assert err[-1].startswith("error: ") and "runtime.address" in err[-1]

@@ -233,7 +233,9 @@ class WeightedSum:
     """What :func:`weighted_sum` returns: per field ``Σ w_i x_i`` (float64, the field's
     shape), ``Σ w_i`` and the clients in the sum. ``secure`` says the engine computed it
     under masks; ``failed`` says why a secure aggregation produced no sum (too few
-    survivors), in which case ``contributors`` is empty."""
+    survivors), in which case ``contributors`` is empty and ``disclosed`` lists the
+    clients whose sum the server could still learn (it failed after their self-mask
+    shares were asked for: late reveals would complete them)."""
 
     kind: str
     totals: dict[str, np.ndarray]
@@ -241,6 +243,7 @@ class WeightedSum:
     contributors: list[int]
     secure: bool = False
     failed: str | None = None
+    disclosed: list[int] = field(default_factory=list)
 
     def mean(self) -> dict[str, np.ndarray] | None:
         """``Σ w_i x_i / Σ w_i`` per field, or ``None`` when nothing (or zero weight) was summed."""

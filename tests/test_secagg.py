@@ -143,7 +143,7 @@ class Net:
         assert res.send is None and self.server.ready
 
     def aggregate(self, x, w, drop_input=frozenset(), drop_unmask=frozenset(), late=frozenset(),
-                  drop_reply=frozenset()) -> sa.Outcome:
+                  drop_reply=frozenset(), late_unmask=frozenset()) -> sa.Outcome:
         """One aggregation as the engine runs it: the clients' replies bring fresh mask keys
         (``drop_reply``: clients whose reply never came), then masked input, then unmasking."""
         senders = [c for c in self.clients if c not in drop_reply]
@@ -161,7 +161,7 @@ class Net:
         out = self.server.step(replies, missing)
         if out.send is None:
             return out
-        replies, missing = self.exchange(out.send, drop_unmask)
+        replies, missing = self.exchange(out.send, drop_unmask, late=late_unmask)
         return self.server.step(replies, missing)
 
 
@@ -215,6 +215,34 @@ def test_fewer_than_t_survivors_fail_without_unmasking():
     # and the next aggregation works again
     out = net.aggregate(x, w)
     np.testing.assert_allclose(out.total, _plain(x, w, range(5))[0], atol=1e-5)
+
+
+def test_late_reveals_after_too_few_shares_would_unmask_the_survivors_so_they_are_disclosed():
+    net = Net(5)  # t = 3
+    net.setup()
+    x, w = _inputs(5, 4)
+    start = len(net.inbox)
+    out = net.aggregate(x, w, late_unmask={0, 1, 2})  # their reveals reach the inbox after the deadline
+    assert out.ended and out.total is None and "fewer than 3 shares" in out.failed and out.contributors == []
+    assert out.disclosed == [0, 1, 2, 3, 4]
+    # what a server that keeps late replies holds: every masked input and every reveal
+    got = list(zip(net.senders[start:], net.inbox[start:]))
+    y = {c: m["y"] for c, m in got if m.kind == sa.MASKED}
+    shares = {j: {} for j in y}
+    for c, m in got:
+        if m.kind == sa.REVEAL:
+            for j, row in zip(np.asarray(m["b_ids"]).tolist(), np.asarray(m["b_sh"])):
+                shares[j][c + 1] = int.from_bytes(bytes(row), "big")
+    k, L = net.server.k, len(next(iter(y.values())))
+    acc = np.zeros(L, dtype=sa.ring_dtype(net.params.ring_bits))
+    for j, yj in y.items():
+        acc += yj
+        acc -= sa.prg(sa.self_seed(sa.shamir_reconstruct(shares[j], 3), k), L, net.params.ring_bits)
+    vals = sa.decode_fixed(acc, net.params.frac_bits, net.params.ring_bits)
+    np.testing.assert_allclose(vals[:-1], _plain(x, w, range(5))[0], atol=1e-5)  # the sum is out
+    # a failure before any reveal was asked for discloses nothing
+    out = net.aggregate(x, w, drop_input={0, 1, 2})
+    assert "threshold" in out.failed and out.disclosed == []
 
 
 def test_every_aggregation_masks_with_fresh_keys_and_a_dropped_client_is_back_at_once():
@@ -584,6 +612,20 @@ def test_too_few_survivors_fail_the_aggregation_and_keep_the_vector(tmp_path, mo
                                   ServerContext(client_ids=list(range(6)), n_clusters=10, seed=0)).w
     np.testing.assert_array_equal(spy.vectors[0], init)  # nothing averaged: the vector stays
     assert log[1]["info"]["aggregated"]  # the next round aggregates again
+
+
+def test_rounds_record_each_secure_sum_and_whom_a_failed_one_disclosed(tmp_path, monkeypatch):
+    _drop_in(monkeypatch, {0, 1, 2}, sub=2)  # all six inputs in, three reveals lost: 3 shares, t = 4
+    _drop_in(monkeypatch, {0, 1, 2, 3}, sub=1, round=1)  # two inputs: fails before any reveal
+    s, log = _run(tmp_path, "disclosed", True)
+    assert s["status"] == "degraded"
+    (first,), (second,), (third,) = (log[r]["secure_sums"] for r in range(3))
+    assert first["contributors"] == [] and "fewer than 4 shares" in first["failed"]
+    assert first["disclosed"] == list(range(6))
+    assert "threshold" in second["failed"] and second["disclosed"] == []
+    assert third == {"kind": third["kind"], "contributors": list(range(6)), "failed": None, "disclosed": []}
+    plain, plain_log = _run(tmp_path, "plain", False)
+    assert "secure_sums" not in plain_log[0]
 
 
 def test_secagg_plus_in_the_engine_costs_less_and_sums_the_same(tmp_path):

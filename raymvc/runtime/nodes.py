@@ -677,6 +677,7 @@ class ServerNode:
         addressed, not_sampled = self._sample(r, self.outgoing)
         st, self.clock = self._exchange(r, addressed, "protocol", self.faults, compute=True)
         answered = len(st.replies) + len(st.acked)  # to the round's request, whatever secure aggregation adds
+        sums = None
         if self.secure is not None:
             self.sub = 0
 
@@ -686,6 +687,8 @@ class ServerNode:
 
             self.secure.aggregate(st, extra)
             self._blame_senders(r, st)
+            sums = [{"kind": s.kind, "contributors": list(s.contributors), "failed": s.failed,
+                     "disclosed": list(s.disclosed)} for s in getattr(st.replies, "sums", {}).values()]
         self._tally(r, addressed, st)
         self._step(r, st, len(addressed), answered, not_sampled)
         rows = self.ledger.rows[ledger_mark:]
@@ -695,7 +698,8 @@ class ServerNode:
             wire_bytes=sum(x.wire_bytes for x in rows), payload_bytes=sum(x.payload_bytes for x in rows),
             partial_work=self._partial(r, addressed, st), not_sampled=not_sampled,
             virtual_start_s=t0, virtual_end_s=self.clock,
-            client_s=dict(sorted(st.times.items())) if self.devices is not None else None, wall_s=time.perf_counter() - wall,
+            client_s=dict(sorted(st.times.items())) if self.devices is not None else None, secure_sums=sums,
+            wall_s=time.perf_counter() - wall,
             info=dict(self.server.info), done=self.status in ("finished", "failed", "error"), error=self.error)
         self.server.info = {}
         return record

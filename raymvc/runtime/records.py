@@ -30,6 +30,9 @@ class RoundRecord:
     virtual_start_s: float = 0.0
     virtual_end_s: float = 0.0
     client_s: dict[int, float] | None = None  # with device profiles: each reply's virtual seconds in the round
+    # with secure aggregation: per declared sum, its kind, contributors, why it failed and
+    # whose sum a failed aggregation may still have disclosed to the server
+    secure_sums: list[dict[str, Any]] | None = None
     wall_s: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
     done: bool = False
@@ -39,8 +42,9 @@ class RoundRecord:
         d = asdict(self)
         if d["error"] is None:
             del d["error"]
-        if d["client_s"] is None:  # no device profiles: the line is as it always was
-            del d["client_s"]
+        for key in ("client_s", "secure_sums"):  # not in use: the line is as it always was
+            if d[key] is None:
+                del d[key]
         return d
 
 

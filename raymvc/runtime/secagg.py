@@ -341,7 +341,10 @@ class Outcome:
     ``send``: messages for another exchange (then call ``step`` again with the replies).
     Otherwise the phase ended: ``ended`` is true when an aggregation ended, with
     ``total`` (``Σ w_i x_i``) and ``weight`` (``Σ w_i``) over ``contributors`` if it
-    succeeded, or ``failed`` saying why not.
+    succeeded, or ``failed`` saying why not. ``disclosed``: the clients whose sum a
+    server that keeps every reply it ever receives may still decode although the
+    aggregation failed -- the survivors, when it failed after the unmasking request went
+    out (reveals that arrive late, or that the server holds back, complete the shares).
     """
 
     send: dict[int, Message] | None = None
@@ -351,6 +354,7 @@ class Outcome:
     contributors: list[int] = field(default_factory=list)
     dropped: list[int] = field(default_factory=list)
     failed: str | None = None
+    disclosed: list[int] = field(default_factory=list)
 
 
 class SecAggServer:
@@ -592,9 +596,12 @@ class SecAggServer:
             self._fail("interrupted")
 
     def _fail(self, why: str) -> Outcome:
+        # once reveals were asked for, shares of the survivors' self-masks (and of the lost
+        # clients' mask keys) are on their way: late ones would still unmask the survivors' sum
+        disclosed = list(self.survivors) if self.phase == "unmask" else []
         self.phase = "idle"
         self._prune()
-        return Outcome(ended=True, failed=why, contributors=[], dropped=list(self.dropped))
+        return Outcome(ended=True, failed=why, contributors=[], dropped=list(self.dropped), disclosed=disclosed)
 
     def _prune(self) -> None:
         for box in self.pending.values():  # self-mask shares of ended aggregations are useless

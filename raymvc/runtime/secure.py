@@ -164,11 +164,13 @@ class ServerLayer:
             st = exchange(out.send)
             out = sa.step(st.replies, st.missing)
         if out.failed is not None or out.total is None:
-            return WeightedSum(kind, {}, 0.0, [], secure=True, failed=out.failed or "no masked input")
+            return WeightedSum(kind, {}, 0.0, [], secure=True, failed=out.failed or "no masked input",
+                               disclosed=list(out.disclosed))
         try:
             totals = self._unflatten(out.total, [masked[c] for c in out.contributors])
-        except (KeyError, ValueError) as e:
-            return WeightedSum(kind, {}, 0.0, [], secure=True, failed=f"inconsistent masked inputs: {e}")
+        except (KeyError, ValueError) as e:  # unmasked, then found unusable: the server saw the sum
+            return WeightedSum(kind, {}, 0.0, [], secure=True, failed=f"inconsistent masked inputs: {e}",
+                               disclosed=list(out.contributors))
         return WeightedSum(kind, totals, float(out.weight), list(out.contributors), secure=True)
 
     @staticmethod

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from .runtime.records import RoundRecord
-from .scenario import Scenario, load_scenario, scenario_from_dict
+from .scenario import Scenario, as_overrides, load_scenario, merge_overrides, scenario_from_dict
 from .status import Status
 from .summary import RunSummary
 
@@ -155,7 +155,7 @@ class RunResult:
                    faults=summary.faults, out=out, summary=summary)
 
 
-def _scenario(scenario: str | Path | Mapping | Scenario, overrides: Sequence[str], in_memory: bool = False) -> Scenario:
+def _scenario(scenario: str | Path | Mapping | Scenario, overrides: dict[str, Any], in_memory: bool = False) -> Scenario:
     if in_memory and isinstance(scenario, Mapping):  # the data comes with the call: name it in the scenario
         data = dict(scenario.get("data") or {})
         if data.get("dataset") is None and data.get("path") is None:
@@ -165,10 +165,10 @@ def _scenario(scenario: str | Path | Mapping | Scenario, overrides: Sequence[str
         import yaml
 
         raw = yaml.safe_load(scenario.to_yaml())
-        return scenario_from_dict(raw, source=scenario.source, overrides=list(overrides))
+        return scenario_from_dict(raw, source=scenario.source, overrides=overrides)
     if isinstance(scenario, Mapping):
-        return scenario_from_dict(dict(scenario), overrides=list(overrides))
-    return load_scenario(scenario, list(overrides))
+        return scenario_from_dict(dict(scenario), overrides=overrides)
+    return load_scenario(scenario, overrides)
 
 
 def _progress(show: bool):
@@ -178,13 +178,14 @@ def _progress(show: bool):
 
 
 def run(scenario: str | Path | Mapping | Scenario, *, data: MultiViewData | None = None,
-        overrides: Sequence[str] = (), out: str | Path | None = None, backend: str | None = None,
-        progress: bool = False, overwrite: bool = False) -> RunResult:
+        overrides: Mapping[str, Any] | Sequence[str] | None = None, out: str | Path | None = None,
+        backend: str | None = None, progress: bool = False, overwrite: bool = False) -> RunResult:
     """Run one scenario and return its :class:`RunResult`.
 
     ``scenario``: a YAML file, a dict with the same keys, or a
     :class:`~raymvc.scenario.Scenario`. ``data``: arrays held in memory instead of the
-    scenario's data set. ``overrides``: ``"key=value"`` strings, as ``--set``.
+    scenario's data set. ``overrides``: key -> value (``{"faults.dropout.rate": 0.2}``),
+    as ``--set`` applies them (a list of ``"key=value"`` strings is parsed first).
     ``backend``: ``"local"`` (in-process) or ``"ray"``; default: the scenario's.
     ``out``: the run folder (default ``runs/<name>-<time>``; one raymvc wrote before is
     replaced with ``overwrite=True``, as ``--overwrite``). A bad scenario or bad data
@@ -193,7 +194,7 @@ def run(scenario: str | Path | Mapping | Scenario, *, data: MultiViewData | None
     from .results import default_out_dir
     from .runtime import prepare, run_scenario
 
-    sets = [*overrides, *([f"runtime.backend={backend}"] if backend else [])]
+    sets = merge_overrides(as_overrides(overrides), {"runtime.backend": backend} if backend else {})
     sc = _scenario(scenario, sets, in_memory=data is not None)
     prepared = prepare(sc, dataset=data.dataset()) if data is not None else None
     out = Path(out) if out is not None else default_out_dir(sc.name)
@@ -229,7 +230,8 @@ class SweepResult:
 
 
 def sweep(scenarios: str | Path | Sequence[str | Path], *, grid: Mapping[str, Sequence[Any]] | None = None,
-          seeds: Sequence[int] | None = None, overrides: Sequence[str] = (), out: str | Path | None = None,
+          seeds: Sequence[int] | None = None, overrides: Mapping[str, Any] | Sequence[str] | None = None,
+          out: str | Path | None = None,
           jobs: int | None = None, backend: str | None = None, progress: bool = False,
           fresh_actors: bool = False, only: Sequence[str] | None = None, cells: str = "actors",
           address: str | None = None) -> SweepResult:
@@ -237,7 +239,7 @@ def sweep(scenarios: str | Path | Sequence[str | Path], *, grid: Mapping[str, Se
     folder layout; rerunning into ``out`` reuses the cells that still stand).
 
     ``grid``: ``{"faults.dropout.rate": [0, 0.3]}``; ``seeds``: e.g. ``range(5)``
-    (default: each scenario's own seed). ``jobs``: runs at once (default: one with the
+    (default: each scenario's own seed); ``overrides`` as for :func:`run`. ``jobs``: runs at once (default: one with the
     local backend, as many as the cluster holds on Ray); on Ray the actors are kept from one
     run to the next unless ``fresh_actors``; ``cells="tasks"`` runs each cell as one Ray
     task simulating in-process instead (on the cluster at ``address``, or an embedded Ray).
@@ -248,7 +250,7 @@ def sweep(scenarios: str | Path | Sequence[str | Path], *, grid: Mapping[str, Se
     from .studies import SweepRequest, run_sweep
 
     picked = ((only,) if isinstance(only, str) else tuple(only)) if only else ()
-    req = SweepRequest.build(scenarios, grid=grid, seeds=seeds, overrides=list(overrides),
+    req = SweepRequest.build(scenarios, grid=grid, seeds=seeds, overrides=as_overrides(overrides),
                              out=str(out) if out is not None else None, jobs=None if jobs is None else int(jobs),
                              backend=backend, address=address, cells=cells, fresh_actors=fresh_actors,
                              only=picked, quiet=not progress)

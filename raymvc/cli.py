@@ -19,7 +19,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from .scenario import ScenarioError, load_scenario, one_line
+from .scenario import ScenarioError, load_scenario, merge_overrides, one_line, parse_sets
 
 EXIT_USAGE = 2
 
@@ -42,15 +42,18 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
 _default_showwarning = warnings.showwarning
 
 
+def _sets(args) -> dict:
+    """The ``--set`` flags as overrides (key -> value), parsed once per command."""
+    if getattr(args, "overrides", None) is None:
+        args.overrides = parse_sets(getattr(args, "set", None) or [])
+    return args.overrides
+
+
 def _load(args) -> object:
-    overrides = list(args.set or [])
-    if getattr(args, "address", None):
-        overrides.append(f"runtime.address={args.address}")
-    if getattr(args, "backend", None):
-        overrides.append(f"runtime.backend={args.backend}")
-    if getattr(args, "seed", None) is not None:
-        overrides.append(f"seed={args.seed}")
-    return load_scenario(args.scenario, overrides)
+    flags = {"runtime.address": getattr(args, "address", None), "runtime.backend": getattr(args, "backend", None),
+             "seed": getattr(args, "seed", None)}
+    return load_scenario(args.scenario, merge_overrides(_sets(args), {k: v for k, v in flags.items()
+                                                                      if v is not None and v != ""}))
 
 
 def _load_and_prepare(args):
@@ -98,7 +101,7 @@ def cmd_run(args) -> int:
     from .results import ResultsError, check_out_dir
 
     try:
-        out = args.out or _default_run_dir(sc.name, list(args.set or []) + ([f"seed={args.seed}"] if args.seed else []))
+        out = args.out or _default_run_dir(sc.name, merge_overrides(_sets(args), {"seed": args.seed} if args.seed else {}))
         made = not Path(out).exists()
         check_out_dir(out)
     except ResultsError as e:
@@ -135,16 +138,15 @@ def _drop_if_empty(out, made: bool) -> None:
             Path(out).rmdir()  # only if empty
 
 
-def _default_run_dir(name: str, overrides: list[str]) -> Path:
+def _default_run_dir(name: str, overrides: dict) -> Path:
     """``runs/<name>[_<key><value>...]-<time>``: the overrides show in the folder name."""
-    from .results import default_out_dir
+    from .results import default_out_dir, short_value
     from .studies import short_key, slug
 
     bits = []
-    for item in overrides:
-        key, _, val = item.partition("=")
-        text = slug(val) if slug(val) != "x" else "none"
-        bits.append(f"{short_key(key.strip())}{'-' if text[:1].isalpha() else ''}{text}")
+    for key, value in overrides.items():
+        text = slug(short_value(value)) if slug(short_value(value)) != "x" else "none"
+        bits.append(f"{short_key(key)}{'-' if text[:1].isalpha() else ''}{text}")
     return default_out_dir("_".join([name, *bits])[:80])
 
 
@@ -316,12 +318,12 @@ def sweep_request(args):
     if args.seeds is not None:
         seeds = parse_seeds(args.seeds)
     elif args.seed is not None or args.repeats > 1:
-        s0 = args.seed if args.seed is not None else load_scenario(args.scenario[0], list(args.set or [])).seed
+        s0 = args.seed if args.seed is not None else load_scenario(args.scenario[0], _sets(args)).seed
         seeds = [s0 + i for i in range(args.repeats)]
     else:
         seeds = None  # each scenario's own seed
     return SweepRequest.build(args.scenario, grid=dict(parse_grid(args.grid or [])), seeds=seeds,
-                              overrides=args.set or [], out=args.out, jobs=args.jobs, backend=args.backend,
+                              overrides=_sets(args), out=args.out, jobs=args.jobs, backend=args.backend,
                               address=args.address, cells=args.cells, fresh_actors=args.fresh_actors,
                               only=tuple(args.only or ()), quiet=args.quiet)
 

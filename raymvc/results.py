@@ -37,6 +37,7 @@ import numpy as np
 import yaml
 
 from .status import FINAL as FINAL_STATUSES  # noqa: F401 (re-exported; the vocabulary is raymvc.status)
+from .text import short_value  # noqa: F401 (re-exported)
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]*")  # one path component, never "." or ".."
 
@@ -479,10 +480,3 @@ def differing_keys(scenarios: list[dict], ignore: tuple[str, ...] = ("descriptio
     flat = [flatten(s) for s in scenarios]
     keys = sorted(set().union(*flat)) if flat else []
     return [k for k in keys if k not in ignore and len({yaml.safe_dump(f.get(k)) for f in flat}) > 1]
-
-
-def short_value(v: Any) -> str:
-    """A value as compact one-line YAML (``0.1``, ``[{client: 2, at_round: 2}]``)."""
-    if v is None:
-        return "null"
-    return yaml.safe_dump(v, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()

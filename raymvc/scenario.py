@@ -2,7 +2,8 @@
 
 Every problem is reported as :class:`ScenarioError` with one line that names the file
 and the key path, e.g. ``scenarios/x.yaml: faults.dropout.rate: must be <= 1, got 1.5``.
-``--set key.path=value`` overrides are applied to the raw YAML before validation, so
+Overrides (key path -> value; ``--set key.path=value`` on the command line, parsed once
+into that form by :func:`parse_sets`) are applied to the raw YAML before validation, so
 they are checked exactly like keys written in the file; a problem that comes from an
 override is reported against it (``--set params.lamda=2: params.lamda: unknown key;
 did you mean 'lambda'? ...``). An unknown key always suggests the closest valid one.
@@ -27,7 +28,7 @@ import os
 import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -41,7 +42,7 @@ from pydantic import (
     model_validator,
 )
 
-from .text import MAX_ERROR_CHARS, MAX_VALUE_CHARS, one_line, short  # noqa: F401 (re-exported)
+from .text import MAX_ERROR_CHARS, MAX_VALUE_CHARS, one_line, short, short_value  # noqa: F401 (re-exported)
 
 MAX_FILE_BYTES = 1_000_000  # a scenario file
 MAX_ALIASES = 8  # YAML aliases (*name) in one document
@@ -576,8 +577,8 @@ class Scenario(_Strict):
             raise ScenarioError(_format(self.source, e, prefix=("params",), model=proto.config,
                                         overrides=self._overrides)) from None
 
-    # the --set overrides this scenario was built with (to blame them in errors)
-    _overrides: tuple = ()
+    # the overrides this scenario was built with, key -> value (to blame them in errors)
+    _overrides: dict = {}
 
     def blame(self, err: ScenarioError) -> ScenarioError:
         """Re-attribute an error phrased against the file to the --set that caused it."""
@@ -638,20 +639,20 @@ def unknown_key_message(bad: str, valid: list[str] | None) -> str:
     return f"unknown key{hint} (valid keys: {', '.join(valid)})"
 
 
-def blame_override(text: str, source: str | None, overrides) -> str:
+def blame_override(text: str, source: str | None, overrides: Mapping[str, Any] | None) -> str:
     """``FILE: key: msg`` -> ``--set key=value: key: msg`` when an override set that key."""
     if not overrides:
         return text
     rest = text[len(source) + 2:] if source and text.startswith(f"{source}: ") else text
     key = rest.split(": ", 1)[0]
-    for item in reversed(list(overrides)):
-        okey = item.split("=", 1)[0].strip()
+    items = list(overrides.items())[::-1]
+    for okey, value in items:
         if key == okey or key.startswith(okey + ".") or okey.startswith(key + "."):
-            return f"--set {item}: {rest}"
+            return f"--set {show_override(okey, value)}: {rest}"
     if key == "data" or key.startswith("data."):  # a problem of data given on the command line
-        for item in reversed(list(overrides)):
-            if item.split("=", 1)[0].strip() in ("data.path", "data.dataset"):
-                return f"--set {item}: {rest}"
+        for okey, value in items:
+            if okey in ("data.path", "data.dataset"):
+                return f"--set {show_override(okey, value)}: {rest}"
     return text
 
 
@@ -746,6 +747,45 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
+def parse_sets(items: Iterable[str]) -> dict[str, Any]:
+    """``--set`` strings (``"key.path=yaml"``) as overrides, key -> value, parsed once; a
+    key given twice keeps its last value."""
+    return merge_overrides(*(dict([parse_override(item)]) for item in items))
+
+
+def as_overrides(overrides: Mapping[str, Any] | Iterable[str] | None) -> dict[str, Any]:
+    """Overrides as key -> value: a mapping (its keys checked), or ``--set`` strings (parsed)."""
+    if overrides is None:
+        return {}
+    if isinstance(overrides, str):
+        raise ScenarioError(f"overrides: a mapping of key -> value or a list of key=value strings, got {overrides!r}")
+    if not isinstance(overrides, Mapping):
+        return parse_sets(overrides)
+    for key in overrides:
+        if not isinstance(key, str) or not key.strip() or any(not part for part in key.strip().split(".")):
+            raise ScenarioError(f"overrides: bad key path {short(key)}")
+    return {k.strip(): v for k, v in overrides.items()}
+
+
+def merge_overrides(*parts: Mapping[str, Any]) -> dict[str, Any]:
+    """Several sets of overrides as one, applied in order: a key given again takes its
+    last value and its last place."""
+    out: dict[str, Any] = {}
+    for part in parts:
+        for key, value in part.items():
+            out.pop(key, None)
+            out[key] = value
+    return out
+
+
+def show_override(key: str, value: Any) -> str:
+    """An override as its ``--set`` text: ``faults.dropout.rate=0.2`` (mappings keep their order)."""
+    if value is None:
+        return f"{key}=null"
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6, sort_keys=False, allow_unicode=True)
+    return f"{key}={text.strip().removesuffix('...').strip()}"
+
+
 def _yaml_problem(e: yaml.YAMLError) -> str:
     mark = getattr(e, "problem_mark", None)
     problem = getattr(e, "problem", None) or str(e).splitlines()[0]
@@ -754,8 +794,10 @@ def _yaml_problem(e: yaml.YAMLError) -> str:
     return problem
 
 
-def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
-    """Read, override and validate a scenario file; every error is a ScenarioError."""
+def load_scenario(path: str | Path, overrides: Mapping[str, Any] | Iterable[str] | None = None) -> Scenario:
+    """Read, override and validate a scenario file; every error is a ScenarioError.
+    ``overrides``: key -> value (``{"faults.dropout.rate": 0.2}``), applied in order; a list
+    of ``--set`` strings is parsed first."""
     path = Path(path)
     src = str(path)
     try:
@@ -800,20 +842,21 @@ def _check_split_options(sc: Scenario) -> None:
                                      f"this is a vertical split ({sc.method})"))
 
 
-def scenario_from_dict(raw: dict, source: str | None = None, overrides=(),
+def scenario_from_dict(raw: dict, source: str | None = None, overrides: Mapping[str, Any] | Iterable[str] | None = None,
                        values: Mapping[str, Any] | None = None) -> Scenario:
-    """A validated :class:`Scenario` from a raw mapping; ``overrides`` are ``--set``-style
-    strings (``"key.path=yaml"``), ``values`` the same as Python values (``{"key.path": v}``)."""
+    """A validated :class:`Scenario` from a raw mapping. ``overrides``: key -> value, as
+    ``--set`` applies them (a data source replaces the other, a relative ``data.path`` is
+    taken from the working folder, errors name the override); ``values``: key -> value set
+    as they are, before the overrides."""
     raw = copy.deepcopy(raw)
     for key, value in (values or {}).items():
         _set_path(raw, key, copy.deepcopy(value), source)
-    overrides = tuple(overrides)
-    for item in overrides:
-        key, value = parse_override(item)
+    overrides = as_overrides(overrides)
+    for key, value in overrides.items():
         try:
-            _apply_override(raw, key, value, source)
+            _apply_override(raw, key, copy.deepcopy(value), source)
         except ScenarioError as e:
-            raise ScenarioError(str(e).replace(f"--set {key}=...", f"--set {item}", 1)) from None
+            raise ScenarioError(str(e).replace(f"--set {key}=...", f"--set {show_override(key, value)}", 1)) from None
     raw.pop("source", None)
     try:
         sc = Scenario(**raw, source=source)

@@ -40,15 +40,17 @@ import math
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .grid import MAX_CELLS, MAX_SEEDS, check_size, parse_grid, parse_seeds, short_key, slug  # noqa: F401
 from .provenance import fingerprint
 from .results import OutputFolder, default_out_dir, jsonable, short_value, write_file
 from .runtime.cluster import AUTO_CAP, actors_needed
 from .runtime.warm import crew_key
-from .scenario import ScenarioError, load_scenario
+from .scenario import ScenarioError, as_overrides, load_scenario, merge_overrides
 from .status import ALL, FINISHED, Status
 from .summary import RunSummary
 
@@ -66,7 +68,7 @@ class Cell:
     method: str
     point: dict  # grid key -> value
     seed: int
-    overrides: list[str]
+    overrides: dict[str, Any]  # key -> value, applied to the scenario file in order
     run_dir: Path
     max_rounds: int | None = None
     extra: dict = field(default_factory=dict)
@@ -93,25 +95,26 @@ def _run_dir_name(name: str, point: dict, seed: int) -> str:
 
 
 def plan(scenarios: list[str | tuple], grid: list[tuple[str, list]], seeds: list[int] | None,
-         base: list[str], out: Path) -> list[Cell]:
+         base: Mapping[str, Any], out: Path) -> list[Cell]:
     """Every (scenario, grid point, seed), validated before anything runs. A scenario is a
     file, or ``(file, overrides)`` -- a study's run, with its own ``set`` values and name --
-    or ``(file, overrides, seeds)``, a run with its own subset of the seeds (None: all)."""
+    or ``(file, overrides, seeds)``, a run with its own subset of the seeds (None: all).
+    ``base``: overrides of every cell (key -> value); a grid point's values apply after them."""
     from .runtime import prepare
 
     cells: list[Cell] = []
     keys = [k for k, _ in grid]
     check_size(len(scenarios), [len(vals) for _, vals in grid], len(seeds) if seeds is not None else 1)
     for entry in scenarios:
-        path, own, own_seeds = (entry, [], None) if isinstance(entry, str) else (*entry, None)[:3]
-        at_first = [f"{k}={short_value(vals[0])}" for k, vals in grid]  # a key only the grid gives may be required
-        first = _load(path, own + base + at_first, keys)
+        path, own, own_seeds = (entry, {}, None) if isinstance(entry, str) else (*entry, None)[:3]
+        at_first = {k: vals[0] for k, vals in grid}  # a key only the grid gives may be required
+        first = _load(path, merge_overrides(own, base, at_first), keys)
         run_seeds = own_seeds if own_seeds is not None else seeds if seeds is not None else [first.seed]
         for combo in itertools.product(*[vals for _, vals in grid]):
             point = dict(zip(keys, combo))
-            over = own + base + [f"{k}={short_value(v)}" for k, v in point.items()]
+            over = merge_overrides(own, base, point)
             for j, seed in enumerate(run_seeds):
-                sc = _load(path, over + [f"seed={seed}"], keys)
+                sc = _load(path, merge_overrides(over, {"seed": seed}), keys)
                 if j == 0:  # the data and the split for this point load (errors before any run)
                     try:
                         n_clients = prepare(sc)[1].n_clients
@@ -119,7 +122,7 @@ def plan(scenarios: list[str | tuple], grid: list[tuple[str, list]], seeds: list
                         raise _grid_blame(sc.blame(e), keys) from None
                 cfg = sc.protocol_config()
                 cells.append(Cell(scenario=path, name=sc.name, method=sc.method, point=point, seed=seed,
-                                  overrides=over + [f"seed={seed}"],
+                                  overrides=merge_overrides(over, {"seed": seed}),
                                   run_dir=out / _run_dir_name(sc.name, point, seed),
                                   max_rounds=getattr(cfg, "max_rounds", None),
                                   extra={"backend": sc.runtime.backend, "n_clients": n_clients,
@@ -141,7 +144,7 @@ def _grid_blame(err: ScenarioError, keys: list[str]) -> ScenarioError:
     return err
 
 
-def _load(path: str, overrides: list[str], grid_keys: list[str]):
+def _load(path: str, overrides: dict[str, Any], grid_keys: list[str]):
     try:
         return load_scenario(path, overrides)
     except ScenarioError as e:
@@ -161,7 +164,7 @@ def footprint(sc, n_clients: int) -> float:
     return actors_needed(sc, n_clients) * per + server
 
 
-def _run_cell(scenario: str, overrides: list[str], run_dir: str, progress=None, **kw) -> dict:
+def _run_cell(scenario: str, overrides: dict[str, Any], run_dir: str, progress=None, **kw) -> dict:
     """Run one cell (in this process, on a thread of it or in a worker process); returns its
     summary. ``kw`` goes to :func:`raymvc.runtime.run_scenario` (``warm``, ``stop_requested``)."""
     from .runtime import run_scenario
@@ -637,14 +640,14 @@ class SweepRequest:
 
     ``scenarios``: scenario files, or one study file (which brings its runs, grid and
     seeds); ``grid``: key -> values (a product); ``seeds``: every grid point's seeds
-    (None: each scenario's own); ``overrides``: ``key=value`` settings for every cell;
+    (None: each scenario's own); ``overrides``: ``(key, value)`` settings of every cell, in order;
     ``cells``: on Ray, ``actors`` (per-client actors) or ``tasks`` (each cell one Ray task
     simulating in-process); ``only``: a study's runs to sweep (ids)."""
 
     scenarios: tuple[str, ...]
     grid: tuple[tuple[str, tuple], ...] = ()
     seeds: tuple[int, ...] | None = None
-    overrides: tuple[str, ...] = ()
+    overrides: tuple[tuple[str, Any], ...] = ()
     out: str | None = None
     jobs: int | None = None
     backend: str | None = None
@@ -655,14 +658,15 @@ class SweepRequest:
     quiet: bool = False
 
     @classmethod
-    def build(cls, scenarios, grid=None, seeds=None, overrides=(), **kw) -> SweepRequest:
-        """From plain values: ``grid`` a mapping of key -> list, ``seeds`` any iterable of ints."""
+    def build(cls, scenarios, grid=None, seeds=None, overrides=None, **kw) -> SweepRequest:
+        """From plain values: ``grid`` a mapping of key -> list, ``seeds`` any iterable of
+        ints, ``overrides`` a mapping of key -> value."""
         paths = (str(scenarios),) if isinstance(scenarios, (str, Path)) else tuple(str(p) for p in scenarios)
         g = tuple((str(k), tuple(v)) for k, v in (dict(grid or {})).items())
         sd = None if seeds is None else tuple(int(x) for x in seeds)
         if sd is not None and len(sd) > MAX_SEEDS:
             raise ScenarioError(f"seeds: more than {MAX_SEEDS} seeds")
-        return cls(scenarios=paths, grid=g, seeds=sd, overrides=tuple(overrides), **kw)
+        return cls(scenarios=paths, grid=g, seeds=sd, overrides=tuple(as_overrides(overrides).items()), **kw)
 
 
 def _from_study(req: SweepRequest):
@@ -721,7 +725,7 @@ def run_sweep(req: SweepRequest) -> tuple[int, Path]:
     study, scenarios, req, kept = _from_study(req)
     grid = [(k, list(v)) for k, v in req.grid]
     keys = [k for k, _ in grid]
-    base = list(req.overrides)
+    base = dict(req.overrides)
     as_tasks = req.cells == "tasks"
     if req.cells not in ("actors", "tasks"):
         raise ScenarioError(f"--cells {req.cells}: one of actors, tasks")
@@ -729,12 +733,10 @@ def run_sweep(req: SweepRequest) -> tuple[int, Path]:
         if req.backend == "local":
             raise ScenarioError("--cells tasks: runs every cell as a Ray task (the cluster's backend is Ray); "
                                 "drop --backend local")
-        base.append("runtime.backend=local")
+        base = merge_overrides(base, {"runtime.backend": "local"})
     else:
-        if req.address:
-            base.append(f"runtime.address={req.address}")
-        if req.backend:
-            base.append(f"runtime.backend={req.backend}")
+        flags = {"runtime.address": req.address, "runtime.backend": req.backend}
+        base = merge_overrides(base, {k: v for k, v in flags.items() if v})
     if req.jobs is not None and req.jobs < 1:
         raise ScenarioError(f"--jobs {req.jobs}: must be >= 1")
     seeds = list(req.seeds) if req.seeds is not None else None

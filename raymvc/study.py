@@ -242,17 +242,17 @@ class Study:
         tag = "-".join(f"{k.split('.')[-1]}{v}" for k, v in sp.set.items())
         return _slug_id(f"{sp.run}.{tag}")
 
-    def entries(self) -> list[tuple[str, list[str], RunSpec]]:
-        """``(scenario file, overrides, run)`` per run (and spread run), overrides as ``key=value``."""
+    def entries(self) -> list[tuple[str, dict[str, Any], RunSpec]]:
+        """``(scenario file, overrides, run)`` per run (and spread run), overrides as key -> value."""
         out = []
         for r in self.spec.runs:
-            out.append((self.scenario_path(r), [*_overrides(r.set), f"name={r.id}"], r))
+            out.append((self.scenario_path(r), {**r.set, "name": r.id}, r))
         for sp in self.spec.spreads():
             base = next(r for r in self.spec.runs if r.id == sp.run)
             label = sp.label or f"{base.label} ({', '.join(f'{k}={v}' for k, v in sp.set.items())})"
             spread = RunSpec(id=self._spread_id(sp), label=label, variant=base.variant, scenario=base.scenario, seeds=base.seeds,
                              set={**base.set, **sp.set})
-            out.append((self.scenario_path(base), [*_overrides(spread.set), f"name={spread.id}"], spread))
+            out.append((self.scenario_path(base), {**spread.set, "name": spread.id}, spread))
         return out
 
     def points(self) -> list[dict]:
@@ -266,14 +266,13 @@ class Study:
         """Load every run's scenario at every grid point (first seed) without loading data:
         a bad key or value anywhere is a ScenarioError; a tuning study's ``default`` must be
         what its run's scenario resolves to. Returns the number of runs the study has."""
-        from .results import short_value
-        from .scenario import load_scenario
+        from .scenario import load_scenario, merge_overrides
 
         points = self.points()
         seeds = self.seeds()
         for scenario, overrides, run in self.entries():
             for point in points:
-                over = overrides + [f"{k}={short_value(v)}" for k, v in point.items()] + [f"seed={seeds[0]}"]
+                over = merge_overrides(overrides, point, {"seed": seeds[0]})
                 try:
                     load_scenario(scenario, over)
                 except ScenarioError as e:
@@ -284,16 +283,15 @@ class Study:
     def check_data(self) -> None:
         """Load the data of every run (at every grid point that changes the data, else the
         first): a data set that cannot be obtained is a ScenarioError naming the run."""
-        from .results import short_value
         from .runtime import prepare
-        from .scenario import load_scenario
+        from .scenario import load_scenario, merge_overrides
 
         points = self.points()
         if not any(k.startswith("data.") for k in self.spec.grid):
             points = points[:1]
         for scenario, overrides, run in self.entries():
             for point in points:
-                over = overrides + [f"{k}={short_value(v)}" for k, v in point.items()] + [f"seed={self.seeds()[0]}"]
+                over = merge_overrides(overrides, point, {"seed": self.seeds()[0]})
                 try:
                     prepare(load_scenario(scenario, over))
                 except ScenarioError as e:
@@ -311,7 +309,7 @@ class Study:
             return
         run = self.tuned_run()
         try:
-            sc = load_scenario(self.scenario_path(run), [*_overrides(run.set), f"seed={self.seeds()[0]}"])
+            sc = load_scenario(self.scenario_path(run), {**run.set, "seed": self.seeds()[0]})
             values = {key: resolved_value(sc, key) for key in self.spec.tuning.default}
         except ScenarioError as e:
             raise ScenarioError(f"{self.path}: study run {run.id!r}: {e}") from None
@@ -354,11 +352,6 @@ def _same(a: Any, b: Any) -> bool:
 
 def _slug_id(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "", text)[:40]
-
-
-def _overrides(values: dict[str, Any]) -> list[str]:
-    return [f"{k}={yaml.safe_dump(v, default_flow_style=True, width=10**6).strip().removesuffix('...').strip()}"
-            for k, v in values.items()]
 
 
 def is_study_file(path: str | Path) -> bool:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import reprlib
 from typing import Any
 
+import yaml
+
 MAX_ERROR_CHARS = 400  # a whole error line
 MAX_VALUE_CHARS = 80  # a value quoted in an error
 
@@ -25,3 +27,10 @@ def one_line(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     """``text`` with line breaks folded and at most ``limit`` characters."""
     text = " ".join(str(text).split("\n"))
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def short_value(v: Any) -> str:
+    """A value as compact one-line YAML (``0.1``, ``[{client: 2, at_round: 2}]``)."""
+    if v is None:
+        return "null"
+    return yaml.safe_dump(v, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()

@@ -37,6 +37,29 @@ def test_run_returns_what_the_run_folder_holds(tmp_path):
     with pytest.raises(raymvc.ScenarioError, match="faults.dropout.rate"):
         raymvc.run(HW, overrides=["faults.dropout.rate=2"], backend="local", out=tmp_path / "bad")
     assert not (tmp_path / "bad").exists()
+    # overrides as a mapping of Python values: the same run as the --set strings
+    m = raymvc.run(sc, overrides={"faults.dropout": {"rate": 0.3}}, backend="local", out=tmp_path / "m")
+    np.testing.assert_array_equal(m.labels, d.labels)
+    with pytest.raises(raymvc.ScenarioError, match=r"^--set faults.dropout.rate=2: faults.dropout.rate: "):
+        raymvc.run(HW, overrides={"faults.dropout.rate": 2}, backend="local", out=tmp_path / "bad")
+    with pytest.raises(raymvc.ScenarioError, match="bad key path"):
+        raymvc.run(HW, overrides={"faults..rate": 2}, backend="local", out=tmp_path / "bad")
+
+
+def test_overrides_travel_as_values_from_the_command_line_to_the_cells(tmp_path):
+    from raymvc.cli import build_parser, sweep_request
+    from raymvc.studies import plan
+
+    args = build_parser().parse_args(["sweep", str(HW), "--set", "params.beta=0.5", "--set", "name=hw 2",
+                                      "--set", "faults.dropout={rate: 0.1}", "--set", "faults.dropout.rate=0.2",
+                                      "--grid", "params.lambda=[0.001, 8]", "--seeds", "3"])
+    req = sweep_request(args)  # every --set string is parsed here, once
+    assert list(req.overrides) == [("params.beta", 0.5), ("name", "hw 2"), ("faults.dropout", {"rate": 0.1}),
+                                   ("faults.dropout.rate", 0.2)]  # in the order given, as YAML reads them
+    cells = plan([str(HW)], list(req.grid), list(req.seeds), {"params.kmeans_init": 2}, tmp_path / "s")
+    assert [c.overrides for c in cells] == [{"params.kmeans_init": 2, "params.lambda": lam, "seed": 3}
+                                            for lam in (0.001, 8)]
+    assert type(cells[0].overrides["params.lambda"]) is float and type(cells[1].overrides["params.lambda"]) is int
 
 
 def test_ledger_to_pandas(tmp_path):

@@ -76,7 +76,7 @@ def test_how_many_runs_a_cluster_holds(tmp_path, ray_session):
     assert footprint(sc, 6) == 6 * 1.0 + 0.5  # auto counts a whole CPU per actor
     two = load_scenario(QUICK, ["runtime.threads=2"])
     assert footprint(two, 6) == 6 * 2 + 2  # two threads per party: two CPUs each, whatever each reserved
-    cells = plan([QUICK], [], [0, 1, 2, 3, 4], ["runtime.client_cpus=0.5"], tmp_path / "p")
+    cells = plan([QUICK], [], [0, 1, 2, 3, 4], {"runtime.client_cpus": 0.5}, tmp_path / "p")
     assert ray_slots(cells, None) == 2  # 3.5 CPUs a run, 8 in the session's instance
     assert ray_slots(cells, 1) == 1
     assert ray_slots(cells[:1], None) == 1

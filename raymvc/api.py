@@ -22,15 +22,16 @@ import contextlib
 import csv
 import hashlib
 import io
-import json
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .results import csv_value
+from .runfolder import RunFolder
 from .runtime.records import RoundRecord
 from .scenario import Scenario, as_overrides, load_scenario, merge_overrides, scenario_from_dict
 from .status import Status
@@ -96,17 +97,6 @@ class Messages:
         return pd.DataFrame.from_records(self.records)
 
 
-def _typed(value: str) -> Any:
-    if value == "":
-        return None
-    for cast in (int, float):
-        try:
-            return cast(value)
-        except ValueError:
-            pass
-    return value
-
-
 @dataclass
 class RunResult:
     """One run's results, as ``raymvc run`` writes them.
@@ -133,26 +123,11 @@ class RunResult:
     @classmethod
     def load(cls, out: str | Path) -> RunResult:
         """Read a run folder written by ``raymvc run`` or :func:`run`."""
-        out = Path(out)
-        summary = RunSummary.load(out)
-        labels = np.zeros(0, dtype=np.int64)
-        if (out / "labels.csv").is_file():
-            with open(out / "labels.csv", newline="") as fh:
-                labels = np.array([int(r["cluster"]) for r in csv.DictReader(fh)], dtype=np.int64)
-        known = {f.name for f in fields(RoundRecord)}
-        rounds = []
-        if (out / "rounds.jsonl").is_file():
-            for line in (out / "rounds.jsonl").read_text().splitlines():
-                if line.strip():
-                    d = json.loads(line)
-                    rounds.append(RoundRecord(**{k: v for k, v in d.items() if k in known}))
-        records = []
-        if (out / "messages.csv").is_file():
-            with open(out / "messages.csv", newline="") as fh:
-                records = [{k: _typed(v) for k, v in r.items()} for r in csv.DictReader(fh)]
-        return cls(status=summary.status, metrics=summary.metrics, labels=labels,
-                   communication=summary.get("communication", {}), rounds=rounds, ledger=Messages(records),
-                   faults=summary.faults, out=out, summary=summary)
+        folder = RunFolder(out)
+        summary = folder.summary()
+        return cls(status=summary.status, metrics=summary.metrics, labels=folder.labels(),
+                   communication=summary.get("communication", {}), rounds=folder.rounds(),
+                   ledger=Messages(folder.ledger()), faults=summary.faults, out=folder.path, summary=summary)
 
 
 def _scenario(scenario: str | Path | Mapping | Scenario, overrides: dict[str, Any], in_memory: bool = False) -> Scenario:
@@ -219,7 +194,7 @@ class SweepResult:
             if not (out / name).is_file():
                 return []
             with open(out / name, newline="") as fh:
-                return [{k: _typed(v) for k, v in r.items()} for r in csv.DictReader(fh)]
+                return [{k: csv_value(v) for k, v in r.items()} for r in csv.DictReader(fh)]
 
         return cls(runs=rows("sweep.csv"), aggregate=rows("aggregate.csv"), out=out)
 

@@ -70,6 +70,7 @@ def _load_and_prepare(args):
 def cmd_run(args) -> int:
     from .progress import RunProgress
     from .results import format_summary
+    from .runfolder import RunFolder
     from .runtime import run_scenario
     from .runtime.engine import ClusterError
 
@@ -78,7 +79,7 @@ def cmd_run(args) -> int:
         if args.scenario or args.set or args.out or args.seed is not None:
             return _fail(f"--resume {resume}: the run's own scenario.yaml is used; "
                          "give no scenario, --set, --seed or --out")
-        args.scenario, args.out = str(Path(resume) / "scenario.yaml"), resume
+        args.scenario, args.out = str(Path(resume) / RunFolder.SCENARIO), resume
         if Path(args.scenario).is_symlink():
             return _fail(f"--resume {resume}: scenario.yaml is a symbolic link; raymvc never follows a link in its folders")
         if not Path(args.scenario).is_file():
@@ -126,7 +127,7 @@ def cmd_run(args) -> int:
         sys.stdout = result
         if rp is not None:
             rp.close()
-    print(json.dumps(summary, indent=2) if args.json else format_summary(summary), flush=True)
+    print(json.dumps(summary.to_dict(), indent=2) if args.json else format_summary(summary), flush=True)
     return {"failed": 1, "error": 1, "interrupted": 130}.get(summary["status"], 0)
 
 
@@ -361,24 +362,30 @@ def cmd_plot(args) -> int:
 def cmd_report(args) -> int:
     import csv
 
-    from .results import ResultsError, read_summary
+    from .results import ResultsError
+    from .runfolder import RunFolder
     from .studies import read_sweep
 
     runs, sweeps = [], []
     for d in args.runs:
         p = Path(d)
-        if (p / "summary.json").is_file():
+        if RunFolder(p).has_summary():
             runs.append(p)
         elif (p / "sweep.csv").is_file():
             sweeps.append(p)
-        elif p.is_dir() and any((c / "summary.json").is_file() for c in p.iterdir() if c.is_dir()):
-            runs.extend(sorted(c for c in p.iterdir() if (c / "summary.json").is_file()))
+        elif p.is_dir() and any(RunFolder(c).has_summary() for c in p.iterdir() if c.is_dir()):
+            runs.extend(sorted(c for c in p.iterdir() if RunFolder(c).has_summary()))
         else:
             return _fail(f"{d}: neither a run folder (summary.json) nor a sweep folder (sweep.csv)")
-    try:
-        summaries = [read_summary(p) for p in runs]
-    except ResultsError as e:
-        return _fail(str(e))
+    summaries = []
+    for p in runs:
+        try:
+            summaries.append(RunFolder(p).summary().to_dict())
+        except ResultsError as e:
+            return _fail(str(e))
+        except (AttributeError, TypeError, ValueError) as e:
+            return _fail(f"{p / RunFolder.SUMMARY}: corrupt (unexpected content: {type(e).__name__}: "
+                         f"{one_line(str(e), 80)})")
     sweep_data = []
     for p in sweeps:
         try:
@@ -393,10 +400,11 @@ def cmd_report(args) -> int:
 
 
 def _print_report(args, runs, summaries, sweeps, sweep_data) -> int:
-    from .results import differing_keys, flatten, format_summary, read_scenario, short_value
+    from .results import differing_keys, flatten, format_summary, short_value
+    from .runfolder import RunFolder
     from .studies import format_aggregate
 
-    scen = [read_scenario(p) for p in runs]
+    scen = [RunFolder(p).scenario() for p in runs]
     diff = differing_keys(scen) if len(runs) > 1 else []
     if args.json:
         out = {"runs": summaries, "differing_keys": diff,

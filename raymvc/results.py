@@ -30,6 +30,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +47,20 @@ class ResultsError(ValueError):
     """A run folder or one of its files cannot be used; the message is one line."""
 
 
+def csv_value(text: str) -> Any:
+    """A CSV cell as the number it holds (``""`` -> ``None``), else the text."""
+    if text == "":
+        return None
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
 def jsonable(x: Any) -> Any:
-    if isinstance(x, dict):
+    if isinstance(x, Mapping):
         return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple, set)):
         items = sorted(x) if isinstance(x, set) else x
@@ -176,8 +189,10 @@ def sha256_file(data: bytes) -> str:
 # --------------------------------------------------------------------------- folders
 MARKER = ".raymvc"  # "raymvc run" or "raymvc sweep": raymvc made this folder, for that
 LOCK = ".raymvc.lock"  # flock'ed by the run or sweep writing into the folder
-RUN_FILES = ("summary.json", "rounds.jsonl", "messages.csv", "scenario.yaml", "labels.csv", "errors.log",
-             "checkpoint.json")
+# the files of a run folder (read and written through raymvc.runfolder.RunFolder)
+SUMMARY_FILE, ROUNDS_FILE, MESSAGES_FILE = "summary.json", "rounds.jsonl", "messages.csv"
+SCENARIO_FILE, LABELS_FILE, ERRORS_FILE = "scenario.yaml", "labels.csv", "errors.log"
+RUN_FILES = (SUMMARY_FILE, ROUNDS_FILE, MESSAGES_FILE, SCENARIO_FILE, LABELS_FILE, ERRORS_FILE, "checkpoint.json")
 # what else a run writes: checkpoint folders and the temporary names of files being written
 _RUN_EXTRAS = re.compile(r"\.checkpoint-\d+|\.(?:%s)\.\d+\.tmp|\.raymvc-write-test-\d+"
                          % "|".join(re.escape(f) for f in (*RUN_FILES, MARKER)))
@@ -318,13 +333,13 @@ class RunWriter:
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self._dfd = _open_nofollow(self.dir, os.O_RDONLY | os.O_DIRECTORY)
-        path = self.dir / "rounds.jsonl"
+        path = self.dir / ROUNDS_FILE
         kept = b""
         if keep_rounds is not None and (path.exists() or path.is_symlink()):
             kept = b"".join(read_file(path).splitlines(keepends=True)[:keep_rounds])
-        self._write("rounds.jsonl", kept)
+        self._write(ROUNDS_FILE, kept)
         try:
-            fd = os.open("rounds.jsonl", os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dfd)
+            fd = os.open(ROUNDS_FILE, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dfd)
             self._rounds = os.fdopen(fd, "a", encoding="utf-8")
         except OSError as e:
             raise ResultsError(f"{path}: cannot open ({e.strerror or e})") from None
@@ -333,33 +348,33 @@ class RunWriter:
         return write_file(self.dir / name, data, dir_fd=self._dfd)
 
     def scenario(self, text: str) -> None:
-        self._write("scenario.yaml", text)
+        self._write(SCENARIO_FILE, text)
 
     def round(self, record: dict) -> None:
         try:
             self._rounds.write(json.dumps(jsonable(record)) + "\n")
             self._rounds.flush()
         except OSError as e:
-            raise ResultsError(f"{self.dir / 'rounds.jsonl'}: cannot write ({e.strerror or e})") from None
+            raise ResultsError(f"{self.dir / ROUNDS_FILE}: cannot write ({e.strerror or e})") from None
 
     def labels(self, labels, n_samples: int) -> Path:
         """``labels.csv``: ``sample,cluster``, one row per sample, -1 where nothing labelled it."""
         y = np.full(n_samples, -1, dtype=np.int64) if labels is None else np.asarray(labels, dtype=np.int64).ravel()
-        return self._write("labels.csv", "sample,cluster\n" + "".join(f"{i},{c}\n" for i, c in enumerate(y.tolist())))
+        return self._write(LABELS_FILE, "sample,cluster\n" + "".join(f"{i},{c}\n" for i, c in enumerate(y.tolist())))
 
     def errors(self, text: str) -> None:
         """``errors.log``: the full tracebacks of every party whose code raised (none: no file)."""
         if text:
-            self._write("errors.log", text)
+            self._write(ERRORS_FILE, text)
         else:
             with contextlib.suppress(FileNotFoundError):  # a resumed run's earlier attempt
-                os.unlink("errors.log", dir_fd=self._dfd)
+                os.unlink(ERRORS_FILE, dir_fd=self._dfd)
 
     def messages(self, ledger) -> None:
-        self._write("messages.csv", ledger.csv_text())
+        self._write(MESSAGES_FILE, ledger.csv_text())
 
     def summary(self, summary: dict) -> Path:
-        return self._write("summary.json", json.dumps(jsonable(summary), indent=2) + "\n")
+        return self._write(SUMMARY_FILE, json.dumps(jsonable(summary), indent=2) + "\n")
 
     def close(self) -> None:
         if not self._rounds.closed:
@@ -373,7 +388,7 @@ class RunWriter:
 
 def read_summary(out_dir: str | Path) -> dict:
     """The ``summary.json`` of a run folder; :class:`ResultsError` if it is missing, corrupt or a link."""
-    path = Path(out_dir) / "summary.json"
+    path = Path(out_dir) / SUMMARY_FILE
     try:
         with os.fdopen(_open_nofollow(path, os.O_RDONLY), "rb") as fh:  # a link is a ResultsError
             data = json.loads(fh.read().decode("utf-8"))
@@ -465,7 +480,7 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 def read_scenario(out_dir: str | Path) -> dict:
     from .scenario import MAX_FILE_BYTES, safe_yaml_load
 
-    p = Path(out_dir) / "scenario.yaml"
+    p = Path(out_dir) / SCENARIO_FILE
     try:
         if p.stat().st_size > MAX_FILE_BYTES:
             return {}

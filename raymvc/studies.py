@@ -48,6 +48,7 @@ from typing import Any
 from .grid import MAX_CELLS, MAX_SEEDS, check_size, parse_grid, parse_seeds, short_key, slug  # noqa: F401
 from .provenance import fingerprint
 from .results import OutputFolder, default_out_dir, jsonable, short_value, write_file
+from .runfolder import RunFolder
 from .runtime.cluster import AUTO_CAP, actors_needed
 from .runtime.warm import crew_key
 from .scenario import ScenarioError, as_overrides, load_scenario, merge_overrides
@@ -187,7 +188,7 @@ def cell_state(cell: Cell) -> str:
     """``reusable`` (finished by the same code with the same settings), ``stale`` (finished,
     but something that determines its result changed since) or ``todo``."""
     try:
-        s = RunSummary.load(cell.run_dir)
+        s = RunFolder(cell.run_dir).summary()
     except (OSError, ValueError):
         return "todo"
     if not s.final:
@@ -488,7 +489,7 @@ def _execute_tasks(todo: list[Cell], jobs: int | None, address: str | None, prog
         except ray.exceptions.TaskCancelledError:  # stopped by the sweep's signal: left for the next sweep
             return _failed_summary(cell, RuntimeError("stopped by a signal"), Status.INTERRUPTED)
         summary = {**summary, "out_dir": str(cell.run_dir), "cell": {"executor": "ray-task", "node": node}}
-        files["summary.json"] = (json.dumps(jsonable(summary), indent=2) + "\n").encode()
+        files[RunFolder.SUMMARY] = (json.dumps(jsonable(summary), indent=2) + "\n").encode()
         with OutputFolder(cell.run_dir, "run", overwrite=True):
             for rel, data in files.items():
                 target = cell.run_dir / rel
@@ -502,7 +503,7 @@ def _execute_tasks(todo: list[Cell], jobs: int | None, address: str | None, prog
 
 def _write_failed(cell: Cell, summary: dict) -> None:
     with OutputFolder(cell.run_dir, "run", overwrite=True):
-        write_file(cell.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        RunFolder(cell.run_dir).write_summary(summary)
 
 
 # --------------------------------------------------------------------------- tables
@@ -511,7 +512,7 @@ def collect(cells: list[Cell], out: Path) -> list[dict]:
     rows = []
     for c in cells:
         try:
-            s = RunSummary.load(c.run_dir)
+            s = RunFolder(c.run_dir).summary()
         except (OSError, ValueError):
             s = RunSummary.from_dict({"status": Status.FAILED.value})
         rows.append(summary_row(c.name, s.method or c.method, c.point, c.seed, s, c.run_dir, out))
@@ -785,6 +786,6 @@ def _kept_rows(out: Path, runs: set[str]) -> list[dict]:
 def _current(cell: Cell) -> bool:
     """Whether the cell's folder holds a result of its current settings and code (of any status)."""
     try:
-        return bool(cell.fingerprint) and RunSummary.load(cell.run_dir).fingerprint == cell.fingerprint
+        return bool(cell.fingerprint) and RunFolder(cell.run_dir).summary().fingerprint == cell.fingerprint
     except (OSError, ValueError):
         return False

@@ -20,12 +20,13 @@ The package's own methods pass the fuller suite in ``tests/test_conformance.py``
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from .runfolder import RunFolder
 
 
 def _scenario(name: str, proto, **values):
@@ -41,14 +42,12 @@ def _scenario(name: str, proto, **values):
     return scenario_from_dict(raw, values=values)
 
 
-def _labels(s: dict) -> np.ndarray:
-    with open(Path(s["out_dir"]) / "labels.csv", newline="") as fh:
-        return np.array([int(r["cluster"]) for r in csv.DictReader(fh)])
+def _labels(s) -> np.ndarray:
+    return RunFolder(s["out_dir"]).labels()
 
 
-def _ledger(s: dict) -> list[dict]:
-    with open(Path(s["out_dir"]) / "messages.csv", newline="") as fh:
-        return list(csv.DictReader(fh))
+def _ledger(s) -> list[dict]:
+    return RunFolder(s["out_dir"]).ledger()
 
 
 def check_protocol(method, *, workdir: str | Path | None = None) -> list[str]:

@@ -14,14 +14,14 @@ regenerate them after a sweep.
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import re
 from collections import defaultdict
 from pathlib import Path
 
 from raymvc.provenance import platform_text
-from raymvc.results import ResultsError, read_summary, short_value, write_file
+from raymvc.results import ResultsError, short_value, write_file
+from raymvc.runfolder import RunFolder
 from raymvc.status import FINISHED
 from raymvc.studies import mean_std, num, read_sweep, short_key
 from raymvc.study import METRIC_NAMES, Study, load_study
@@ -195,16 +195,16 @@ def _row_cell(row: dict, study: Study) -> tuple:
 def _run_facts(sweep_dir: Path, row: dict) -> dict:
     """A row's run as its folder holds it: the code version, and a SHA-256 of ``labels.csv``
     only where the folder still holds the run the row reports (same fingerprint)."""
-    d = sweep_dir / row["run_dir"]
+    run = RunFolder(sweep_dir / row["run_dir"])
     try:
-        s = read_summary(d)
+        s = run.summary()
     except (OSError, ResultsError):
         return {"code_version": "", "platform": "", "labels_sha256": "", "virtual_s": ""}
     digest = ""
     if s.get("fingerprint") == row.get("fingerprint"):
         try:
-            digest = hashlib.sha256((d / "labels.csv").read_bytes()).hexdigest()
-        except OSError:
+            digest = run.labels_sha256() or ""
+        except (OSError, ResultsError):
             pass
     virtual = (s.get("timing") or {}).get("virtual_s")
     return {"code_version": s.get("code_version") or "", "platform": platform_text(s.get("platform")),

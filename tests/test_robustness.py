@@ -138,7 +138,7 @@ def test_a_hung_client_times_out_in_process_and_can_be_evicted(tmp_path, monkeyp
 def test_a_handshake_timeout_is_a_clean_failure(ray_session, tmp_path):
     s = run(tmp_path, "tiny-timeout", "runtime.reply_timeout_s=0.001", backend="ray")
     assert s["status"] == "failed"
-    assert "\x1b[" not in json.dumps(s)
+    assert "\x1b[" not in json.dumps(s.to_dict())
     errs, faults = s["faults"]["client_errors"], s["faults"]
     # an idle actor can answer the handshake within a millisecond; whoever did not is a
     # setup error of one plain line, and whoever did is late in round 0

@@ -405,3 +405,46 @@ def test_a_run_folder_swapped_for_a_link_mid_run_is_not_followed(tmp_path):
     assert list(victim.iterdir()) == []
     real = tmp_path / "out.real"
     assert {"summary.json", "labels.csv", "messages.csv", "rounds.jsonl"} <= {p.name for p in real.iterdir()}
+
+
+def test_run_folder_reads_back_what_the_run_wrote(tmp_path):
+    import ast
+
+    import raymvc
+    from raymvc.runfolder import RunFolder
+    from raymvc.summary import RunSummary
+
+    s = run_scenario(load_scenario(QUICK, {"runtime.backend": "local", "params.max_rounds": 3}), tmp_path / "r",
+                     progress=lambda line: None)
+    assert isinstance(s, RunSummary) and s.status == "completed" and s["out_dir"] == str(tmp_path / "r")
+    run = RunFolder(tmp_path / "r")
+    assert run.summary() == s and run.summary().to_dict() == json.loads((tmp_path / "r" / run.SUMMARY).read_text())
+    y = run.labels()
+    assert y.dtype == np.int64 and len(y) == s["n_samples"] and (y >= 0).all()
+    assert run.labels_sha256() == hashlib.sha256((tmp_path / "r" / run.LABELS).read_bytes()).hexdigest()
+    assert [r.round for r in run.rounds()] == list(range(s.rounds))
+    ledger = run.ledger()
+    assert len(ledger) == sum(s[k]["messages"] for k in ("communication", "communication_eval", "communication_setup"))
+    assert all(isinstance(m["wire_bytes"], int) for m in ledger)
+    assert run.scenario()["name"] == s.name
+    # a cell that never ran: its summary alone, read back as a typed record
+    RunFolder(tmp_path / "never").write_summary(RunSummary.failed("x", "cefmc", 4, "no worker", tmp_path / "never", "f"))
+    again = RunFolder(tmp_path / "never")
+    assert again.has_summary() and again.summary().status == "failed" and again.labels().size == 0
+    assert again.rounds() == [] and again.ledger() == []
+    # corrupt or linked files are one-line errors, never read through
+    (tmp_path / "r" / run.LABELS).write_text("sample,cluster\n0,zero\n")
+    with pytest.raises(ResultsError, match="labels.csv: corrupt"):
+        run.labels()
+    (tmp_path / "r" / run.ROUNDS).unlink()
+    (tmp_path / "r" / run.ROUNDS).symlink_to(tmp_path / "never" / run.SUMMARY)
+    with pytest.raises(ResultsError, match="symbolic link"):
+        run.rounds()
+    # the file names live in raymvc.results alone: every other module goes through RunFolder
+    names = {run.SUMMARY, run.ROUNDS, run.MESSAGES, run.SCENARIO, run.LABELS, run.ERRORS}
+    pkg = Path(raymvc.__file__).resolve().parent
+    for path in [*pkg.rglob("*.py"), *(REPO / "raymvc_reports").rglob("*.py")]:
+        if path.name == "results.py" and path.parent == pkg:
+            continue
+        literal = [n.value for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Constant)]
+        assert not names.intersection(literal), path

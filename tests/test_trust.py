@@ -225,7 +225,7 @@ def test_a_server_that_raises_leaves_its_full_traceback(tmp_path, monkeypatch):
     assert s["errors"] == ["server step round 0: KeyError: 'oops'"]
     log = (tmp_path / "srv" / "errors.log").read_text()
     assert "Traceback (most recent call last)" in log and "in oops" in log and 'return {}["oops"]' in log
-    assert len(json.dumps(s)) < 20_000
+    assert len(json.dumps(s.to_dict())) < 20_000
 
 
 def test_server_labels_may_leave_a_sample_unlabelled_with_minus_one(tmp_path, monkeypatch, capsys):

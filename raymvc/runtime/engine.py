@@ -27,9 +27,11 @@ from ..metrics import clustering_scores, label_free_scores, preload
 from ..protocols import get, search_paths
 from ..provenance import code_version, fingerprint, platform_info
 from ..results import OutputFolder, ResultsError, RunWriter, default_out_dir, format_summary
+from ..runfolder import RunFolder
 from ..scenario import ChannelCfg, Scenario, ScenarioError
 from ..scenario import one_line as one_line_text
 from ..status import FINISHED, Status
+from ..summary import RunSummary
 from . import checkpoint
 from .cluster import ClusterError, actors_needed, current_node, init_ray
 from .nodes import ClientNode, ClientPool, ServerNode, one_line, party_error
@@ -456,8 +458,9 @@ def _load_checkpoint(sc: Scenario, out: Path) -> tuple[dict, int]:
 def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: Callable[[str], None] | None = None,
                  prepared=None, on_round: Callable[[dict], None] | None = None, overwrite: bool = False,
                  resume: bool = False, warm: WarmActors | None = None,
-                 stop_requested: Callable[[], str | None] | None = None) -> dict:
-    """Run one scenario end to end and return its summary (also written to disk).
+                 stop_requested: Callable[[], str | None] | None = None) -> RunSummary:
+    """Run one scenario end to end and return its :class:`~raymvc.summary.RunSummary` (a
+    read-only mapping over ``summary.json``, which is also written to disk).
 
     ``on_round(record)``, if given, receives every round's record instead of the
     round's progress line (the command line draws its own progress from it). The
@@ -492,7 +495,7 @@ def _run_in(sc: Scenario, out: Path, ck, ds, part, wall0: float, progress, on_ro
     run = _Run(sc, part, ds, warm)
     run.reserve()  # a cluster that cannot place the parties: a ClusterError before anything is written
     try:
-        writer = RunWriter(out, keep_rounds=ck[1] if ck else None)
+        writer = RunFolder(out).writer(keep_rounds=ck[1] if ck else None)
         writer.scenario(sc.to_yaml())
     except BaseException:
         run.release(reusable=False)
@@ -531,7 +534,7 @@ def _run_in(sc: Scenario, out: Path, ck, ds, part, wall0: float, progress, on_ro
             checkpoint.clear(out)
     if interrupted:
         progress(f"[{sc.name}] interrupted: partial results in {out}")
-    return summary
+    return RunSummary.from_dict(summary)
 
 
 def _write_results(sc, ds, part, end: RunEnd, timing: dict, ray_init_s: float, wall0: float, out: Path,

@@ -16,7 +16,8 @@ survivors looks better the more often a method fails: read it with the failure p
 
 The x axis is the first grid key (numeric when every value is a number) and holds every
 grid point; other grid keys and several scenarios of one method give separate lines. The
-numbers drawn come from :func:`plot_points`, a pure function of the aggregate.
+numbers drawn come from :func:`plot_points`, a pure function of the aggregate. The study
+pages draw their figures with the same :func:`draw`, adding the papers' numbers.
 """
 
 from __future__ import annotations
@@ -50,6 +51,16 @@ class PlotPoint:
         return self.failed / self.runs if self.runs else 0.0
 
 
+@dataclass(frozen=True)
+class Reference:
+    """A published number drawn beside the lines: ``value`` of ``metric`` at grid value ``x``."""
+
+    name: str
+    metric: str
+    x: str
+    value: float
+
+
 def _x_value(text: str):
     try:
         v = safe_yaml_load(text)
@@ -58,13 +69,12 @@ def _x_value(text: str):
     return v
 
 
-def _x_positions(agg: list[dict], xkey: str | None) -> tuple[list[str], dict[str, float], bool]:
+def _x_positions(xs_text: list[str]) -> tuple[dict[str, float], bool]:
     """x positions: numeric when every value is a number, else categories in grid order."""
-    xs_text = list(dict.fromkeys(str(r[xkey]) for r in agg)) if xkey else ["all"]
     xs_val = [_x_value(t) for t in xs_text]
     numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in xs_val)
     pos = {t: (float(v) if numeric else i) for i, (t, v) in enumerate(zip(xs_text, xs_val))}
-    return xs_text, pos, numeric
+    return pos, numeric
 
 
 def _line_names(agg: list[dict], other: list[str]) -> list[str]:
@@ -113,11 +123,12 @@ def _by_line(points: list[PlotPoint], pos: dict[str, float]) -> dict[str, list[P
     return {k: sorted(v, key=lambda p: pos[p.x]) for k, v in lines.items()}
 
 
-def _draw_failures(ax, lines: dict[str, list[PlotPoint]], pos: dict[str, float], colors: dict[str, str]) -> None:
+def _draw_failures(ax, lines: dict[str, list[PlotPoint]], pos: dict[str, float], colors: dict[str, str],
+                   logx: bool = False) -> None:
     span = (max(pos.values()) - min(pos.values())) or 1.0
     for i, (name, pts) in enumerate(lines.items()):
-        shift = (i - (len(lines) - 1) / 2) * 0.012 * span  # lines side by side, none hidden under another
-        x = [pos[p.x] + shift for p in pts]
+        k = i - (len(lines) - 1) / 2  # lines side by side, none hidden under another
+        x = [pos[p.x] * 1.03 ** k if logx else pos[p.x] + k * 0.012 * span for p in pts]
         y = [p.failed_share for p in pts]
         ax.plot(x, y, marker="s", markersize=5, linewidth=1.2, linestyle="--", color=colors[name])
         for xi, yi, p in zip(x, y, pts):
@@ -132,9 +143,9 @@ def _draw_panel(ax, m: str, lines: dict[str, list[PlotPoint]], pos: dict[str, fl
                 colors: dict[str, str]) -> None:
     for i, (name, pts) in enumerate(lines.items()):
         color = colors[name]
-        done = [p for p in pts if p.stats[m][0] is not None]
+        done = [p for p in pts if p.stats.get(m, (None, None))[0] is not None]
         for p in pts:  # no finished run here: a mark at the bottom, never a vanished point
-            if p.stats[m][0] is None:
+            if p.stats.get(m, (None, None))[0] is None:
                 ax.plot([pos[p.x]], [0.0], marker="x", markersize=8, color=color, clip_on=False,
                         transform=ax.get_xaxis_transform())
                 ax.annotate(f"n=0 of {p.runs}", (pos[p.x], 0.0), xycoords=("data", "axes fraction"),
@@ -143,8 +154,8 @@ def _draw_panel(ax, m: str, lines: dict[str, list[PlotPoint]], pos: dict[str, fl
         if not done:
             continue
         x = [pos[p.x] for p in done]
-        y = [p.stats[m][0] for p in done]
-        e = [p.stats[m][1] or 0.0 for p in done]
+        y = [p.stats.get(m, (None, None))[0] for p in done]
+        e = [p.stats.get(m, (None, None))[1] or 0.0 for p in done]
         ax.errorbar(x, y, yerr=e, marker="o", markersize=4, capsize=3, linewidth=1.5, color=color)
         for xi, yi, p in zip(x, y, done):
             if p.finished < p.runs:  # a mean over fewer runs: an open ring and its count
@@ -175,38 +186,49 @@ def _legend_label(name: str, pts: list[PlotPoint]) -> str:
         f"{name}: mean over finished runs\n({each}, all finished)"
 
 
-def _style_axis(ax, xkey, xs_text, pos, numeric) -> None:
-    ax.set_xlabel(short_key(xkey) if xkey else "")
+def _style_axis(ax, x_label, xs_text, pos, numeric, logx) -> None:
+    ax.set_xlabel(x_label)
     ticks = list(pos.values())
+    if logx:
+        ax.set_xscale("log")
+        ax.minorticks_off()
     ax.set_xticks(ticks)
     if numeric:
-        ax.set_xticklabels(xs_text)
-        span = (max(ticks) - min(ticks)) or 1.0
-        ax.set_xlim(min(ticks) - 0.08 * span, max(ticks) + 0.08 * span)
+        ax.set_xticklabels([t if len(t) <= 8 else f"{float(_x_value(t)):.3g}" for t in xs_text])
+        if logx:
+            ratio = (max(ticks) / min(ticks)) ** 0.08
+            ax.set_xlim(min(ticks) / ratio, max(ticks) * ratio)
+        else:
+            span = (max(ticks) - min(ticks)) or 1.0
+            ax.set_xlim(min(ticks) - 0.08 * span, max(ticks) + 0.08 * span)
     else:
         ax.set_xticklabels([t if len(t) <= 14 else t[:13] + "…" for t in xs_text], rotation=20, ha="right")
         ax.set_xlim(-0.5, len(ticks) - 0.5)
     ax.grid(True, alpha=0.3)
 
 
-def plot_sweep(sweep_dir: str | Path, formats: tuple[str, ...] = ("png", "svg")) -> list[Path]:
+def draw(points: list[PlotPoint], paths: list[Path], *, x_values: list[str], x_label: str, title: str,
+         metrics: list[tuple[str, str]] | None = None, references: list[Reference] = (), dpi: int = 130) -> list[Path]:
+    """The one figure of raymvc's sweeps and study pages: a panel with the share of runs
+    that did not finish per grid point, then one panel per metric with the mean ± std over
+    the finished runs of every line (open rings and ``n=`` where fewer finished, ``×``
+    where none did) and the ``references`` as black crosses. ``x_values``: the grid
+    values in order, as the points name them (a numeric axis, in log scale over two
+    decades or more, when all are numbers); ``metrics``: (key, name) panels (default: each
+    of ACC, NMI, ARI and MB that some point has). Writes every path and returns them."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
-    d = Path(sweep_dir)
-    meta, _rows, agg = read_sweep(d)
-    if not agg:
-        raise ValueError(f"{d}: sweep.csv holds no runs")
-    keys = list(meta.get("grid_keys") or [])
-    xkey = keys[0] if keys else None
-    points = plot_points(agg, keys)
-    metrics = [(m, t) for m, t in PANELS if any(p.stats[m][0] is not None for p in points)] or [PANELS[0]]
+    if metrics is None:
+        metrics = [(m, t) for m, t in PANELS if any(p.stats.get(m, (None,))[0] is not None for p in points)]
+        metrics = metrics or [PANELS[0]]
     panels = [("failed", "Runs not finished (failed / error / interrupted)")] + \
         [(m, f"{t}: mean ± std over finished runs") for m, t in metrics]
-    xs_text, pos, numeric = _x_positions(agg, xkey)
+    pos, numeric = _x_positions(x_values)
+    logx = numeric and min(pos.values()) > 0 and max(pos.values()) / min(pos.values()) >= 100
     lines = _by_line(points, pos)
     cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     colors = {name: cycle[i % len(cycle)] for i, name in enumerate(lines)}
@@ -218,29 +240,53 @@ def plot_sweep(sweep_dir: str | Path, formats: tuple[str, ...] = ("png", "svg"))
     axes = list(grid_axes.ravel())
     for ax in axes[len(panels):]:
         ax.axis("off")
-    mb = [v for p in points if (v := p.stats["mb"][0]) is not None and v > 0]
-    for ax, (m, title) in zip(axes, panels):
+    mb = [v for p in points if (v := p.stats.get("mb", (None,))[0]) is not None and v > 0]
+    handles = [Line2D([], [], color=colors[n], marker="o", label=_legend_label(n, pts)) for n, pts in lines.items()]
+    refs: dict[str, list[Reference]] = {}
+    for r in references:
+        if r.x in pos:
+            refs.setdefault(r.name, []).append(r)
+    for (name, _), marker in zip(sorted(refs.items()), "xP*+D"):
+        handles.append(Line2D([], [], color="k", marker=marker, linestyle=":", label=name))
+    for ax, (m, name) in zip(axes, panels):
         if m == "failed":
-            _draw_failures(ax, lines, pos, colors)
+            _draw_failures(ax, lines, pos, colors, logx)
             ax.set_ylabel("share of runs")
         else:
             _draw_panel(ax, m, lines, pos, colors)
-        ax.set_title(title, fontsize=9)
-        _style_axis(ax, xkey, xs_text, pos, numeric)
+            for (_, rs), marker in zip(sorted(refs.items()), "xP*+D"):
+                xy = sorted((pos[r.x], r.value) for r in rs if r.metric == m)
+                if xy:
+                    ax.plot(*zip(*xy), marker=marker, linestyle=":", color="k", markersize=7, linewidth=0.8)
+        ax.set_title(name, fontsize=9)
+        _style_axis(ax, x_label, x_values, pos, numeric, logx)
         if m == "mb" and mb and max(mb) / min(mb) > 50:
             ax.set_yscale("log")
-    handles = [Line2D([], [], color=colors[n], marker="o", label=_legend_label(n, pts)) for n, pts in lines.items()]
     width = int(fig.get_size_inches()[0] * 11)  # characters that surely fit at fontsize 10
-    fig.suptitle("\n".join(textwrap.wrap(_title(meta, points, xkey), width)), fontsize=10)
+    fig.suptitle("\n".join(textwrap.wrap(title, width)), fontsize=10)
     if len(axes) > len(panels):  # a spare slot holds the legend
         axes[-1].legend(handles=handles, loc="center", fontsize=9, frameon=False)
     else:
-        fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 3), fontsize=9,
-                   frameon=False)
+        fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), ncols),
+                   fontsize=9 if len(handles) <= ncols else 8, frameon=False)
     written = []
-    for fmt in formats:
-        path = d / f"sweep.{fmt}"
-        fig.savefig(path, dpi=130)
-        written.append(path)
+    for path in paths:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=dpi)
+        written.append(Path(path))
     plt.close(fig)
     return written
+
+
+def plot_sweep(sweep_dir: str | Path, formats: tuple[str, ...] = ("png", "svg")) -> list[Path]:
+    """``sweep.<format>`` in a sweep folder: :func:`draw` of its aggregate."""
+    d = Path(sweep_dir)
+    meta, _rows, agg = read_sweep(d)
+    if not agg:
+        raise ValueError(f"{d}: sweep.csv holds no runs")
+    keys = list(meta.get("grid_keys") or [])
+    xkey = keys[0] if keys else None
+    points = plot_points(agg, keys)
+    x_values = list(dict.fromkeys(str(r[xkey]) for r in agg)) if xkey else ["all"]
+    return draw(points, [d / f"sweep.{fmt}" for fmt in formats], x_values=x_values,
+                x_label=short_key(xkey) if xkey else "", title=_title(meta, points, xkey))

@@ -433,67 +433,38 @@ def _leading_comment(path: Path) -> str:
 
 
 def draw_figure(res: StudyResult, path: Path) -> Path | None:
-    """Each metric against the first grid key: one line per run (mean ± std), the paper's numbers as crosses."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """The study's figure, drawn as ``raymvc plot`` draws a sweep (:func:`raymvc.plot.draw`):
+    each metric against the first grid key (other keys at their first value), one line per
+    run, failed runs counted in the first panel, the paper's numbers as crosses."""
+    from raymvc.plot import PlotPoint, Reference, draw
 
     spec = res.study.spec
     xkey = spec.x or next(iter(spec.grid))
-    values = spec.grid[xkey]
-    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
-    logx = numeric and min(values) > 0 and max(values) / min(values) >= 100
-    pos = {short_value(v): (float(v) if numeric else i) for i, v in enumerate(values)}
-    metrics = [m for m in spec.metrics if m in METRIC_NAMES]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 3.4), squeeze=False)
+    x_values = [short_value(v) for v in spec.grid[xkey]]
+    metrics = [(m, NAMES[m]) for m in spec.metrics if m in METRIC_NAMES]
+    if not metrics:
+        return None
     runs = [r for _, _, r in res.study.entries() if r.id not in res.study.spread_ids()]
-    for ax, m in zip(axes[0], metrics):
-        for r in runs:
-            pts = []
-            for point in res.points():
-                if any(point[k] != spec.grid[k][0] for k in point if k != xkey):
-                    continue  # other grid keys at their first value
-                mean, std, ok, _ = res.stat(r.id, point, m)
-                if mean is not None:
-                    pts.append((pos[short_value(point[xkey])], mean, std or 0.0))
-            if pts:
-                pts.sort()
-                x, y, e = zip(*pts)
-                ax.errorbar(x, y, yerr=e, marker="o", markersize=4, capsize=3, linewidth=1.4, label=r.label)
-        refs: dict[str, list[tuple[float, float]]] = defaultdict(list)
-        for pr in spec.paper_results:
-            v = getattr(pr, m)
-            if v is not None and xkey in pr.at:
-                name = pr.method or f"paper: {_label(res.study, pr.run or runs[0].id)}"
-                refs[name].append((pos[short_value(pr.at[xkey])], v))
-        for (name, pts), marker in zip(sorted(refs.items()), "xP*+D"):
-            x, y = zip(*sorted(pts))
-            ax.plot(x, y, marker=marker, linestyle=":", color="k", markersize=7, linewidth=0.8, label=name)
-        if logx:
-            ax.set_xscale("log")
-        if not numeric:
-            ax.set_xticks(list(pos.values()))
-            ax.set_xticklabels([_short_tick(t) for t in pos], rotation=45, ha="right", fontsize=7)
-        ax.set_xlabel(spec.x_label or short_key(xkey))
-        ax.set_ylabel(NAMES[m])
-        ax.grid(alpha=0.3)
-    handles: dict = {}
-    for ax in axes[0]:  # one legend for every panel's lines (reference lines may be on one panel only)
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            handles.setdefault(lab, h)
-    axes[0][0].legend(list(handles.values()), list(handles), fontsize=7)
-    fig.suptitle(spec.title, fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def _short_tick(text: str) -> str:
-    m = re.search(r"per(\d\.\d)", text)
-    return m.group(1) if m else text
+    points = []
+    for r in runs:
+        for point in res.points():
+            if any(point[k] != spec.grid[k][0] for k in point if k != xkey):
+                continue  # other grid keys at their first value
+            stats, made = {}, 0
+            for m, _ in metrics:
+                mean, std, ok, made = res.stat(r.id, point, m)
+                stats[m] = (mean, std)
+            if made:
+                points.append(PlotPoint(line=r.label, x=short_value(point[xkey]), runs=made, finished=ok,
+                                        failed=made - ok, stats=stats))
+    refs = [Reference(pr.method or f"paper: {_label(res.study, pr.run or runs[0].id)}", m,
+                      short_value(pr.at[xkey]), v)
+            for pr in spec.paper_results for m, _ in metrics
+            if (v := getattr(pr, m)) is not None and xkey in pr.at]
+    if not points:
+        return None
+    return draw(points, [path], x_values=x_values, x_label=spec.x_label or short_key(xkey), title=spec.title,
+                metrics=metrics, references=refs, dpi=110)[0]
 
 
 # --------------------------------------------------------------------------- pages

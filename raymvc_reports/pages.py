@@ -22,6 +22,7 @@ from pathlib import Path
 from raymvc.provenance import platform_text
 from raymvc.results import ResultsError, short_value, write_file
 from raymvc.runfolder import RunFolder
+from raymvc.scenario import ScenarioError
 from raymvc.status import FINISHED
 from raymvc.studies import mean_std, num, read_sweep, short_key
 from raymvc.study import METRIC_NAMES, Study, load_study
@@ -55,6 +56,22 @@ def _key(point: dict, text: bool = False) -> tuple:
 
 
 RECORD_DIR = "results"  # studies/results/<study>.csv: the cells a page was written from
+TUNING_MIN_SEED = 100  # this repository's seed discipline: tuning runs on seeds >= 100, never on reported ones
+
+
+def check_policy(st: Study) -> None:
+    """This repository's rules for its own study files, beyond what raymvc checks for any
+    study: a tuning study runs on seeds >= ``TUNING_MIN_SEED`` and has no README rows.
+    A breach is a :class:`~raymvc.scenario.ScenarioError` naming the file and key."""
+    if st.spec.tuning is None:
+        return
+    seeds = st.seeds()
+    if not seeds or min(seeds) < TUNING_MIN_SEED:
+        raise ScenarioError(f"{st.path}: study.tuning: a tuning study runs on seeds >= {TUNING_MIN_SEED}, "
+                            f"never on the reported ones (seeds: {st.spec.seeds})")
+    if st.spec.readme:
+        raise ScenarioError(f"{st.path}: study.tuning: a tuning study has no rows in README's table "
+                            "(set readme: false)")
 RECORD_EXTRA = ("code_version", "platform", "labels_sha256", "virtual_s", "joined", "study")
 
 
@@ -724,6 +741,7 @@ def write_pages(studies_dir: Path, runs_dir: Path, readme: Path | None = None,
     written = []
     for f in sorted(studies_dir.glob("*.yaml")):
         st = load_study(f)
+        check_policy(st)
         d, record = runs_dir / st.name, studies_dir / RECORD_DIR / f"{st.name}.csv"
         res = None
         if (d / "sweep.csv").is_file():

@@ -86,14 +86,7 @@ def test_every_shipped_study_validates(path, capsys):
      "study.spread.0.set"),
     ("study: {paper: x, title: t, grid: {seed: [1]}, runs: [{id: a, label: A, scenario: ../tiny.yaml}], "
      "paper_results: [{at: {params.k: 1}, acc: 0.5}]}", "paper_results.0.at"),
-    # a tuning study never runs on the reported seeds, never fills README's table, and its
-    # default is a point of its grid
-    ("study: {paper: x, title: t, seeds: 0-2, readme: false, grid: {params.kmeans_init: [1, 5]}, "
-     "tuning: {default: {params.kmeans_init: 1}}, runs: [{id: a, label: A, scenario: ../tiny.yaml}]}",
-     "study.tuning: a tuning study runs on seeds >= 100"),
-    ("study: {paper: x, title: t, seeds: 100-102, grid: {params.kmeans_init: [1, 5]}, "
-     "tuning: {default: {params.kmeans_init: 1}}, runs: [{id: a, label: A, scenario: ../tiny.yaml}]}",
-     "study.tuning: a tuning study has no rows in README's table"),
+    # a tuning study's default is a point of its grid
     ("study: {paper: x, title: t, seeds: 100-102, readme: false, grid: {params.kmeans_init: [1, 5], "
      "params.max_iter: [50, 100]}, tuning: {default: {params.kmeans_init: 1}}, "
      "runs: [{id: a, label: A, scenario: ../tiny.yaml}]}", "study.tuning.default: name the default of every grid key"),
@@ -652,3 +645,29 @@ def test_a_study_figure_is_the_sweep_figure_with_failures_counted_and_the_papers
     assert at[("k-FED more restarts", "3.0")].failed == 1 and at[("k-FED more restarts", "3.0")].finished == 2
     assert at[("k-FED", "3.0")].failed == 0 and kw["x_values"] == ["0.5", "3.0"]
     assert [(r.metric, r.x, r.value) for r in kw["references"]] == [("acc", "0.5", 0.912), ("nmi", "0.5", 0.8)]
+
+
+@pytest.mark.parametrize("text, words", [
+    ("study: {paper: x, title: t, seeds: 0-2, readme: false, grid: {params.kmeans_init: [1, 5]}, "
+     "tuning: {default: {params.kmeans_init: 1}}, runs: [{id: a, label: A, scenario: ../tiny.yaml}]}",
+     "study.tuning: a tuning study runs on seeds >= 100"),
+    ("study: {paper: x, title: t, seeds: 100-102, grid: {params.kmeans_init: [1, 5]}, "
+     "tuning: {default: {params.kmeans_init: 1}}, runs: [{id: a, label: A, scenario: ../tiny.yaml}]}",
+     "study.tuning: a tuning study has no rows in README's table"),
+])
+def test_this_repositorys_seed_policy_is_kept_by_its_pages_not_by_the_library(tmp_path, text, words):
+    """A tuning study on seeds below 100, or with README rows, is a valid study for raymvc
+    (a user may tune on any seeds); this repository's page generator refuses it."""
+    from raymvc_reports.pages import check_policy
+
+    (tmp_path / "tiny.yaml").write_text(SCENARIO)
+    (tmp_path / "s").mkdir()
+    f = tmp_path / "s" / "tune.yaml"
+    f.write_text(text)
+    study = load_study(f)  # raymvc takes it
+    with pytest.raises(ScenarioError, match=words):
+        check_policy(study)
+    with pytest.raises(ScenarioError, match=words):
+        write_pages(tmp_path / "s", tmp_path / "runs")
+    for path in STUDIES:  # every shipped study keeps the policy
+        check_policy(load_study(path))

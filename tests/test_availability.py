@@ -209,10 +209,21 @@ def test_a_trace_path_is_relative_to_the_scenario_file(tmp_path):
     assert Path(copied["faults"]["availability"]["path"]) == (tmp_path / "traces" / "t.csv").resolve()
 
 
-def test_markov_participation_is_the_same_on_ray_and_in_process(ray_session, tmp_path):
-    n, rounds = 8, 40
-    path = echo_file(tmp_path, {"availability": {"model": "markov", "mean_on": 4, "mean_off": 2}},
-                     rounds=rounds, n_clients=n)
+RAY_MODELS = {
+    "iid": ({"model": "iid", "rate": 0.3}, {}),
+    "per_client": ({"model": "per_client", "mean": 0.3, "concentration": 2.0}, {}),
+    "markov": ({"model": "markov", "mean_on": 4, "mean_off": 2}, {}),
+    "diurnal": ({"model": "diurnal", "period": 8, "base": 0.7, "amplitude": 0.25}, {}),
+    "data": ({"model": "data", "by": "samples", "rate": 0.3, "strength": 1.0}, {"dirichlet_alpha": 1.0}),
+    "trace": ({"model": "trace", "path": str(TRACE), "round_s": 1.0}, {}),
+}
+
+
+@pytest.mark.parametrize("model", sorted(RAY_MODELS))
+def test_participation_is_the_same_on_ray_and_in_process(ray_session, tmp_path, model):
+    n, rounds = 8, 16
+    availability, data = RAY_MODELS[model]
+    path = echo_file(tmp_path, {"availability": availability}, rounds=rounds, n_clients=n, **data)
     seen = {}
     for backend in ("local", "ray"):
         recs = run_rounds(path, tmp_path / backend, f"runtime.backend={backend}", "runtime.client_cpus=0.25",
@@ -220,6 +231,7 @@ def test_markov_participation_is_the_same_on_ray_and_in_process(ray_session, tmp
         seen[backend] = [(r["replied"], r["missing"], sorted(r["dropped"])) for r in recs]
     assert seen["ray"] == seen["local"]
     assert len(seen["local"]) == rounds and any(m for _, m, _ in seen["local"])
+    assert any(r for r, _, _ in seen["local"])
 
 
 def _bad(tmp_path, availability, **extra) -> Path:

@@ -198,6 +198,15 @@ class SweepResult:
 
         return cls(runs=rows("sweep.csv"), aggregate=rows("aggregate.csv"), out=out)
 
+    def to_pandas(self, aggregate: bool = False):
+        """The runs (or, with ``aggregate``, the aggregate) as a ``pandas.DataFrame``, one row
+        per run or grid point (pandas is not a dependency: install it to use this)."""
+        try:
+            import pandas as pd
+        except ImportError:
+            raise ImportError("SweepResult.to_pandas needs pandas: pip install pandas") from None
+        return pd.DataFrame.from_records(self.aggregate if aggregate else self.runs)
+
     def result(self, i: int) -> RunResult:
         """The full :class:`RunResult` of run ``i`` of ``runs``."""
         run_dir = Path(str(self.runs[i]["run_dir"]))

@@ -95,14 +95,16 @@ def _run_dir_name(name: str, point: dict, seed: int) -> str:
     return folder
 
 
-def plan(scenarios: list[str | tuple], grid: list[tuple[str, list]], seeds: list[int] | None,
+def plan(scenarios: list[str | tuple], grid: Mapping[str, list] | list[tuple[str, list]], seeds: list[int] | None,
          base: Mapping[str, Any], out: Path) -> list[Cell]:
     """Every (scenario, grid point, seed), validated before anything runs. A scenario is a
     file, or ``(file, overrides)`` -- a study's run, with its own ``set`` values and name --
     or ``(file, overrides, seeds)``, a run with its own subset of the seeds (None: all).
-    ``base``: overrides of every cell (key -> value); a grid point's values apply after them."""
+    ``grid``: key -> values (a product; the first key varies slowest); ``base``: overrides of
+    every cell (key -> value); a grid point's values apply after them."""
     from .runtime import prepare
 
+    grid = list(grid.items()) if isinstance(grid, Mapping) else list(grid)
     cells: list[Cell] = []
     keys = [k for k, _ in grid]
     check_size(len(scenarios), [len(vals) for _, vals in grid], len(seeds) if seeds is not None else 1)

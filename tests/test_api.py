@@ -112,6 +112,10 @@ def test_sweep_returns_runs_and_aggregate(tmp_path):
     again = raymvc.sweep(HW, grid={"faults.dropout.rate": [0.0, 0.3]}, seeds=[0, 1], backend="local",
                          out=tmp_path / "s")  # every cell still stands: reused, same table
     assert again.runs == s.runs
+    pd = pytest.importorskip("pandas")
+    runs, agg = s.to_pandas(), s.to_pandas(aggregate=True)
+    assert isinstance(runs, pd.DataFrame) and len(runs) == 4 and set(runs["seed"]) == {0, 1}
+    assert len(agg) == 2 and list(agg["faults.dropout.rate"]) == [0.0, 0.3]
 
 
 BROKEN = '''

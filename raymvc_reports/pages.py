@@ -347,8 +347,12 @@ def study_section(res: StudyResult, fig_dir: Path | None, page_dir: Path) -> str
     metrics = list(spec.metrics)
     total, n = res.wall()
     seeds = st.seeds()
-    seed_text = f"seeds {seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else \
-        "seeds " + ", ".join(map(str, seeds))
+    if len(seeds) == 1:
+        seed_text = f"seed {seeds[0]}"
+    elif seeds == list(range(seeds[0], seeds[-1] + 1)):
+        seed_text = f"seeds {seeds[0]}-{seeds[-1]}"
+    else:
+        seed_text = "seeds " + ", ".join(map(str, seeds))
     lines = [SECTION_MARK.format(st.name), f"## {esc(spec.title)}", ""]
     more = res.joined
     other = f" (+{more} runs swept on another machine and joined with `--also`)" if more else ""

@@ -60,8 +60,7 @@ def load(dataset: str, method: str, p: float, seed: int, extra: list[str]):
 def run_one(sc, out: Path) -> dict:
     t = time.perf_counter()
     s = run_scenario(sc, out, progress=lambda line: None)
-    s["_seconds"] = time.perf_counter() - t
-    return s
+    return {**s.to_dict(), "_seconds": time.perf_counter() - t}
 
 
 def table(rows: list[dict]) -> str:

@@ -22,6 +22,7 @@ pages draw their figures with the same :func:`draw`, adding the papers' numbers.
 
 from __future__ import annotations
 
+import os
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -186,6 +187,18 @@ def _legend_label(name: str, pts: list[PlotPoint]) -> str:
         f"{name}: mean over finished runs\n({each}, all finished)"
 
 
+def _category_labels(values: list[str], width: int = 14) -> list[str]:
+    """Tick labels for a categorical axis, each still telling its point apart: a prefix all
+    share (up to a separator) is dropped, and a long label is wrapped, never cut."""
+    labels = list(values)
+    if len(labels) > 1:
+        shared = os.path.commonprefix(labels)
+        cut = max(shared.rfind(c) for c in "-_ /=") + 1
+        if cut > 0 and all(len(v) > cut for v in labels):
+            labels = [v[cut:] for v in labels]
+    return ["\n".join(textwrap.wrap(v, width, break_on_hyphens=True)) or v for v in labels]
+
+
 def _style_axis(ax, x_label, xs_text, pos, numeric, logx) -> None:
     ax.set_xlabel(x_label)
     ticks = list(pos.values())
@@ -202,7 +215,7 @@ def _style_axis(ax, x_label, xs_text, pos, numeric, logx) -> None:
             span = (max(ticks) - min(ticks)) or 1.0
             ax.set_xlim(min(ticks) - 0.08 * span, max(ticks) + 0.08 * span)
     else:
-        ax.set_xticklabels([t if len(t) <= 14 else t[:13] + "…" for t in xs_text], rotation=20, ha="right")
+        ax.set_xticklabels(_category_labels(xs_text), rotation=20, ha="right", fontsize=8)
         ax.set_xlim(-0.5, len(ticks) - 0.5)
     ax.grid(True, alpha=0.3)
 

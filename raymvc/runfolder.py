@@ -80,7 +80,10 @@ class RunFolder:
         p = self.path / name
         if not p.is_file() and not p.is_symlink():
             return None
-        return read_file(p).decode("utf-8")
+        try:
+            return read_file(p).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ResultsError(f"{p}: not UTF-8 text") from None
 
     def labels(self) -> np.ndarray:
         """``labels.csv``: one cluster per sample, -1 where no label came back (empty: no file)."""
@@ -109,14 +112,17 @@ class RunFolder:
                 try:
                     d = json.loads(line)
                     out.append(RoundRecord(**{k: v for k, v in d.items() if k in known}))
-                except (ValueError, TypeError):
+                except (ValueError, TypeError, AttributeError):  # AttributeError: a line that is not an object
                     raise ResultsError(f"{self.path / self.ROUNDS}: corrupt line {i + 1}") from None
         return out
 
     def ledger(self) -> list[dict[str, Any]]:
         """``messages.csv``: one dict of typed values per message."""
         text = self._text(self.MESSAGES)
-        return [{k: csv_value(v) for k, v in r.items()} for r in csv.DictReader(io.StringIO(text or ""))]
+        try:
+            return [{k: csv_value(v) for k, v in r.items()} for r in csv.DictReader(io.StringIO(text or ""))]
+        except csv.Error as e:
+            raise ResultsError(f"{self.path / self.MESSAGES}: corrupt ({e})") from None
 
     def scenario(self) -> dict[str, Any]:
         """``scenario.yaml`` as a mapping (empty when it is missing or unreadable)."""

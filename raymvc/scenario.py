@@ -720,6 +720,8 @@ def _set_path(raw: dict, dotted: str, value: Any, source: str | None) -> None:
 
 def _apply_override(raw: dict, key: str, value: Any, source: str | None) -> None:
     """Set one override; a data source given on the command line replaces the other one."""
+    if isinstance(value, os.PathLike):  # a pathlib.Path in an API override is its text
+        value = os.fspath(value)
     if key == "data.path" and isinstance(value, str):
         p = Path(value).expanduser()
         value = str(p if p.is_absolute() else Path(os.getcwd()) / p)  # command line: relative to here

@@ -54,9 +54,13 @@ class RunSummary(Mapping):
     @classmethod
     def load(cls, run_dir: str | Path) -> RunSummary:
         """The summary of a run folder; :class:`~raymvc.results.ResultsError` if it is missing or corrupt."""
-        from .results import read_summary
+        from .results import SUMMARY_FILE, ResultsError, read_summary
 
-        return cls.from_dict(read_summary(run_dir))
+        d = read_summary(run_dir)
+        try:
+            return cls.from_dict(d)
+        except (AttributeError, TypeError, ValueError) as e:  # a summary.json of the wrong shape
+            raise ResultsError(f"{Path(run_dir) / SUMMARY_FILE}: not a run summary ({e})") from None
 
     @classmethod
     def failed(cls, name: str, method: str, seed: int, error: str, out_dir: str | Path, fingerprint: str,

@@ -743,9 +743,10 @@ def write_pages(studies_dir: Path, runs_dir: Path, readme: Path | None = None,
     say = log or (lambda msg: None)
     by_paper: dict[str, list[tuple[Study, StudyResult | None]]] = defaultdict(list)
     written = []
-    for f in sorted(studies_dir.glob("*.yaml")):
-        st = load_study(f)
+    studies = [load_study(f) for f in sorted(studies_dir.glob("*.yaml"))]
+    for st in studies:  # every file is checked before anything is written
         check_policy(st)
+    for st in studies:
         d, record = runs_dir / st.name, studies_dir / RECORD_DIR / f"{st.name}.csv"
         res = None
         if (d / "sweep.csv").is_file():

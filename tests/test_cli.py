@@ -186,6 +186,9 @@ def test_data_path_on_the_command_line_replaces_the_dataset_and_resolves_here(tm
     monkeypatch.chdir(tmp_path)
     sc = load_scenario(QUICK, ["data.path=mine.npz"])
     assert sc.data.dataset is None and sc.data_path() == tmp_path / "mine.npz"
+    # through the API a path may be a pathlib.Path: the same scenario as its text
+    via_api = load_scenario(QUICK, {"data.path": Path("mine.npz")})
+    assert via_api.data == sc.data and via_api.data_path() == tmp_path / "mine.npz"
     from raymvc.runtime import prepare
 
     ds, part = prepare(sc)

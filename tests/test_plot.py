@@ -80,3 +80,25 @@ def test_min_clients_sweep_plots_all_three_points(tmp_path):
         (path,) = plot_sweep(out, formats=("svg",))
     svg = path.read_text()
     assert "mean over finished runs" in svg and "2/2" in svg and "n=0 of 2" in svg
+
+
+def test_categorical_ticks_that_share_a_long_prefix_stay_distinct(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    from raymvc.plot import draw
+    values = ["proteinfold-per0.1", "proteinfold-per0.3", "proteinfold-per0.5", "crash-at-round-one-of-five"]
+    pts = plot_points(aggregate([{**_row(0, 0, "completed", 0.5), KEY: v} for v in values], [KEY]), [KEY])
+    seen: list[list[str]] = []
+    real = matplotlib.figure.Figure.savefig
+
+    def keep_ticks(fig, *a, **kw):
+        seen.extend([t.get_text() for t in ax.get_xticklabels()] for ax in fig.axes
+                    if ax.get_visible() and ax.get_xlabel() == "scenario")
+        return real(fig, *a, **kw)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", keep_ticks)
+    draw(pts, [tmp_path / "f.png"], x_values=values, x_label="scenario", title="t")
+    assert seen and all(len(set(ticks)) == len(values) for ticks in seen)
+    assert all("…" not in t for ticks in seen for t in ticks)
+    # the shared "proteinfold-" of three of them is not what tells them apart, yet each keeps its own part
+    assert any("per0.3" in t for t in seen[0])

@@ -440,6 +440,17 @@ def test_run_folder_reads_back_what_the_run_wrote(tmp_path):
     (tmp_path / "r" / run.ROUNDS).symlink_to(tmp_path / "never" / run.SUMMARY)
     with pytest.raises(ResultsError, match="symbolic link"):
         run.rounds()
+    # files of the wrong shape or encoding are ResultsErrors too, never AttributeError or UnicodeDecodeError
+    (tmp_path / "r" / run.ROUNDS).unlink()
+    (tmp_path / "r" / run.ROUNDS).write_text('{"round": 0}\n[1, 2]\n')
+    with pytest.raises(ResultsError, match="corrupt line 2"):
+        run.rounds()
+    (tmp_path / "r" / run.LABELS).write_bytes(b"sample,cluster\n0,\xff\xfe\n")
+    with pytest.raises(ResultsError, match="not UTF-8"):
+        run.labels()
+    (tmp_path / "r" / run.SUMMARY).write_text(json.dumps({**s.to_dict(), "communication": 5}))
+    with pytest.raises(ResultsError, match="not a run summary"):
+        run.summary()
     # the file names live in raymvc.results alone: every other module goes through RunFolder
     names = {run.SUMMARY, run.ROUNDS, run.MESSAGES, run.SCENARIO, run.LABELS, run.ERRORS}
     pkg = Path(raymvc.__file__).resolve().parent

@@ -6,6 +6,7 @@ import csv
 import json
 import shutil
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -669,5 +670,11 @@ def test_this_repositorys_seed_policy_is_kept_by_its_pages_not_by_the_library(tm
         check_policy(study)
     with pytest.raises(ScenarioError, match=words):
         write_pages(tmp_path / "s", tmp_path / "runs")
+    import subprocess
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "study_pages.py"), "--studies", str(tmp_path / "s"),
+                        "--runs", str(tmp_path / "runs"), "--readme", str(tmp_path / "README.md")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and words in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and str(f) in r.stderr
     for path in STUDIES:  # every shipped study keeps the policy
         check_policy(load_study(path))

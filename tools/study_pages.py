@@ -20,6 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # raymvc_reports lives in the checkout, not in the installed package
 
+from raymvc.results import ResultsError  # noqa: E402
+from raymvc.scenario import ScenarioError  # noqa: E402
 from raymvc_reports.pages import write_pages  # noqa: E402
 
 
@@ -33,8 +35,13 @@ def main(argv=None) -> int:
                          "CUDA spread swept on a GPU machine with --only); repeatable")
     ap.add_argument("--readme", default=str(ROOT / "README.md"), help="README whose results table to rewrite")
     args = ap.parse_args(argv)
-    for p in write_pages(Path(args.studies), Path(args.runs), Path(args.readme), [Path(a) for a in args.also],
-                         log=lambda m: print(m, file=sys.stderr)):
+    try:
+        written = write_pages(Path(args.studies), Path(args.runs), Path(args.readme), [Path(a) for a in args.also],
+                              log=lambda m: print(m, file=sys.stderr))
+    except (ScenarioError, ResultsError) as e:
+        print(f"study_pages: {e}", file=sys.stderr)
+        return 2
+    for p in written:
         print(p)
     return 0
 

@@ -43,6 +43,10 @@ def _nodes(n_workers: int = 2):
     # /tmp/ray by default, which may not exist): keep it in this folder
     old_tmpdir = os.environ.get("RAY_TMPDIR")
     os.environ["RAY_TMPDIR"] = tmp
+    # the nodes' workers inherit TMPDIR: a cell task killed with its node leaves its
+    # temporary run folder in this folder, never in the machine's /tmp
+    old_plain_tmp = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = tmp
     os.makedirs(os.path.join(tmp, "ray"), exist_ok=True)
     home = Path(tempfile.mkdtemp(prefix="rmvc-home-"))
     c = None
@@ -62,10 +66,11 @@ def _nodes(n_workers: int = 2):
     finally:
         if c is not None:
             c.shutdown()
-        if old_tmpdir is None:
-            os.environ.pop("RAY_TMPDIR", None)
-        else:
-            os.environ["RAY_TMPDIR"] = old_tmpdir
+        for key, old in (("RAY_TMPDIR", old_tmpdir), ("TMPDIR", old_plain_tmp)):
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(home, ignore_errors=True)
 
@@ -179,8 +184,11 @@ def test_cells_as_tasks_fill_every_node_and_a_lost_node_reruns_its_cells(tmp_pat
     node removed while its cells run costs nothing but a rerun of those cells elsewhere.
     A cluster of its own (head and three workers), so the module's cluster never holds a
     node that is gone but not yet declared dead."""
+    machine_tmp = Path(tempfile.gettempdir())
+    before = set(machine_tmp.glob("raymvc-cell-*"))
     with _nodes(3) as (c, workers, env):
         _tasks_on_every_node(c, workers[2], env, tmp_path)
+    assert set(machine_tmp.glob("raymvc-cell-*")) == before  # the killed cells' folders went with the cluster's
 
 
 def _tasks_on_every_node(c, extra, env, tmp_path):

@@ -58,10 +58,14 @@ def main(argv=None) -> int:
         same = {f: (out / f).read_bytes() == (tmp / "full" / f).read_bytes() for f in ("labels.csv",)}
         lines = [f"`python benchmarks/long_checkpoint.py --rounds {args.rounds} --kill-at {args.kill_at} "
                  f"--clients {args.clients}`", "",
-                 "| run | status | rounds | MB | wall s |", "|---|---|---|---|---|",
-                 f"| straight through | {b['status']} | {b['rounds']} | {b['communication']['mb_total']:.3f} | {full_s:.0f} |",
+                 "| run | status | rounds | MB | wall s | checkpointing s | protocol s |", "|---|---|---|---|---|---|---|",
+                 f"| straight through | {b['status']} | {b['rounds']} | {b['communication']['mb_total']:.3f} | {full_s:.0f} "
+                 f"| {b['timing'].get('checkpoint_s', 0):.1f} | {b['timing']['protocol_s']:.2f} |",
                  f"| SIGKILL after round {args.kill_at} ({logged} rounds checkpointed), then --resume | {a['status']} | "
-                 f"{a['rounds']} | {a['communication']['mb_total']:.3f} | {killed_s:.0f} |", "",
+                 f"{a['rounds']} | {a['communication']['mb_total']:.3f} | {killed_s:.0f} | (resumed part) "
+                 f"{a['timing'].get('checkpoint_s', 0):.1f} | {a['timing']['protocol_s']:.2f} |", "",
+                 "Checkpointing and protocol seconds are those of the run's own summary (the resumed "
+                 "part alone for the second run).", "",
                  f"Same metrics: {a['metrics'] == b['metrics']}; same communication: "
                  f"{a['communication'] == b['communication']}; same labels.csv: {same['labels.csv']}."]
     print("\n".join(lines))

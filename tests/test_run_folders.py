@@ -315,18 +315,52 @@ def test_state_objects_come_back_only_into_fresh_objects_or_as_registered_plain_
         load_state(_Party(), data, only=("ledger", "rows"))  # only declared state comes back
 
 
-def test_a_state_with_a_long_ledger_fits_the_codec_and_comes_back():
+def test_a_long_ledger_checkpoints_as_columns_and_comes_back_row_for_row():
     """A server's checkpoint holds its ledger; 20,000 rows (a 10-client run of ~1000 rounds)
-    once outgrew the codec's 1 MB header. The description now travels as an array."""
-    party = _Party()
+    once outgrew the codec's 1 MB header, and encoding it object by object every round
+    made a 400-round checkpointed run spend 99% of its time checkpointing. It travels
+    as a few columns now, apart from the engine's other state."""
+    from raymvc.runtime.nodes import decode_ledger, encode_ledger
+
+    ledger = Ledger()
+    statuses = ("delivered", "dropped", "late", "rejected", "lost")
     for r in range(20_000):
-        party.ledger.record(round=r, src="server", dst=f"client:{r % 10}", kind="m", path="protocol",
-                            payload_bytes=r, wire_bytes=r + 40, send_t=float(r))
-    data = dump_state(party)
-    fresh = _Party.__new__(_Party)
-    fresh.ledger = Ledger()
-    load_state(fresh, data)
-    assert fresh.ledger.rows == party.ledger.rows
+        ledger.record(round=r // 20 - 1, src="server" if r % 2 else f"client:{r % 10}", dst=f"client:{r % 7}",
+                      kind=f"kind{r % 3}", path=("protocol", "eval", "setup")[r % 3], payload_bytes=r,
+                      wire_bytes=r + 40, data_bytes=r // 2, send_t=r / 7, arrive_t=None if r % 5 == 0 else r / 3,
+                      status=statuses[r % 5])
+    data = encode_ledger(ledger)
+    back = decode_ledger(data)
+    assert back.rows == ledger.rows and back.csv_text() == ledger.csv_text()
+    assert all(type(x.round) is int and type(x.send_t) is float for x in back.rows[:50])
+    assert len(data) < 100 * len(ledger)  # about 90 bytes a row
+    assert decode_ledger(encode_ledger(Ledger())).rows == []
+    for bad in (codec.encode(Message("ledger", {"vocab": np.zeros(3, dtype=np.uint8)})), b"junk",
+                codec.encode(Message("state", ledger.to_columns()))):
+        with pytest.raises(StateError, match="ledger.bin: "):
+            decode_ledger(bad)
+    cols = ledger.to_columns()
+    cols["status"] = cols["status"] + 1000  # a code outside the vocabulary
+    with pytest.raises(StateError, match="outside its vocabulary"):
+        decode_ledger(codec.encode(Message("ledger", cols)))
+
+
+def test_a_checkpoints_engine_state_does_not_hold_the_ledger(tmp_path, capsys):
+    from raymvc.runtime.nodes import decode_ledger
+    from raymvc.runtime.state import state_names
+
+    out = stopped_run(tmp_path / "r")
+    assert "ledger" not in state_names(checkpoint_file(out, "node.bin").read_bytes())
+    rows = decode_ledger(checkpoint_file(out, "ledger.bin").read_bytes()).rows
+    assert rows and {x.round for x in rows} >= {-1, 0, 1}
+    # a ledger of the wrong shape, its checksum rewritten: one line, the folder as it was
+    ledger = checkpoint_file(out, "ledger.bin")
+    ledger.write_bytes(codec.encode(Message("ledger", {"round": np.zeros(2, dtype=np.int64)})))
+    _rewrite_sum(out, "ledger.bin")
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    err = one_line_error(capsys, ["run", "--resume", str(out), "--quiet"])
+    assert err.startswith(f"error: --resume {out}: ") and "ledger.bin: not a ledger" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
 
 
 # --------------------------------------------------------------------------- a full disk

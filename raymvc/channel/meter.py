@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import csv
 import io
+import json
+import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
+
+import numpy as np
 
 PATHS = ("protocol", "eval", "setup")
 STATUSES = ("delivered", "dropped", "late", "rejected", "lost")
@@ -37,6 +41,9 @@ class LedgerRow:
     data_bytes: int = 0  # array/scalar bytes without headers (see codec.data_bytes)
 
     def __post_init__(self) -> None:
+        self.send_t = float(self.send_t)  # times are floats, so a row reads back as it was written
+        if self.arrive_t is not None:
+            self.arrive_t = float(self.arrive_t)
         if self.path not in PATHS:
             raise ValueError(f"ledger path must be one of {PATHS}, got {self.path!r}")
         if self.status not in STATUSES:
@@ -44,6 +51,8 @@ class LedgerRow:
 
 
 FIELD_NAMES = tuple(f.name for f in fields(LedgerRow))
+_INT_FIELDS = ("round", "payload_bytes", "wire_bytes", "data_bytes")
+_TEXT_FIELDS = ("src", "dst", "kind", "path", "status")
 
 
 def client_id(party: str) -> int | None:
@@ -124,6 +133,56 @@ class Ledger:
         for row in self._select(path):
             _add(out.setdefault(row.round, _empty_totals()), row)
         return dict(sorted(out.items()))
+
+    def to_columns(self) -> dict[str, np.ndarray]:
+        """The rows as arrays, one per field (the text fields as codes into ``vocab``, a
+        JSON list as UTF-8 bytes; ``arrive_t`` NaN and ``arrive_none`` where it is
+        ``None``): what a checkpoint stores, encoded by the codec in one vectorised step."""
+        rows, n = self.rows, len(self.rows)
+        cols: dict[str, np.ndarray] = {f: np.fromiter((getattr(r, f) for r in rows), dtype=np.int64, count=n)
+                                       for f in _INT_FIELDS}
+        cols["send_t"] = np.fromiter((r.send_t for r in rows), dtype=np.float64, count=n)
+        cols["arrive_none"] = np.fromiter((r.arrive_t is None for r in rows), dtype=np.bool_, count=n)
+        cols["arrive_t"] = np.fromiter((math.nan if r.arrive_t is None else r.arrive_t for r in rows),
+                                       dtype=np.float64, count=n)
+        vocab: dict[str, int] = {}
+        for f in _TEXT_FIELDS:
+            cols[f] = np.fromiter((vocab.setdefault(getattr(r, f), len(vocab)) for r in rows), dtype=np.int64, count=n)
+        cols["vocab"] = np.frombuffer(json.dumps(list(vocab)).encode(), dtype=np.uint8)
+        return cols
+
+    @classmethod
+    def from_columns(cls, cols: Mapping[str, Any]) -> Ledger:
+        """The ledger :meth:`to_columns` describes; ``ValueError`` (one line) for anything else."""
+        names = (*_INT_FIELDS, *_TEXT_FIELDS, "send_t", "arrive_t", "arrive_none", "vocab")
+        if set(cols) != set(names) or not all(isinstance(cols[k], np.ndarray) and cols[k].ndim == 1 for k in names):
+            raise ValueError("not a ledger (its fields or their shapes differ)")
+        n = len(cols["send_t"])
+        kinds = {**dict.fromkeys((*_INT_FIELDS, *_TEXT_FIELDS), "i"), "send_t": "f", "arrive_t": "f",
+                 "arrive_none": "b"}
+        if any(cols[k].dtype.kind != kind or len(cols[k]) != n for k, kind in kinds.items()) \
+                or cols["vocab"].dtype != np.uint8:
+            raise ValueError("not a ledger (a column of the wrong type or length)")
+        try:
+            vocab = json.loads(cols["vocab"].tobytes())
+        except ValueError:
+            raise ValueError("not a ledger (its vocabulary is not JSON)") from None
+        if not isinstance(vocab, list) or not all(isinstance(v, str) for v in vocab):
+            raise ValueError("not a ledger (its vocabulary is not a list of strings)")
+        for f in _TEXT_FIELDS:
+            if n and (cols[f].min() < 0 or cols[f].max() >= len(vocab)):
+                raise ValueError(f"not a ledger ({f}: a code outside its vocabulary)")
+        out = cls()
+        lists = {f: cols[f].tolist() for f in kinds}
+        text = {f: [vocab[i] for i in cols[f].tolist()] for f in _TEXT_FIELDS}
+        try:
+            for i in range(n):
+                out.rows.append(LedgerRow(
+                    **{f: lists[f][i] for f in _INT_FIELDS}, **{f: text[f][i] for f in _TEXT_FIELDS},
+                    send_t=lists["send_t"][i], arrive_t=None if lists["arrive_none"][i] else lists["arrive_t"][i]))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"not a ledger (row {i}: {e})") from None
+        return out
 
     def to_dicts(self) -> list[dict[str, Any]]:
         """Rows as plain dicts, in recording order."""

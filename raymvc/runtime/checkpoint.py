@@ -1,7 +1,7 @@
 """Checkpoint files of a run folder (``runtime.checkpoint: true``), for ``raymvc run --resume``.
 
-After every round the server node hands over its state, the protocol server's and each
-live client's as codec frames (see :mod:`raymvc.runtime.state`); they are written to
+After every round the server node hands over its state (its traffic ledger apart, as
+columns), the protocol server's and each live client's as codec frames (see :mod:`raymvc.runtime.state`); they are written to
 ``DIR/.checkpoint-<rounds>/`` and ``DIR/checkpoint.json`` is then replaced atomically to
 point at that folder, so a run killed at any moment -- SIGKILL included -- leaves one
 complete checkpoint. A run that ends normally removes its checkpoints.
@@ -40,7 +40,7 @@ def save(out: Path, ck: dict, rounds_logged: int, version: str) -> None:
     if folder.exists() or folder.is_symlink():
         _remove(folder)
     folder.mkdir()
-    files = {"node.bin": ck["node"], "server.bin": ck["server"],
+    files = {"node.bin": ck["node"], "ledger.bin": ck["ledger"], "server.bin": ck["server"],
              **{f"client-{int(cid)}.bin": data for cid, data in ck["clients"].items()}}
     for name, data in files.items():
         write_file(folder / name, data)
@@ -85,7 +85,7 @@ def load(out: Path, version: str) -> tuple[dict, int]:
     folder = out / meta["folder"]
     if folder.is_symlink() or not folder.is_dir():
         raise CheckpointError(f"{meta['folder']}: missing, or not a folder")
-    names = ["node.bin", "server.bin", *(f"client-{c}.bin" for c in meta["clients"])]
+    names = ["node.bin", "ledger.bin", "server.bin", *(f"client-{c}.bin" for c in meta["clients"])]
     if sorted(meta["sha256"]) != sorted(names):
         raise CheckpointError(f"{POINTER}: its checksums do not name the checkpoint's files")
     data = {}
@@ -97,7 +97,7 @@ def load(out: Path, version: str) -> tuple[dict, int]:
         if sha256_file(data[name]) != meta["sha256"][name]:
             raise CheckpointError(f"{meta['folder']}/{name}: changed since the run wrote it (its SHA-256 differs "
                                   f"from the one in {POINTER})")
-    ck = {"node": data["node.bin"], "server": data["server.bin"],
+    ck = {"node": data["node.bin"], "ledger": data["ledger.bin"], "server": data["server.bin"],
           "clients": {c: data[f"client-{c}.bin"] for c in meta["clients"]}}
     return ck, meta["rounds_logged"]
 

@@ -439,7 +439,7 @@ def _load_checkpoint(sc: Scenario, out: Path) -> tuple[dict, int]:
     if not checkpoint.exists(out):
         raise ScenarioError(f"--resume {out}: no checkpoint there (runs save them with runtime.checkpoint: true)")
     from ..channel.codec import CodecError
-    from .nodes import PROTOCOL_INPUTS, SERVER_STATE
+    from .nodes import PROTOCOL_INPUTS, SERVER_STATE, decode_ledger
     from .state import StateError, state_names
 
     try:
@@ -450,6 +450,7 @@ def _load_checkpoint(sc: Scenario, out: Path) -> tuple[dict, int]:
             odd += [n for n in state_names(data) if n in PROTOCOL_INPUTS]
         if odd:
             raise checkpoint.CheckpointError(f"it sets {odd[0][:40]!r}, which a checkpoint never holds")
+        decode_ledger(ck[0]["ledger"])  # a malformed ledger: refused here too
         return ck
     except (checkpoint.CheckpointError, StateError, CodecError) as e:
         raise ScenarioError(f"--resume {out}: {e}") from None

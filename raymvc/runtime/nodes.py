@@ -26,14 +26,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..channel import Encoded, Endpoint, Ledger, LedgerRow, RejectedMessage, handshake_bytes
+from ..channel import Encoded, Endpoint, Ledger, LedgerRow, RejectedMessage, codec, handshake_bytes
 from ..messages import Done, Message, labels_array
 from ..protocol import ClientContext, NoInput, ServerContext
 from ..scenario import ChannelCfg, DeviceClass, DevicesCfg, FaultsCfg, NetworkCfg, PartialWorkCfg
 from .faults import DeviceProfiles, FaultPlan, Injector, Network, work_share
 from .records import FaultCounts, Participation, RoundRecord, RunEnd
 from .secure import ClientLayer, ServerLayer
-from .state import dump_state, load_state
+from .state import StateError, dump_state, load_state
 from .threads import pin_threads
 from .transport import Interruption, LocalTransport, Outcome, make_transport, party_lost
 
@@ -41,10 +41,28 @@ SERVER = "server"
 PROTOCOL_INPUTS = ("config", "shard", "ctx")  # rebuilt from the scenario, never checkpointed
 _ROUND = struct.Struct("<q")
 # what a server checkpoint holds besides the protocol's server object
+# (the ledger travels apart, as columns: see :meth:`ServerNode.checkpoint`)
 SERVER_STATE = _SERVER_STATE = ("round", "clock", "outgoing", "done", "status", "error", "crashed", "offline", "counts",
-                 "client_errors", "errors", "participation", "compute_s", "timeouts", "evicted", "ledger")
+                 "client_errors", "errors", "participation", "compute_s", "timeouts", "evicted")
 EVAL_PREDICT = "eval.predict"  # engine-reserved kinds: the evaluation path
 EVAL_LABELS = "eval.labels"
+
+
+def encode_ledger(ledger: Ledger) -> bytes:
+    """A checkpoint's ledger: its rows as columns in one codec frame (a few vectorised
+    arrays, not one object per row: the ledger grows with every round)."""
+    return codec.encode(Message("ledger", ledger.to_columns()))
+
+
+def decode_ledger(data: bytes) -> Ledger:
+    """The ledger :func:`encode_ledger` wrote; a ``StateError`` (one line) for anything else."""
+    try:
+        msg = codec.decode(data)
+        if msg.kind != "ledger":
+            raise ValueError("not a ledger")
+        return Ledger.from_columns(msg.fields)
+    except ValueError as e:  # CodecError is a ValueError
+        raise StateError(f"ledger.bin: {e}") from None
 
 
 def client_party(cid: int) -> str:
@@ -440,12 +458,13 @@ class ServerNode:
         for cid in self.connected:
             if cid not in self.crashed:
                 clients[cid] = self.transport.call(cid, "state")
-        return {"node": dump_state(self, only=_SERVER_STATE),
+        return {"node": dump_state(self, only=_SERVER_STATE), "ledger": encode_ledger(self.ledger),
                 "server": dump_state(self.server, skip=PROTOCOL_INPUTS), "clients": clients}
 
     def restore(self, ck: dict[str, object]) -> None:
         """Carry on from :meth:`checkpoint` (after :meth:`connect` agreed fresh keys)."""
         load_state(self, ck["node"], only=_SERVER_STATE)
+        self.ledger = decode_ledger(ck["ledger"])
         self.offline |= set(self.client_ids) - set(self.connected)  # unreachable now: offline now
         load_state(self.server, ck["server"], skip=PROTOCOL_INPUTS)
         for cid in sorted(self.crashed):

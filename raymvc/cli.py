@@ -390,6 +390,8 @@ def cmd_report(args) -> int:
     for p in sweeps:
         try:
             sweep_data.append((p, *read_sweep(p)))
+        except ResultsError as e:
+            return _fail(str(e))
         except (OSError, ValueError, KeyError, TypeError, csv.Error) as e:
             return _fail(f"{p / 'sweep.csv'}: corrupt ({one_line(str(e), 120)})")
     try:

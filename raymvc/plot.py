@@ -193,7 +193,12 @@ def _category_labels(values: list[str], width: int = 14) -> list[str]:
     labels = list(values)
     if len(labels) > 1:
         shared = os.path.commonprefix(labels)
-        cut = max(shared.rfind(c) for c in "-_ /=") + 1
+        # a separator: "_", " ", "/", "=", or a "-" between letters (never a minus sign or
+        # the "-" of an exponent, which belong to the value)
+        seps = [i for i, c in enumerate(shared) if c in "_ /=" or (
+            c == "-" and i > 0 and shared[i - 1].isalpha() and all(len(v) > i + 1 and v[i + 1].isalpha()
+                                                                  for v in labels))]
+        cut = seps[-1] + 1 if seps else 0
         if cut > 0 and all(len(v) > cut for v in labels):
             labels = [v[cut:] for v in labels]
     return ["\n".join(textwrap.wrap(v, width, break_on_hyphens=True)) or v for v in labels]

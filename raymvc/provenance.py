@@ -85,7 +85,7 @@ def platform_info() -> dict:
 
 def platform_text(info: dict | None) -> str:
     """``numpy 2.4.6, scipy 1.17.1, ...; Python 3.11.7, x86_64, 2 CPUs`` (empty for none)."""
-    if not info:
+    if not info or not isinstance(info, dict):  # none, or not what the engine writes
         return ""
     libs = ", ".join(f"{k} {info[k]}" for k in PLATFORM_PACKAGES if info.get(k))
     where = f"Python {info.get('python', '?')}, {info.get('machine', '?')}, {info.get('cpus', '?')} CPUs"

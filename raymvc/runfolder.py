@@ -92,7 +92,7 @@ class RunFolder:
             return np.zeros(0, dtype=np.int64)
         try:
             return np.array([int(r["cluster"]) for r in csv.DictReader(io.StringIO(text))], dtype=np.int64)
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, csv.Error):
             raise ResultsError(f"{self.path / self.LABELS}: corrupt (expected sample,cluster rows of integers)") from None
 
     def labels_sha256(self) -> str | None:
@@ -112,7 +112,7 @@ class RunFolder:
                 try:
                     d = json.loads(line)
                     out.append(RoundRecord(**{k: v for k, v in d.items() if k in known}))
-                except (ValueError, TypeError, AttributeError):  # AttributeError: a line that is not an object
+                except (ValueError, TypeError, AttributeError, RecursionError):  # AttributeError: not an object
                     raise ResultsError(f"{self.path / self.ROUNDS}: corrupt line {i + 1}") from None
         return out
 
@@ -121,7 +121,7 @@ class RunFolder:
         text = self._text(self.MESSAGES)
         try:
             return [{k: csv_value(v) for k, v in r.items()} for r in csv.DictReader(io.StringIO(text or ""))]
-        except csv.Error as e:
+        except (csv.Error, TypeError, ValueError) as e:  # TypeError: a row longer or shorter than the header
             raise ResultsError(f"{self.path / self.MESSAGES}: corrupt ({e})") from None
 
     def scenario(self) -> dict[str, Any]:

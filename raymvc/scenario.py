@@ -720,8 +720,6 @@ def _set_path(raw: dict, dotted: str, value: Any, source: str | None) -> None:
 
 def _apply_override(raw: dict, key: str, value: Any, source: str | None) -> None:
     """Set one override; a data source given on the command line replaces the other one."""
-    if isinstance(value, os.PathLike):  # a pathlib.Path in an API override is its text
-        value = os.fspath(value)
     if key == "data.path" and isinstance(value, str):
         p = Path(value).expanduser()
         value = str(p if p.is_absolute() else Path(os.getcwd()) / p)  # command line: relative to here
@@ -766,7 +764,19 @@ def as_overrides(overrides: Mapping[str, Any] | Iterable[str] | None) -> dict[st
     for key in overrides:
         if not isinstance(key, str) or not key.strip() or any(not part for part in key.strip().split(".")):
             raise ScenarioError(f"overrides: bad key path {short(key)}")
-    return {k.strip(): v for k, v in overrides.items()}
+    return {k.strip(): _plain(v) for k, v in overrides.items()}
+
+
+def _plain(value: Any) -> Any:
+    """A value as YAML would give it: a path-like (``pathlib.Path``) becomes its text, also
+    inside mappings and lists, so every override can be shown and fingerprinted."""
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def merge_overrides(*parts: Mapping[str, Any]) -> dict[str, Any]:

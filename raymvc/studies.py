@@ -47,7 +47,7 @@ from typing import Any
 
 from .grid import MAX_CELLS, MAX_SEEDS, check_size, parse_grid, parse_seeds, short_key, slug  # noqa: F401
 from .provenance import fingerprint
-from .results import OutputFolder, default_out_dir, jsonable, short_value, write_file
+from .results import OutputFolder, ResultsError, default_out_dir, jsonable, short_value, write_file
 from .runfolder import RunFolder
 from .runtime.cluster import AUTO_CAP, actors_needed
 from .runtime.warm import crew_key
@@ -626,14 +626,20 @@ def read_sweep(sweep_dir: str | Path) -> tuple[dict, list[dict], list[dict]]:
         meta = json.loads((d / "sweep.json").read_text())
     except (OSError, ValueError):
         meta = {}
-    with open(d / "sweep.csv", newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    keys = meta.get("grid_keys")
-    if keys is None:
-        fixed = set(RUN_FIELDS) | {"scenario", "method", "mb_total"}
-        keys = [k for k in (rows[0].keys() if rows else []) if k not in fixed]
-        meta["grid_keys"] = keys
-    return meta, rows, aggregate(rows, keys)
+    if not isinstance(meta, dict):  # not what a sweep writes: read the folder from sweep.csv alone
+        meta = {}
+    try:
+        with open(d / "sweep.csv", newline="") as fh:
+            rows = list(csv.DictReader(fh))
+        keys = meta.get("grid_keys")
+        if not (isinstance(keys, list) and all(isinstance(k, str) for k in keys)):
+            fixed = set(RUN_FIELDS) | {"scenario", "method", "mb_total"}
+            keys = [k for k in (rows[0].keys() if rows else []) if k not in fixed]
+            meta["grid_keys"] = keys
+        return meta, rows, aggregate(rows, keys)
+    except (csv.Error, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
+        detail = f"no column {e}" if isinstance(e, KeyError) else str(e)
+        raise ResultsError(f"{d / 'sweep.csv'}: corrupt ({detail[:200]})") from None
 
 
 # --------------------------------------------------------------------------- command

@@ -41,7 +41,10 @@ class RunSummary(Mapping):
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> RunSummary:
+        """The typed record of a ``summary.json`` mapping; ``ValueError`` naming the key whose
+        value has the wrong type (a hand-edited or foreign file)."""
         d = dict(d)
+        _check_shape(d)
         comm = d.get("communication") or {}
         timing = d.get("timing") or {}
         return cls(name=str(d.get("name") or ""), method=str(d.get("method") or ""), seed=d.get("seed"),
@@ -92,6 +95,43 @@ class RunSummary(Mapping):
 
     def __len__(self) -> int:
         return len(self.raw)
+
+
+def _number(v: Any) -> bool:
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+def _check_shape(d: dict) -> None:
+    """The keys a reader of a summary relies on have the types the engine writes."""
+    def bad(key: str, want: str) -> ValueError:
+        return ValueError(f"{key}: expected {want}, got {type(_get(d, key)).__name__}")
+
+    for key in ("seed", "rounds"):
+        v = d.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
+            raise bad(key, "an integer")
+    for key in ("metrics", "communication", "timing", "faults", "platform", "cell"):
+        if d.get(key) is not None and not isinstance(d[key], dict):
+            raise bad(key, "a mapping")
+    if not all(isinstance(k, str) and _number(v) for k, v in (d.get("metrics") or {}).items()):
+        raise bad("metrics", "scores by name")
+    for key in ("communication.mb_total", "timing.wall_s", "faults.dropped_replies", "faults.late_replies"):
+        if not _number(_get(d, key)):
+            raise bad(key, "a number")
+    for key in ("errors", "faults.crashed_clients"):
+        if _get(d, key) is not None and not isinstance(_get(d, key), list):
+            raise bad(key, "a list")
+    for key in ("name", "method", "error", "fingerprint", "code_version", "out_dir"):
+        if d.get(key) is not None and not isinstance(d[key], str):
+            raise bad(key, "text")
+
+
+def _get(d: dict, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(d, dict):
+            return None
+        d = d.get(part)
+    return d
 
 
 __all__ = ["RunSummary"]

@@ -746,16 +746,18 @@ def write_pages(studies_dir: Path, runs_dir: Path, readme: Path | None = None,
     studies = [load_study(f) for f in sorted(studies_dir.glob("*.yaml"))]
     for st in studies:  # every file is checked before anything is written
         check_policy(st)
+    records = []  # read every study's cells before writing any record
     for st in studies:
         d, record = runs_dir / st.name, studies_dir / RECORD_DIR / f"{st.name}.csv"
         res = None
         if (d / "sweep.csv").is_file():
             more = [e / st.name for e in elsewhere if (e / st.name / "sweep.csv").is_file()]
             res = StudyResult.from_sweep(st, d, more, record)
-            written.append(res.write_record(record))
+            records.append((res, record))
         elif record.is_file():
             res = StudyResult.from_record(st, record)
         by_paper[st.spec.paper].append((st, res))
+    written += [res.write_record(record) for res, record in records]
     for paper, entries in sorted(by_paper.items()):
         if all(res is None for _, res in entries):
             continue

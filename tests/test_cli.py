@@ -189,6 +189,9 @@ def test_data_path_on_the_command_line_replaces_the_dataset_and_resolves_here(tm
     # through the API a path may be a pathlib.Path: the same scenario as its text
     via_api = load_scenario(QUICK, {"data.path": Path("mine.npz")})
     assert via_api.data == sc.data and via_api.data_path() == tmp_path / "mine.npz"
+    for missing in ({"data.path": Path("gone.npz")}, {"data": {"path": tmp_path / "gone.npz"}}):
+        with pytest.raises(ScenarioError, match="data.path: file not found"):  # its error shows it as text
+            load_scenario(QUICK, missing)
     from raymvc.runtime import prepare
 
     ds, part = prepare(sc)

@@ -240,6 +240,13 @@ def test_report_on_corrupt_or_odd_summary(tmp_path, capsys):
     with pytest.raises(ResultsError, match="not found"):
         read_summary(run)
     _one_line_error(capsys, ["report", str(run)])
+    # a sweep folder whose sweep.json is not an object and whose sweep.csv lacks its columns
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "sweep.json").write_text("[]")
+    (sweep / "sweep.csv").write_text("seed,status\n0,completed\n")
+    err = _one_line_error(capsys, ["report", str(sweep)])
+    assert "sweep.csv: corrupt (no column 'scenario')" in err
 
 
 # --------------------------------------------------------------------- 8. data checks

@@ -482,9 +482,20 @@ def test_run_folder_reads_back_what_the_run_wrote(tmp_path):
     (tmp_path / "r" / run.LABELS).write_bytes(b"sample,cluster\n0,\xff\xfe\n")
     with pytest.raises(ResultsError, match="not UTF-8"):
         run.labels()
-    (tmp_path / "r" / run.SUMMARY).write_text(json.dumps({**s.to_dict(), "communication": 5}))
-    with pytest.raises(ResultsError, match="not a run summary"):
-        run.summary()
+    for bad in ({"communication": 5}, {"metrics": [1]}, {"seed": "x"}, {"errors": "abc"},
+                {"communication": {"mb_total": "big"}}, {"faults": {"crashed_clients": 5}}, {"platform": "linux"}):
+        (tmp_path / "r" / run.SUMMARY).write_text(json.dumps({**s.to_dict(), **bad}))
+        with pytest.raises(ResultsError, match="not a run summary"):
+            run.summary()
+    (tmp_path / "r" / run.MESSAGES).write_text("round,src\n0,server,extra,fields\n")
+    with pytest.raises(ResultsError, match="messages.csv: corrupt"):
+        run.ledger()
+    (tmp_path / "r" / run.LABELS).write_text("sample,cluster\n0," + "9" * 200_000 + "\n")
+    with pytest.raises(ResultsError, match="labels.csv: corrupt"):
+        run.labels()
+    (tmp_path / "r" / run.ROUNDS).write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(ResultsError, match="corrupt line 1"):
+        run.rounds()
     # the file names live in raymvc.results alone: every other module goes through RunFolder
     names = {run.SUMMARY, run.ROUNDS, run.MESSAGES, run.SCENARIO, run.LABELS, run.ERRORS}
     pkg = Path(raymvc.__file__).resolve().parent

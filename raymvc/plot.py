@@ -187,19 +187,23 @@ def _legend_label(name: str, pts: list[PlotPoint]) -> str:
         f"{name}: mean over finished runs\n({each}, all finished)"
 
 
+def _separates(labels: list[str], i: int) -> bool:
+    """Whether the character at ``i`` (shared by every label) separates words: "_", " ",
+    "/", "=", or a "-" between letters (never a minus sign or an exponent's "-")."""
+    c = labels[0][i]
+    if c in "_ /=":
+        return True
+    return c == "-" and i > 0 and labels[0][i - 1].isalpha() and all(v[i + 1:i + 2].isalpha() for v in labels)
+
+
 def _category_labels(values: list[str], width: int = 14) -> list[str]:
     """Tick labels for a categorical axis, each still telling its point apart: a prefix all
     share (up to a separator) is dropped, and a long label is wrapped, never cut."""
     labels = list(values)
     if len(labels) > 1:
         shared = os.path.commonprefix(labels)
-        # a separator: "_", " ", "/", "=", or a "-" between letters (never a minus sign or
-        # the "-" of an exponent, which belong to the value)
-        seps = [i for i, c in enumerate(shared) if c in "_ /=" or (
-            c == "-" and i > 0 and shared[i - 1].isalpha() and all(len(v) > i + 1 and v[i + 1].isalpha()
-                                                                  for v in labels))]
-        cut = seps[-1] + 1 if seps else 0
-        if cut > 0 and all(len(v) > cut for v in labels):
+        cut = max((i + 1 for i in range(len(shared)) if _separates(labels, i)), default=0)
+        if cut and all(len(v) > cut for v in labels):
             labels = [v[cut:] for v in labels]
     return ["\n".join(textwrap.wrap(v, width, break_on_hyphens=True)) or v for v in labels]
 

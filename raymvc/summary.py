@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .results import SUMMARY_FILE, ResultsError, flatten, read_summary
 from .status import FINAL, FINISHED, Status, status_of
 
 
@@ -57,8 +58,6 @@ class RunSummary(Mapping):
     @classmethod
     def load(cls, run_dir: str | Path) -> RunSummary:
         """The summary of a run folder; :class:`~raymvc.results.ResultsError` if it is missing or corrupt."""
-        from .results import SUMMARY_FILE, ResultsError, read_summary
-
         d = read_summary(run_dir)
         try:
             return cls.from_dict(d)
@@ -97,41 +96,38 @@ class RunSummary(Mapping):
         return len(self.raw)
 
 
+def _integer(v: Any) -> bool:
+    return v is None or (isinstance(v, int) and not isinstance(v, bool))
+
+
 def _number(v: Any) -> bool:
     return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
 
 
+# what the readers of a summary rely on: (keys, what each must be, its test); a nested key
+# is named by its dotted path, as :func:`~raymvc.results.flatten` writes it
+_SHAPE = (
+    (("seed", "rounds"), "an integer", _integer),
+    (("metrics", "communication", "timing", "faults", "platform", "cell"), "a mapping",
+     lambda v: v is None or isinstance(v, dict)),
+    (("communication.mb_total", "timing.wall_s", "faults.dropped_replies", "faults.late_replies"), "a number",
+     _number),
+    (("errors", "faults.crashed_clients"), "a list", lambda v: v is None or isinstance(v, list)),
+    (("name", "method", "error", "fingerprint", "code_version", "out_dir"), "text",
+     lambda v: v is None or isinstance(v, str)),
+)
+
+
 def _check_shape(d: dict) -> None:
-    """The keys a reader of a summary relies on have the types the engine writes."""
-    def bad(key: str, want: str) -> ValueError:
-        return ValueError(f"{key}: expected {want}, got {type(_get(d, key)).__name__}")
-
-    for key in ("seed", "rounds"):
-        v = d.get(key)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
-            raise bad(key, "an integer")
-    for key in ("metrics", "communication", "timing", "faults", "platform", "cell"):
-        if d.get(key) is not None and not isinstance(d[key], dict):
-            raise bad(key, "a mapping")
+    """``ValueError`` naming the first key whose value is not of the type the engine writes."""
+    flat = flatten(d)
+    for keys, want, ok in _SHAPE:
+        for key in keys:
+            v = d.get(key) if key in d else flat.get(key)
+            if not ok(v):
+                raise ValueError(f"{key}: expected {want}, got {type(v).__name__}")
     if not all(isinstance(k, str) and _number(v) for k, v in (d.get("metrics") or {}).items()):
-        raise bad("metrics", "scores by name")
-    for key in ("communication.mb_total", "timing.wall_s", "faults.dropped_replies", "faults.late_replies"):
-        if not _number(_get(d, key)):
-            raise bad(key, "a number")
-    for key in ("errors", "faults.crashed_clients"):
-        if _get(d, key) is not None and not isinstance(_get(d, key), list):
-            raise bad(key, "a list")
-    for key in ("name", "method", "error", "fingerprint", "code_version", "out_dir"):
-        if d.get(key) is not None and not isinstance(d[key], str):
-            raise bad(key, "text")
-
-
-def _get(d: dict, dotted: str) -> Any:
-    for part in dotted.split("."):
-        if not isinstance(d, dict):
-            return None
-        d = d.get(part)
-    return d
+        raise ValueError("metrics: expected scores by name")
 
 
 __all__ = ["RunSummary"]

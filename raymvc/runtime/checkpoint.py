@@ -1,10 +1,10 @@
 """Checkpoint files of a run folder (``runtime.checkpoint: true``), for ``raymvc run --resume``.
 
 After every round the server node hands over its state (its traffic ledger apart, as
-columns), the protocol server's and each live client's as codec frames (see :mod:`raymvc.runtime.state`); they are written to
-``DIR/.checkpoint-<rounds>/`` and ``DIR/checkpoint.json`` is then replaced atomically to
-point at that folder, so a run killed at any moment -- SIGKILL included -- leaves one
-complete checkpoint. A run that ends normally removes its checkpoints.
+columns), the protocol server's and each live client's as codec frames (see
+:mod:`raymvc.runtime.state`); they are written to ``DIR/.checkpoint-<rounds>/`` and
+``DIR/checkpoint.json`` is then replaced atomically to point at that folder, so a run
+killed at any moment -- SIGKILL included -- leaves one complete checkpoint. A run that ends normally removes its checkpoints.
 
 ``checkpoint.json`` also records the code version that wrote it (a digest of raymvc's
 sources and the method's modules) and the SHA-256 of every file: :func:`load` refuses a

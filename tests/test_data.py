@@ -484,3 +484,53 @@ def test_horizontal_memory_grows_with_the_data_not_the_clients():
         tracemalloc.stop()
     held = sum(s.X.nbytes for s in part.shards) + sum(x.nbytes for x in part.rows)
     assert peak < 2 * held + 32 * n * 8, (peak, held)  # a class of indices per client: 80 times more
+
+
+def _digit_images(n: int = 40) -> MultiViewDataset:
+    """A stand-in for mnist10k: ``n`` 28x28 uint8 images, each a bar whose position follows its label."""
+    X = np.zeros((n, 28, 28), dtype=np.uint8)
+    labels = np.arange(n) % 10
+    for i, c in enumerate(labels):
+        X[i, 4:24, 2 + 2 * c: 5 + 2 * c] = 255
+    return MultiViewDataset(name="mnist10k", views=[X.reshape(n, 784).astype(np.float64)], labels=labels)
+
+
+def test_noisy_mnist_builds_two_views_of_each_digit():
+    """View 0 is the digit's pixels in [0, 1]; view 1 the same digit turned and noised: more ink, every
+    value in [0, 1], and one fixed draw (the scenario's seed plays no part)."""
+    from raymvc.data.datasets import noisy_mnist
+
+    src = _digit_images()
+    ds = noisy_mnist(src)
+    a, b = ds.views
+    assert ds.name == "noisy-mnist" and ds.view_names == ["pixels", "rotated_noisy"]
+    assert a.shape == b.shape == (40, 784) and ds.image_shapes == {0: (28, 28), 1: (28, 28)}
+    np.testing.assert_array_equal(a, src.views[0] / 255.0)
+    np.testing.assert_array_equal(ds.labels, src.labels)
+    assert b.min() >= 0.0 and b.max() <= 1.0 and not np.array_equal(b, a)
+    assert b.mean() > a.mean() + 0.3  # uniform noise in [0, 1) adds about half a unit of ink where there was none
+    np.testing.assert_array_equal(noisy_mnist(src).views[1], b)  # the same data set every time
+    assert not np.array_equal(noisy_mnist(src, seed=1).views[1], b)
+    rng = np.random.default_rng(0)
+    with pytest.raises(DataError, match="784 columns"):
+        noisy_mnist(MultiViewDataset(name="x", views=[rng.random((5, 10))], labels=np.zeros(5, dtype=int)))
+
+
+def test_noisy_mnist_correlates_with_the_turned_digit():
+    """Row i of view 1 is image i turned: its noise-free part correlates with image i more than with others."""
+    from raymvc.data.datasets import noisy_mnist
+
+    src = _digit_images()
+    b = noisy_mnist(src).views[1]
+    a = src.views[0] / 255.0
+    own = [np.corrcoef(a[i], b[i])[0, 1] for i in range(10)]
+    other = [np.corrcoef(a[i], b[(i + 5) % 10])[0, 1] for i in range(10)]
+    assert np.mean(own) > np.mean(other) + 0.1
+
+
+@pytest.mark.skipif(not (Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist10k").is_dir(),
+                    reason="mnist10k not in the shared data folder")
+def test_noisy_mnist_by_name_from_the_fetched_mnist():
+    ds = load_dataset("noisy-mnist")
+    assert ds.name == "noisy-mnist" and [v.shape for v in ds.views] == [(10000, 784), (10000, 784)]
+    assert ds.n_clusters == 10 and ds.present is None

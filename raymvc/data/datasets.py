@@ -39,6 +39,14 @@ _BUILTINS = {
     "synthetic": "seeded multi-view Gaussian mixture (n_samples, n_views, dims, n_clusters, noise)",
 }
 
+# Data sets the project builds from a fetched one (name -> (the fetched one, description)).
+DERIVED = {
+    "noisy-mnist": ("mnist10k", "two-view MNIST from mnist10k: 10,000 samples, view 'pixels' (784, in [0, 1]) and "
+                                "view 'rotated_noisy' (the same digit rotated by a random angle in [-45, 45] degrees "
+                                "plus uniform noise in [0, 1), clipped to [0, 1]), 10 classes; one fixed draw"),
+}
+NOISY_MNIST_SEED = 20151  # the data set's own draw: the same two views whatever a scenario's seed
+
 LABEL_KEYS = ("Y", "y", "gt", "labels", "label", "truelabel", "truth", "gnd")
 _NUMBERED_VIEW = re.compile(r"^(?:X|x|view_?|View_?)(\d+)$")
 _SYNTH_ARGS = ("n_samples", "n_views", "dims", "n_clusters", "noise")
@@ -95,6 +103,10 @@ def load_dataset(
         ds = _digits()
     elif name == "synthetic":
         ds = synthetic(**synth, seed=seed)
+    elif name == "noisy-mnist":
+        from .fetch import fetch
+
+        ds = noisy_mnist(_load_file(fetch(DERIVED[name][0])))
     elif name in _remotes():
         from .fetch import fetch
 
@@ -102,7 +114,7 @@ def load_dataset(
         ds.name = name
     else:
         raise DataError(f"unknown data set {name!r}; built-in data sets: {', '.join(_BUILTINS)}; fetched on "
-                        f"first use: {', '.join(_remotes())}")
+                        f"first use: {', '.join(_remotes())}; built from a fetched one: {', '.join(DERIVED)}")
     return select_views(ds, views) if views is not None else ds
 
 
@@ -134,6 +146,36 @@ def _digits() -> MultiViewDataset:
         view_names=["pixels"],
         image_shapes={0: (8, 8)},
         source="sklearn.datasets.load_digits",
+    )
+
+
+def noisy_mnist(mnist: MultiViewDataset, seed: int = NOISY_MNIST_SEED) -> MultiViewDataset:
+    """Two views of each MNIST digit, as in the usual "Noisy MNIST" construction: its pixels
+    scaled to [0, 1], and a copy rotated by an angle drawn uniformly in [-45, 45] degrees
+    (bilinear, the same 28x28 frame) with uniform noise in [0, 1) added and clipped to [0, 1].
+
+    Labels play no part in building the views; one fixed ``seed`` makes one data set.
+    """
+    from scipy.ndimage import rotate
+
+    X = np.asarray(mnist.views[0], dtype=np.float64)
+    if X.ndim != 2 or X.shape[1] != 784:
+        raise DataError(f"{mnist.name}: noisy-mnist needs 28x28 images (784 columns), got {X.shape[1]}")
+    pixels = X / 255.0 if X.max() > 1.0 else X.copy()
+    rng = np.random.default_rng(seed)
+    angles = rng.uniform(-45.0, 45.0, size=len(pixels))
+    noise = rng.uniform(0.0, 1.0, size=pixels.shape)
+    turned = np.empty_like(pixels)
+    for i, (img, a) in enumerate(zip(pixels.reshape(-1, 28, 28), angles)):
+        turned[i] = rotate(img, a, reshape=False, order=1, mode="constant", cval=0.0).ravel()
+    noisy = np.clip(np.clip(turned, 0.0, 1.0) + noise, 0.0, 1.0)
+    return MultiViewDataset(
+        name="noisy-mnist",
+        views=[pixels, noisy],
+        labels=np.asarray(mnist.labels, dtype=np.int64).copy(),
+        view_names=["pixels", "rotated_noisy"],
+        image_shapes={0: (28, 28), 1: (28, 28)},
+        source=f"built from {mnist.name} (raymvc.data.datasets.noisy_mnist, seed {seed})",
     )
 
 

@@ -268,15 +268,26 @@ def _range(field) -> str:
 
 
 def param_rows(config) -> list[dict]:
-    """One dict per parameter of a method's pydantic Config: name, type, default, range, description."""
+    """One dict per parameter of a method's pydantic Config: name, type, default, range,
+    source (where the default comes from: "paper: Sec. 4.3", "not stated; ours: ...",
+    "departure; ...", "project option"; "" if the method does not say), source_kind
+    (the first word of that, or "") and description."""
     from pydantic_core import PydanticUndefined
+
+    from .protocol import param_source, source_text
 
     rows = []
     for name, f in config.model_fields.items():
         default = "(required)" if f.default is PydanticUndefined else repr(f.default).replace("None", "null")
+        mark = param_source(f)
         rows.append({"name": f.alias or name, "type": _type_name(f.annotation), "default": default,
-                     "range": _range(f), "description": f.description or ""})
+                     "range": _range(f), "source": source_text(f),
+                     "source_kind": mark.get("kind", "") if isinstance(mark, dict) else "",
+                     "description": f.description or ""})
     return rows
+
+
+SOURCE_WIDTH = 44  # the source column wraps at this width; the description stays on a row's first line
 
 
 def cmd_params(args) -> int:
@@ -297,10 +308,18 @@ def cmd_params(args) -> int:
     if not rows:
         print("  (no parameters)")
         return 0
-    head = {"name": "param", "type": "type", "default": "default", "range": "range", "description": "description"}
-    w = {k: max(len(head[k]), *(len(r[k]) for r in rows)) for k in ("name", "type", "default", "range")}
+    import textwrap
+
+    head = {"name": "param", "type": "type", "default": "default", "range": "range", "source": "source",
+            "description": "description"}
+    cols = ("name", "type", "default", "range")
+    w = {k: max(len(head[k]), *(len(r[k]) for r in rows)) for k in cols}
     for r in [head, *rows]:
-        print("  " + "  ".join(r[k].ljust(w[k]) for k in ("name", "type", "default", "range")) + "  " + r["description"])
+        source = textwrap.wrap(r["source"] or "(not marked)", SOURCE_WIDTH) if r is not head else ["source"]
+        print("  " + "  ".join(r[k].ljust(w[k]) for k in cols) + "  " + source[0].ljust(SOURCE_WIDTH) + "  "
+              + r["description"])
+        for more in source[1:]:
+            print("  " + " " * (sum(w.values()) + 2 * len(cols)) + more)
     print(f"set them in the scenario's params: {{...}} or with --set params.{rows[0]['name']}=...")
     return 0
 

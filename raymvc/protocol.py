@@ -32,6 +32,7 @@ never see bytes, actors, keys or clocks.
 from __future__ import annotations
 
 import math
+import re
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,9 +46,110 @@ from .messages import Done, Message
 
 
 class ProtocolConfig(BaseModel):
-    """Base for method hyperparameters: unknown keys and wrong types are errors."""
+    """Base for method hyperparameters: unknown keys and wrong types are errors.
+
+    Every field says where its default comes from (:func:`paper`, :func:`not_stated`,
+    :func:`departure`, :func:`project_option`); ``raymvc params METHOD`` shows it.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+# --------------------------------------------------------------------------- where a default comes from
+SOURCE_KINDS = ("paper", "not stated", "departure", "project option")
+_PLACE = re.compile(r"\b(Sec\.|Section|Table|Fig\.|Figure|Alg\.|Algorithm|Eqs?\.|Appendix|Abstract)\s*[\w(]")
+_NO_VALUE = object()
+
+
+def _source(kind: str, **parts) -> dict:
+    return {"json_schema_extra": {"source": {"kind": kind, **{k: v for k, v in parts.items() if v is not _NO_VALUE}}}}
+
+
+def paper(where: str, value: Any = _NO_VALUE) -> dict:
+    """``Field(default=0.1, ..., **paper("Sec. 4.3", value=0.1))``: the method's paper states
+    this value at ``where`` (a section, table, figure, algorithm or equation). ``value``,
+    where given, is the paper's number: the default must equal it (a test holds them together)."""
+    return _source("paper", where=where, value=value)
+
+
+def not_stated(why: str) -> dict:
+    """The paper leaves this value open; ``why`` says what the project takes and why
+    (shown as "not stated; ours: <why>")."""
+    return _source("not stated", why=why)
+
+
+def departure(where: str, why: str, paper_value: Any = _NO_VALUE) -> dict:
+    """The paper states another value (at ``where``, which says which); ``why`` says ours and
+    why. ``paper_value``, where given, is the paper's number: the default must differ from it."""
+    return _source("departure", where=where, why=why, paper_value=paper_value)
+
+
+def project_option(note: str = "") -> dict:
+    """A switch of the project that the paper does not have; its default leaves the paper's
+    procedure as it is unless ``note`` says otherwise."""
+    return _source("project option", note=note)
+
+
+def param_source(field) -> dict | None:
+    """The mark a field of a Config carries (``{"kind": ..., ...}``), or None."""
+    extra = field.json_schema_extra
+    return extra.get("source") if isinstance(extra, dict) else None
+
+
+def source_text(field) -> str:
+    """A field's mark as one line: "paper: Sec. 4.3", "not stated; ours: ...", "departure;
+    paper: ...; ours: ...", "project option[; note]"; "" for an unmarked field."""
+    s = param_source(field)
+    if not isinstance(s, dict):
+        return ""
+    kind = s.get("kind")
+    if kind == "paper":
+        return f"paper: {s.get('where', '')}"
+    if kind == "not stated":
+        return f"not stated; ours: {s.get('why', '')}"
+    if kind == "departure":
+        return f"departure; paper: {s.get('where', '')}; ours: {s.get('why', '')}"
+    return f"{kind}; {s['note']}" if s.get("note") else str(kind)
+
+
+def _same(a, b) -> bool:
+    norm = (lambda v: tuple(v) if isinstance(v, (list, tuple)) else v)
+    return norm(a) == norm(b)
+
+
+def source_problems(config: type[BaseModel]) -> list[str]:
+    """One line per field of ``config`` whose mark is missing or malformed: an unknown kind,
+    a paper place that names no section/table/figure/algorithm/equation, a reason of
+    fewer than three words, a paper value the default does not (or, for a departure,
+    does) equal."""
+    out = []
+    for name, f in config.model_fields.items():
+        s = param_source(f)
+        if s is None:
+            out.append(f"{name}: unmarked (paper(...), not_stated(...), departure(...) or project_option())")
+            continue
+        kind = s.get("kind") if isinstance(s, dict) else None
+        if kind not in SOURCE_KINDS:
+            out.append(f"{name}: unknown kind {kind!r} (one of {', '.join(SOURCE_KINDS)})")
+            continue
+        if kind in ("paper", "departure") and not _PLACE.search(str(s.get("where", ""))):
+            out.append(f"{name}: {kind} names no place in the paper: {s.get('where')!r}")
+        if kind in ("not stated", "departure") and len(str(s.get("why", "")).split()) < 3:
+            out.append(f"{name}: {kind} gives no reason for ours: {s.get('why')!r}")
+        if "value" in s and not _same(f.default, s["value"]):
+            out.append(f"{name}: default {f.default!r} is not the paper's {s['value']!r}")
+        if "paper_value" in s and _same(f.default, s["paper_value"]):
+            out.append(f"{name}: a departure whose default {f.default!r} is the paper's value")
+    return out
+
+
+def remark(config: type[BaseModel], name: str, source: dict):
+    """The field ``name`` of ``config`` with another mark, for a subclass whose paper says
+    otherwise about an inherited parameter: ``gamma: float = remark(Base, "gamma", paper("Sec. 4"))``.
+    Default, bounds and description stay the base's."""
+    from pydantic.fields import FieldInfo
+
+    return FieldInfo.merge_field_infos(config.model_fields[name], **source)
 
 
 def derive_rng(seed: int, *tags: int | str) -> np.random.Generator:

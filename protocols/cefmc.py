@@ -11,9 +11,11 @@ Exchange
   centroids into ``C`` (``k x Vk``, ``C C^T = I``) and sends each client the consensus
   labels ``y`` and its ``k x k`` block ``C̄_v``. The client keeps that first block as its
   fixed ``C_v``.
-* rounds t >= 1: each client takes a few ``H_v`` steps (``M = X_v (X_v^T H_v) +
+* rounds t >= 1: each client repeats Alg. 1's ``H_v`` step (``M = X_v (X_v^T H_v) +
   λ C_v[y_v]``, ``H_v = U W^T`` from the thin SVD of ``M``; ``X_v X_v^T`` is never
-  formed, so a round is ``O(N D_v k)``), relabels its samples with
+  formed, so a step is ``O(N D_v k)``) until the objective of Eq. 25 changes by at most
+  ``inner_tol`` (relative; the paper says "until convergent" and gives no number), at
+  most ``inner_iters`` steps (a safety net), relabels its samples with
   ``argmax(λ H_v C_v^T + β (C̄_v C_v^T)[y])`` (the paper's Eq. 28 writes it without the
   weights, the same argmax when λ = β) and sends only ``y_v`` (``N`` small unsigned
   ints) and its objective. The server rebuilds ``H_c = [C_1[y_1] ... C_V[y_V]]`` by
@@ -43,6 +45,8 @@ Departures and choices
   objective of Eq. 19 can fall by a little in a round; ``h_step: gradient`` doubles the
   first term (the gradient of Eq. 25), and then no step can lower it.
 * ``kmeans_init``: the paper does not say how many k-means starts round 0 takes (10 here).
+* ``inner_iters: 3, inner_tol: 0``: three fixed ``H_v`` steps a round, the earlier
+  default, instead of Alg. 1 run to convergence.
 * ``stop_on_cycle``: also stop when the objective's change over two rounds is at most
   ``tol``, so a 2-cycle of label flips (seen with CeFMC-H, whose continuous embeddings can
   alternate two assignments) ends the run; off by default, as the paper's test has no
@@ -85,6 +89,9 @@ from raymvc.protocol import (
     RunFacts,
     Server,
     ServerContext,
+    not_stated,
+    paper,
+    project_option,
     seed_from,
 )
 
@@ -92,19 +99,38 @@ from ._common import Membership, polar, rel_change
 
 
 class Config(ProtocolConfig):
-    lam: float = Field(default=1.0, gt=0.0, alias="lambda", description="λ, weight of the label term on the client")
-    beta: float | None = Field(default=None, gt=0.0, description="β on the server; defaults to λ as the paper advises")
-    max_rounds: int = Field(default=30, ge=1, description="rounds at most; the run ends earlier once converged")
+    lam: float = Field(default=1.0, gt=0.0, alias="lambda", description="λ, weight of the label term on the client",
+                       **not_stated("1, the middle of the grid 2^-10 .. 2^10 that the paper searches by accuracy "
+                                    "(Sec. V-A); on HW all five grid points tie (cefmc-tuning)"))
+    beta: float | None = Field(default=None, gt=0.0, description="β on the server; defaults to λ as the paper advises",
+                               **paper("Sec. V-A and Sec. V-G (λ = β by default)"))
+    max_rounds: int = Field(default=30, ge=1, description="rounds at most, a safety net: the run ends once converged "
+                                                           "(tol)", **not_stated(
+                                "30, a safety net only (the method's spec); Alg. 2 loops while not convergent"))
     tol: float = Field(default=1e-6, ge=0.0, description="converged when the objective's relative change "
-                                                           "is at most this (the paper's test)")
+                                                           "is at most this (the paper's test)",
+                       **not_stated("1e-6 (the method's spec) for the δ of Alg. 2's test "
+                                    "(obj^t - obj^(t-1)) / obj^t <= δ, whose value the paper does not give"))
     stop_on_cycle: bool = Field(default=False, description="also converged when the change over two rounds is at "
-                                                           "most tol (a 2-cycle of label flips; not in the paper)")
-    inner_iters: int = Field(default=3, ge=1, description="H_v steps per round on each client")
+                                                           "most tol (a 2-cycle of label flips; not in the paper)",
+                                **project_option())
+    inner_iters: int = Field(default=100, ge=1, description="H_v steps per round on each client at most, a safety "
+                                                            "net: Alg. 1 stops once converged (inner_tol); the "
+                                                            "earlier default was 3 fixed steps (inner_tol: 0)",
+                             **not_stated("100, a safety net only: Alg. 1 repeats until convergent; on HW a "
+                                          "round takes at most 24 steps, on zero-filled HW some views reach the "
+                                          "cap (studies/cefmc.md)"))
+    inner_tol: float = Field(default=1e-6, ge=0.0, description="Alg. 1 stops when Eq. 25's objective changes by at "
+                                                                "most this (relative); 0 runs all inner_iters steps",
+                             **not_stated("1e-6, the outer test's tol; Alg. 1 says 'until convergent' with "
+                                          "no test or number"))
     h_step: Literal["alg1", "gradient"] = Field(
         default="alg1", description="H_v step: 'alg1' M = X X^T H + λ Y_v C_v (the paper's Alg. 1 as printed); "
                                     "'gradient' M = 2 X X^T H + λ Y_v C_v (the gradient of Eq. 25, so no step "
-                                    "can lower the objective)")
-    kmeans_init: int = Field(default=10, ge=1, description="k-means restarts on the server at round 0")
+                                    "can lower the objective)", **paper("Alg. 1, line 3"))
+    kmeans_init: int = Field(default=10, ge=1, description="k-means restarts on the server at round 0",
+                             **not_stated("10 starts, scikit-learn's usual number; the paper's k-means "
+                                          "(Sec. IV-C) does not say how many"))
 
 
 # ---------------------------------------------------------------------------
@@ -160,12 +186,24 @@ class CeFMCClient(Client):
         raise ValueError(f"cefmc client: unexpected message {msg.kind!r}")
 
     def h_step(self) -> np.ndarray:
-        """Alg. 1's inner iterations on ``H_v`` (with ``Y_v``, ``C_v`` fixed)."""
+        """Alg. 1 on ``H_v`` (with ``Y_v``, ``C_v`` fixed), repeated until Eq. 25's objective
+        ``||X_v^T H_v||^2 + λ tr(H_v^T Y_v C_v)`` changes by at most ``inner_tol`` (relative)
+        or for ``inner_iters`` steps; ``self.h_iters`` counts the steps taken."""
         cfg = self.config
         grad = 2.0 if cfg.h_step == "gradient" else 1.0
-        H = self.H
-        for _ in range(cfg.inner_iters):
-            H = polar(grad * (self.X @ (self.X.T @ H)) + cfg.lam * self.C[self.y])
+        X, H, target = self.X, self.H, cfg.lam * self.C[self.y]
+        XtH = X.T @ H
+        obj = float(np.sum(XtH * XtH) + np.sum(H * target))
+        self.h_iters = 0
+        while self.h_iters < cfg.inner_iters:
+            H = polar(grad * (X @ XtH) + target)
+            XtH = X.T @ H
+            new = float(np.sum(XtH * XtH) + np.sum(H * target))
+            self.h_iters += 1
+            done = rel_change(new, obj) <= cfg.inner_tol
+            obj = new
+            if done:
+                break
         return H
 
     def label_terms(self, y: np.ndarray, Cbar: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -99,6 +99,39 @@ def test_round0_consensus_is_a_fixed_point_of_the_server():
     assert server.info["labels_moved"] == 0
 
 
+def _one_client(**params):
+    """A CeFMC client of view 0 after round 0 and its first consensus ``(y, C̄)``, which it
+    fixes as ``(Y_v, C_v)`` before its H_v steps; returns the client and ``y``."""
+    proto = get("cefmc")
+    views, y = _views()
+    client = proto.client(proto.config(**params), Shard(views=[views[0]]), ClientContext(0, 1, 3, 0))
+    client.handle(Message("embed"))
+    Cbar = np.linalg.qr(np.random.default_rng(1).standard_normal((3, 3)))[0]
+    client.handle(Message("consensus", y=labels_array(y), C=Cbar))
+    return client, y
+
+
+def test_alg1_runs_until_converged_and_fixed_steps_stay_reachable():
+    """Alg. 1 repeats "until convergent": by default until Eq. 25's objective changes by at
+    most inner_tol (relative), inner_iters only a cap; inner_iters 3 with inner_tol 0 is the
+    earlier default of three fixed steps."""
+    from raymvc.protocols._common import polar, rel_change
+
+    client, y = _one_client(**{"lambda": 100.0})  # a label term large enough to pull H_v off the singular vectors
+    cfg = client.config
+    assert 1 < client.h_iters < cfg.inner_iters  # ended by the test, not by the cap
+    target = cfg.lam * client.C[y]
+
+    def objective(H):
+        XtH = client.X.T @ H
+        return float(np.sum(XtH * XtH) + np.sum(H * target))
+
+    H = client.H  # where it stopped: one more step moves the objective by no more than the tolerance
+    assert rel_change(objective(polar(client.X @ (client.X.T @ H) + target)), objective(H)) <= cfg.inner_tol
+    assert _one_client(**{"lambda": 100.0, "inner_iters": 3, "inner_tol": 0.0})[0].h_iters == 3
+    assert _one_client(**{"lambda": 100.0, "inner_iters": 1})[0].h_iters == 1  # the cap holds
+
+
 def test_one_view_voting_otherwise_moves_a_label_only_with_enough_weight():
     """The server weighs a view's vote by its block of C: a lone dissenting view loses."""
     server, out = _round0(tol=0.0)

@@ -1,11 +1,14 @@
 """Where a FedDMVC run on HW spends its time: one training step, measured, against its arithmetic.
 
-    python benchmarks/deep_step.py              # 1 thread, FedDMVC's defaults
+    python benchmarks/deep_step.py              # 1 thread, the shipped scenario's budget
+    python benchmarks/deep_step.py --budget paper --md /tmp/paper.md   # the method's defaults (the authors')
     python benchmarks/deep_step.py --threads 2
     python benchmarks/deep_step.py --runs      # + where whole FedDMVC and FCUIF runs spend their time
 
 For each HW view (as a client holds it: 2,000 rows, min-max scaled) the script builds
-FedDMVC's autoencoder with its defaults (``hidden`` 256-256-1024, ``latent_dim`` 10),
+FedDMVC's autoencoder at a budget: ``shipped`` is ``scenarios/hw-feddmvc.yaml``'s (``hidden``
+256-256-1024, 30 + 3 x 10 epochs, batch 128), ``paper`` the method's defaults (the authors':
+500-500-2000, 500 + 3 x 300 epochs, batch 256); it
 times training steps of ``batch_size`` rows (forward, loss, backward, Adam step; with
 and without the KL term), counts the multiply-adds of the step's matrix products and
 gives the achieved GFLOP/s. ``steps x time per step`` over the run's epochs is the
@@ -42,6 +45,7 @@ from protocols._torch import torch_mode  # noqa: E402
 from protocols.feddmvc import AutoEncoder, Config  # noqa: E402
 from raymvc.bench.machine import cpu_model  # noqa: E402
 from raymvc.data import load_dataset  # noqa: E402
+from raymvc.scenario import load_scenario  # noqa: E402
 
 OUT_MD = REPO / "benchmarks" / "deep_step.md"
 
@@ -123,20 +127,23 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=60)
     ap.add_argument("--md", type=Path, default=OUT_MD)
     ap.add_argument("--runs", action="store_true", help="also profile whole FedDMVC and FCUIF runs")
+    ap.add_argument("--budget", choices=("shipped", "paper"), default="shipped",
+                    help="shipped: scenarios/hw-feddmvc.yaml's params; paper: the method's defaults")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    cfg = Config()
+    cfg = Config() if args.budget == "paper" else Config(**load_scenario(REPO / "scenarios" / "hw-feddmvc.yaml").params)
     ds = load_dataset("handwritten")
     k = ds.n_clusters
     n = ds.n_samples
     steps_per_epoch = math.ceil(n / cfg.batch_size)
     epochs = cfg.pretrain_epochs + cfg.rounds * cfg.finetune_epochs
     lines = ["# FedDMVC on HW: one training step against its arithmetic", "",
-             f"- command: `python benchmarks/deep_step.py --threads {args.threads}{' --runs' if args.runs else ''}`",
+             f"- command: `python benchmarks/deep_step.py --threads {args.threads} --budget {args.budget}"
+             f"{' --runs' if args.runs else ''}`",
              f"- machine: {os.cpu_count()} cores ({cpu_model()}), torch {torch.__version__}, "
              f"{args.threads} thread(s), {args.repeats} steps timed after 5 warm-up steps",
              f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
-             f"- FedDMVC defaults: hidden {tuple(cfg.hidden)}, latent {cfg.latent_dim}, batch {cfg.batch_size}, "
+             f"- FedDMVC, {args.budget} budget: hidden {tuple(cfg.hidden)}, latent {cfg.latent_dim}, batch {cfg.batch_size}, "
              f"{cfg.pretrain_epochs} + {cfg.rounds} x {cfg.finetune_epochs} epochs = {epochs} epochs of "
              f"{steps_per_epoch} steps per client", "",
              "| view | D | ms per step (L_r) | ms per step (L_r + KL) | same, deterministic off | "

@@ -6,6 +6,7 @@ Tiny synthetic splits and tiny networks (seconds each).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -191,6 +192,25 @@ def test_defaults_are_the_papers_procedure():
     cfg = fc.Config()
     assert (cfg.prototypes, cfg.labels, cfg.view_patterns, cfg.align_patterns, cfg.standardize) == \
         ("inertia", "q", "mlp", True, 0.0)
+    # Sec. 4.1's budget: encoder 500-500-2000-10, 500 pretraining and 300 local epochs, batch 256,
+    # Adam 1e-3, γ = α = 0.1, R = 3
+    assert (cfg.hidden, cfg.latent_dim, cfg.pretrain_epochs, cfg.finetune_epochs, cfg.batch_size, cfg.lr,
+            cfg.gamma, cfg.alpha, cfg.rounds) == ((500, 500, 2000), 10, 500, 300, 256, 1e-3, 0.1, 0.1, 3)
+
+
+def test_shipped_scenarios_say_they_shorten_the_budget():
+    """A scenario that trains less than the paper says so in its description (what a run's label shows)."""
+    from raymvc.scenario import load_scenario
+
+    root = Path(__file__).resolve().parents[1] / "scenarios"
+    for f in sorted(root.glob("*.yaml")):
+        sc = load_scenario(f)
+        if sc.method not in ("feddmvc", "fcuif"):
+            continue
+        cfg = sc.protocol_config()
+        if (cfg.pretrain_epochs, cfg.finetune_epochs) != (500, 300):
+            assert f"shortened to {cfg.pretrain_epochs} + {cfg.finetune_epochs} epochs (paper 500 + 300)" in \
+                sc.description, f.name
 
 
 def test_view_patterns_mlp_learns_a_nonlinear_map_the_linear_fit_misses():
@@ -206,7 +226,7 @@ def test_view_patterns_mlp_learns_a_nonlinear_map_the_linear_fit_misses():
 
 
 @pytest.mark.parametrize("params", [{"view_patterns": "linear"}, {"view_patterns": "none"},
-                                    {"align_patterns": False}, {"labels": "q"}])
+                                    {"align_patterns": False}, {"labels": "q"}, {"server_norm": "l1"}])
 def test_ablation_switches_change_the_run_and_keep_it_whole(tmp_path, params):
     # argmax P on standardised embeddings: labels that use every cluster, so a switch shows in them
     common = {"params.labels": "p", "params.standardize": 1.0}

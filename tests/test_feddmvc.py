@@ -302,3 +302,46 @@ def test_paper_prototypes_are_fresh_k_means_each_round(restart, warm_calls, monk
     monkeypatch.setattr(fd.FedDMVCServer, "_warm_start", lambda self, *a: calls.append(1) or original(self, *a))
     server.step(1, deliver(clients, out, 1), set())
     assert len(calls) == warm_calls
+
+
+# --------------------------------------------------------------------------- server_norm (the authors' L1 rows)
+def test_l1_rows_divides_each_row_by_its_l1_norm():
+    Z = np.array([[3.0, -1.0], [0.0, 0.0], [0.5, 0.5]])
+    out = fd.l1_rows(Z)
+    np.testing.assert_allclose(out, [[0.75, -0.25], [0.0, 0.0], [0.5, 0.5]])
+    np.testing.assert_allclose(np.abs(out[[0, 2]]).sum(axis=1), 1.0)
+
+
+@pytest.mark.parametrize("norm", ["none", "l1"])
+def test_server_norm_fuses_normalised_rows_and_sends_prototypes_in_the_clients_space(norm):
+    """With ``server_norm: l1`` the server clusters L1-normalised rows (every view weighs the same),
+    but each client's ``C^m`` is the mean of its own rows per server cluster, in the scale it sent;
+    without it ``C^m`` is the block of ``C`` as before."""
+    sc = tiny_scenario(missing=0.0, seed=3, **{"params.server_norm": norm})
+    ds, part, clients, server = parties(sc)
+    out = server.start()
+    replies = deliver(clients, out, 0)
+    for c in replies:  # one client's embeddings far larger than the others': the raw fusion is dominated by it
+        replies[c].fields["Z"] = replies[c]["Z"] * (50.0 if c == 0 else 1.0)
+    out = server.step(0, replies, set())
+    d = server.config.latent_dim
+    for j, c in enumerate(server.members):
+        sent = out[c]["C"]
+        if norm == "none":
+            np.testing.assert_allclose(sent, server.C[:, j * d:(j + 1) * d], rtol=1e-6)
+            continue
+        np.testing.assert_allclose(np.abs(server.Z[c]).sum(axis=1), 1.0, rtol=1e-6)  # what the server fused
+        raw = np.asarray(replies[c]["Z"], dtype=np.float64)
+        y = server.y[server.rows(c)]
+        for a in np.unique(y):
+            np.testing.assert_allclose(sent[a], raw[y == a].mean(axis=0), rtol=1e-5)
+    scale = np.abs(out[0]["C"]).mean() / np.abs(out[1]["C"]).mean()
+    assert (scale > 10) if norm == "l1" else True  # client 0 gets prototypes at its own (large) scale
+
+
+def test_server_norm_runs_end_to_end_and_is_deterministic(tmp_path):
+    sc = tiny_scenario(missing=0.3, seed=1, **{"params.server_norm": "l1"})
+    a = run_scenario(sc, tmp_path / "a", progress=lambda line: None)
+    b = run_scenario(sc, tmp_path / "b", progress=lambda line: None)
+    assert a["status"] == "completed" and a["metrics"] == b["metrics"]
+    np.testing.assert_array_equal(_labels(sc), _labels(sc))

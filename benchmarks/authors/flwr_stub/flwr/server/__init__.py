@@ -1,0 +1,1 @@
+from . import client_proxy, strategy  # noqa: F401

@@ -1,0 +1,3 @@
+class ClientProxy:
+    def __init__(self, cid: str):
+        self.cid = cid

@@ -1,0 +1,1 @@
+from .fedavg import FedAvg  # noqa: F401

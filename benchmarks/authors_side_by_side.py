@@ -1,0 +1,195 @@
+"""raymvc's FedDMVC / FCUIF beside the authors' released code, on the same split at the same budget.
+
+    python benchmarks/authors_side_by_side.py --harness DIR [--settings fully,b] [--seeds 700-702]
+    python benchmarks/authors_side_by_side.py --harness DIR --only theirs --settings pf-fully
+    python benchmarks/authors_side_by_side.py --table          # only rebuild the page from the saved results
+
+The authors' code (GitHub 5Martina5/FCUIF, commit 04ecd3d6, built on Flower 0.17) is not part
+of this repository. ``--harness DIR`` names a folder that holds it with a ``driver.py`` that runs
+it without Flower on the split raymvc makes (``benchmarks/authors_side_by_side.md`` says how to
+lay it out, with the edits made to their files). For each setting and seed the script runs
+
+* ours: ``raymvc.run`` of the setting's scenario, in process, one thread, with ``seed`` set;
+* theirs: ``python DIR/driver.py --scenario ... --seed N`` with the same budget (the scenario's
+  ``params``: epochs, widths, batch, learning rate) and their label-based choices replaced by
+  label-free ones (the driver's defaults: anchor client 0, imputation kept or dropped by a
+  silhouette score),
+
+and keeps each run's scores and wall time in ``benchmarks/authors/results.json`` (a run already
+there is not run again). The page ``benchmarks/authors_side_by_side.md`` is rebuilt from that file.
+Seeds 700-702 were declared (with the second-data studies) before any run; nothing is chosen here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from raymvc.scenario import load_scenario  # noqa: E402
+
+RESULTS = REPO / "benchmarks" / "authors" / "results.json"
+PAGE = REPO / "benchmarks" / "authors_side_by_side.md"
+DECLARED_SEEDS = (700, 701, 702)
+
+# setting id -> (label, scenario, --set overrides, driver flags)
+SETTINGS: dict[str, tuple[str, str, dict, list[str]]] = {
+    "fully": ("FedDMVC fully (HW)", "scenarios/hw-feddmvc.yaml", {}, []),
+    "partial": ("FedDMVC partially (HW)", "scenarios/hw-feddmvc-partial.yaml", {}, []),
+    "a": ("FCUIF (a) unaligned 0.5 (HW)", "scenarios/hw-fcuif-unaligned.yaml", {}, ["--unaligned-mode", "real"]),
+    "b": ("FCUIF (b) missing 0.5 (HW)", "scenarios/hw-fcuif-missing.yaml", {}, []),
+    "c": ("FCUIF (c) both (HW)", "scenarios/hw-fcuif-both.yaml", {}, ["--unaligned-mode", "real"]),
+    "pf-fully": ("FedDMVC, ProteinFold Per0.9", "scenarios/proteinfold-feddmvc.yaml", {}, []),
+    "pf-b": ("FCUIF, ProteinFold Per0.5", "scenarios/proteinfold-fcuif.yaml", {}, []),
+    "nm-fully": ("FedDMVC, Noisy MNIST", "scenarios/noisy-mnist-feddmvc.yaml", {}, []),
+    "nm-b": ("FCUIF (b), Noisy MNIST", "scenarios/noisy-mnist-fcuif-missing.yaml", {}, []),
+}
+
+
+def parse_seeds(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        a, _, b = part.partition("-")
+        out.extend(range(int(a), int(b or a) + 1))
+    return out
+
+
+def budget_flags(scenario: str) -> list[str]:
+    """The driver's budget flags from the scenario's params (what ours runs with)."""
+    p = load_scenario(REPO / scenario).protocol_config()
+    return ["--pretrain-epochs", str(p.pretrain_epochs), "--local-epochs", str(p.finetune_epochs),
+            "--rounds", str(p.rounds), "--hidden", ",".join(str(h) for h in p.hidden),
+            "--batch", str(p.batch_size), "--lr", repr(p.lr)]
+
+
+def run_ours(setting: str, seed: int, extra: dict) -> dict:
+    import raymvc
+
+    _, scenario, sets, _ = SETTINGS[setting]
+    overrides = {**sets, **extra, "seed": seed, "runtime.backend": "local", "runtime.threads": 1}
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        res = raymvc.run(str(REPO / scenario), overrides=overrides, out=Path(tmp) / "run", progress=False)
+        m = res.metrics
+    return {"acc": m["acc"], "nmi": m["nmi"], "ari": m["ari"], "wall_s": time.perf_counter() - t0}
+
+
+def run_theirs(harness: Path, setting: str, seed: int) -> dict:
+    _, scenario, sets, flags = SETTINGS[setting]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.json"
+        cmd = [sys.executable, str(harness / "driver.py"), "--scenario", str(REPO / scenario), "--seed", str(seed),
+               *budget_flags(scenario), *flags, "--threads", "1", "--out", str(out), "--quiet",
+               *[f"--set={k}={v}" for k, v in sets.items()]]
+        t0 = time.perf_counter()
+        subprocess.run(cmd, cwd=harness, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        wall = time.perf_counter() - t0
+        d = json.loads(out.read_text())
+    f = d["final"]
+    return {"acc": f["acc"], "nmi": f["nmi"], "ari": f["ari"], "wall_s": wall,
+            "label_based_report": d.get("authors_label_based_final (LABEL-BASED)")}
+
+
+def load() -> dict:
+    return json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+
+
+def save(results: dict) -> None:
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+
+
+def key(impl: str, setting: str, seed: int, variant: str = "") -> str:
+    return f"{impl}/{setting}/{seed}" + (f"/{variant}" if variant else "")
+
+
+def _mean_std(xs: list[float]) -> str:
+    import numpy as np
+
+    if not xs:
+        return "-"
+    a = np.asarray(xs, dtype=float)
+    return f"{a.mean():.3f} ± {a.std(ddof=1):.3f}" if len(a) > 1 else f"{a[0]:.3f}"
+
+
+def table(results: dict) -> str:
+    rows = ["| setting | seeds | ours ACC | ours NMI | ours s a run | ours + `server_norm: l1` ACC | theirs ACC | "
+            "theirs NMI | theirs s a run | ACC per seed (ours / l1 / theirs) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for setting, (label, *_rest) in SETTINGS.items():
+        seeds = sorted({int(k.split("/")[2]) for k in results if k.split("/")[1] == setting})
+        if not seeds:
+            continue
+        get = {(impl, v): [results.get(key(impl, setting, s, v)) for s in seeds]
+               for impl, v in (("ours", ""), ("ours", "l1"), ("theirs", ""))}
+
+        def col(impl, v, m, get=get):
+            return [r[m] for r in get[(impl, v)] if r]
+
+        per_seed = " · ".join(
+            f"{s}: " + " / ".join(f"{r['acc']:.3f}" if r else "-" for r in (get[("ours", "")][i], get[("ours", "l1")][i],
+                                                                           get[("theirs", "")][i]))
+            for i, s in enumerate(seeds))
+        rows.append(f"| {label} | {','.join(map(str, seeds))} | {_mean_std(col('ours', '', 'acc'))} | "
+                    f"{_mean_std(col('ours', '', 'nmi'))} | {_mean_std(col('ours', '', 'wall_s')).split(' ')[0]} | "
+                    f"{_mean_std(col('ours', 'l1', 'acc'))} | {_mean_std(col('theirs', '', 'acc'))} | "
+                    f"{_mean_std(col('theirs', '', 'nmi'))} | {_mean_std(col('theirs', '', 'wall_s')).split(' ')[0]} | "
+                    f"{per_seed} |")
+    return "\n".join(rows)
+
+
+def write_page(results: dict) -> None:
+    text = PAGE.read_text() if PAGE.is_file() else ""
+    start, end = "<!-- table: generated -->", "<!-- end table -->"
+    block = f"{start}\n{table(results)}\n\nUpdated {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC.\n{end}"
+    if start in text and end in text:
+        text = text[:text.index(start)] + block + text[text.index(end) + len(end):]
+    else:
+        text = text + "\n" + block + "\n"
+    PAGE.write_text(text)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--harness", type=Path, help="folder with the authors' code and driver.py")
+    ap.add_argument("--settings", default="fully,b", help=f"comma-separated, of {', '.join(SETTINGS)}")
+    ap.add_argument("--seeds", default="700-702")
+    ap.add_argument("--only", choices=("ours", "theirs", "ours-l1"), action="append",
+                    help="run only these (repeatable); default ours, ours-l1 and theirs")
+    ap.add_argument("--table", action="store_true", help="only rebuild the page from the saved results")
+    args = ap.parse_args()
+    results = load()
+    if not args.table:
+        kinds = args.only or ["ours", "ours-l1", "theirs"]
+        if "theirs" in kinds and not (args.harness and (args.harness / "driver.py").is_file()):
+            sys.exit("error: --harness: a folder with driver.py is needed to run the authors' code")
+        for setting in args.settings.split(","):
+            if setting not in SETTINGS:
+                sys.exit(f"error: --settings: unknown setting {setting!r}")
+            for seed in parse_seeds(args.seeds):
+                for kind in kinds:
+                    impl, variant = ("ours", "l1") if kind == "ours-l1" else (kind, "")
+                    k = key(impl, setting, seed, variant)
+                    if k in results:
+                        continue
+                    print(f"[side-by-side] {k} ...", flush=True)
+                    if impl == "theirs":
+                        results[k] = run_theirs(args.harness.resolve(), setting, seed)
+                    else:
+                        results[k] = run_ours(setting, seed, {"params.server_norm": "l1"} if variant else {})
+                    print(f"[side-by-side] {k}: ACC {results[k]['acc']:.3f}, {results[k]['wall_s']:.0f} s", flush=True)
+                    save(results)
+    write_page(results)
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()

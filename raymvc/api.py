@@ -218,7 +218,7 @@ def sweep(scenarios: str | Path | Sequence[str | Path], *, grid: Mapping[str, Se
           out: str | Path | None = None,
           jobs: int | None = None, backend: str | None = None, progress: bool = False,
           fresh_actors: bool = False, only: Sequence[str] | None = None, cells: str = "actors",
-          address: str | None = None) -> SweepResult:
+          address: str | None = None, allow_uncommitted: bool = False) -> SweepResult:
     """Run every scenario at every grid point and seed, as ``raymvc sweep`` does (same
     folder layout; rerunning into ``out`` reuses the cells that still stand).
 
@@ -229,7 +229,9 @@ def sweep(scenarios: str | Path | Sequence[str | Path], *, grid: Mapping[str, Se
     task simulating in-process instead (on the cluster at ``address``, or an embedded Ray).
     A study file (``studies/X.yaml``) brings its own scenarios, grid and seeds; its folder
     defaults to ``runs/studies/X``, and ``only`` picks some of its runs by id (as
-    ``raymvc sweep --only``).
+    ``raymvc sweep --only``). A study file runs only where git holds it and its scenarios
+    committed unchanged (its seeds come before its runs); ``allow_uncommitted`` waives
+    that, and its cells then record ``uncommitted`` (``raymvc sweep --allow-uncommitted``).
     """
     from .studies import SweepRequest, run_sweep
 
@@ -237,7 +239,7 @@ def sweep(scenarios: str | Path | Sequence[str | Path], *, grid: Mapping[str, Se
     req = SweepRequest.build(scenarios, grid=grid, seeds=seeds, overrides=as_overrides(overrides),
                              out=str(out) if out is not None else None, jobs=None if jobs is None else int(jobs),
                              backend=backend, address=address, cells=cells, fresh_actors=fresh_actors,
-                             only=picked, quiet=not progress)
+                             only=picked, quiet=not progress, allow_uncommitted=allow_uncommitted)
     with contextlib.nullcontext() if progress else contextlib.redirect_stdout(io.StringIO()):
         code, folder = run_sweep(req)  # prints its aggregate table: shown only with progress
     if code == 130:

@@ -345,7 +345,8 @@ def sweep_request(args):
     return SweepRequest.build(args.scenario, grid=dict(parse_grid(args.grid or [])), seeds=seeds,
                               overrides=_sets(args), out=args.out, jobs=args.jobs, backend=args.backend,
                               address=args.address, cells=args.cells, fresh_actors=args.fresh_actors,
-                              only=tuple(args.only or ()), quiet=args.quiet)
+                              only=tuple(args.only or ()), quiet=args.quiet,
+                              allow_uncommitted=args.allow_uncommitted)
 
 
 def cmd_sweep(args) -> int:
@@ -545,6 +546,9 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--quiet", action="store_true", help="no progress on stderr")
     sw.set_defaults(fn=cmd_sweep)
 
+    sw.add_argument("--allow-uncommitted", action="store_true",
+                    help="a study file: run it although no git commit holds it (and its scenarios) unchanged; "
+                         "its records then say 'uncommitted' (seeds come before runs: docs/studies.md)")
     pl = sub.add_parser("plot", help="plot a sweep: metrics and MB against the swept key (PNG + SVG)")
     pl.add_argument("sweep_dir", help="a folder written by raymvc sweep")
     pl.set_defaults(fn=cmd_plot)

@@ -11,9 +11,10 @@ result that other code or other settings produced.
   ``--set`` and grid value, seed included), the content of a user data file and of an
   availability trace it names, and the code version.
 * :func:`platform_info` -- what else a result can move with, recorded but not part of the
-  fingerprint: the numerical libraries' versions, the interpreter, the CPU architecture
-  and count. Two machines with the same code and seed may differ in these and in the
-  last digits of a float sum, which can move a seed's labels.
+  fingerprint: the numerical libraries' versions, the interpreter, the CPU architecture,
+  model and count. Two machines with the same code and seed may differ in these and in the
+  last digits of a float sum, which can move a seed's labels (or number its clusters
+  otherwise) with the same scores: a hash of ``labels.csv`` holds on one platform.
 """
 
 from __future__ import annotations
@@ -67,14 +68,16 @@ PLATFORM_PACKAGES = ("numpy", "scipy", "scikit-learn", "torch", "ray")
 
 @functools.lru_cache(maxsize=1)
 def platform_info() -> dict:
-    """The driver process's platform: ``{"python", "machine", "cpus", <package>: version}``
+    """The driver process's platform: ``{"python", "machine", "cpu", "cpus", <package>: version}``
     for the installed ones of :data:`PLATFORM_PACKAGES` (read from their metadata, nothing
-    imported)."""
+    imported); ``cpu`` is the processor's model where the system says it."""
     import os
     import platform
     from importlib import metadata
 
     out: dict = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()}
+    if cpu := cpu_model():
+        out["cpu"] = cpu
     for name in PLATFORM_PACKAGES:
         try:
             out[name] = metadata.version(name)
@@ -83,12 +86,30 @@ def platform_info() -> dict:
     return out
 
 
+def cpu_model() -> str:
+    """The processor's model name (``/proc/cpuinfo`` on Linux, else what :mod:`platform`
+    says), on one line; empty where neither tells."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", errors="replace") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model", "cpu model") and value.strip():
+                    return " ".join(value.split())[:100]
+    except OSError:
+        pass
+    return " ".join((platform.processor() or "").split())[:100]
+
+
 def platform_text(info: dict | None) -> str:
-    """``numpy 2.4.6, scipy 1.17.1, ...; Python 3.11.7, x86_64, 2 CPUs`` (empty for none)."""
+    """``numpy 2.4.6, scipy 1.17.1, ...; Python 3.11.7, x86_64 (Intel(R) Xeon(R) Processor), 2 CPUs``
+    (empty for none; runs recorded before the CPU's model was leave it out)."""
     if not info or not isinstance(info, dict):  # none, or not what the engine writes
         return ""
     libs = ", ".join(f"{k} {info[k]}" for k in PLATFORM_PACKAGES if info.get(k))
-    where = f"Python {info.get('python', '?')}, {info.get('machine', '?')}, {info.get('cpus', '?')} CPUs"
+    cpu = f" ({info['cpu']})" if isinstance(info.get("cpu"), str) and info["cpu"] else ""
+    where = f"Python {info.get('python', '?')}, {info.get('machine', '?')}{cpu}, {info.get('cpus', '?')} CPUs"
     return f"{libs}; {where}" if libs else where
 
 

@@ -74,6 +74,7 @@ class Cell:
     max_rounds: int | None = None
     extra: dict = field(default_factory=dict)
     fingerprint: str = ""  # everything that determines the result (raymvc.provenance.fingerprint)
+    study: dict | None = None  # a study's cell: its file and commits (raymvc.declared), kept in summary.json
 
     @property
     def label(self) -> str:
@@ -169,7 +170,8 @@ def footprint(sc, n_clients: int) -> float:
 
 def _run_cell(scenario: str, overrides: dict[str, Any], run_dir: str, progress=None, **kw) -> dict:
     """Run one cell (in this process, on a thread of it or in a worker process); returns its
-    summary. ``kw`` goes to :func:`raymvc.runtime.run_scenario` (``warm``, ``stop_requested``)."""
+    summary. ``kw`` goes to :func:`raymvc.runtime.run_scenario` (``warm``, ``stop_requested``,
+    ``study``)."""
     from .runtime import run_scenario
 
     sc = load_scenario(scenario, overrides)
@@ -182,8 +184,14 @@ def _run_cell(scenario: str, overrides: dict[str, Any], run_dir: str, progress=N
 
 
 def _failed_summary(cell: Cell, err: BaseException, status: Status = Status.FAILED) -> dict:
-    return RunSummary.failed(cell.name, cell.method, cell.seed, f"{type(err).__name__}: {err}", cell.run_dir,
-                             cell.fingerprint, status).to_dict()
+    summary = RunSummary.failed(cell.name, cell.method, cell.seed, f"{type(err).__name__}: {err}", cell.run_dir,
+                                cell.fingerprint, status).to_dict()
+    return _with_study(cell, summary)
+
+
+def _with_study(cell: Cell, summary: dict) -> dict:
+    """A study's cell names its study file and the commits it ran at (:mod:`raymvc.declared`)."""
+    return {**summary, "study": dict(cell.study)} if cell.study else summary
 
 
 def cell_state(cell: Cell) -> str:
@@ -265,7 +273,7 @@ def _execute_here(todo: list[Cell], prog, stop, res: Outcome, run=None) -> None:
             summary = run(cell, rp)
         else:
             try:
-                summary = _run_cell(cell.scenario, cell.overrides, str(cell.run_dir), progress=rp)
+                summary = _run_cell(cell.scenario, cell.overrides, str(cell.run_dir), progress=rp, study=cell.study)
             except Exception as e:
                 summary = _failed_summary(cell, e)
                 _write_failed(cell, summary)
@@ -312,7 +320,7 @@ def _run_on_ray(cell: Cell, actors, stop, progress=None, log=None) -> dict:
         before = _alive_nodes()
         try:
             summary = _run_cell(cell.scenario, cell.overrides, str(cell.run_dir), progress=progress, warm=actors,
-                                stop_requested=lambda: stop.signal)
+                                stop_requested=lambda: stop.signal, study=cell.study)
         except Exception as e:
             summary = _failed_summary(cell, e)
             _write_failed(cell, summary)
@@ -451,7 +459,7 @@ def _execute_parallel(todo: list[Cell], jobs: int, prog, stop: _SweepStop, res: 
                 os.kill(proc.pid, signal.SIGINT)
 
     try:
-        _drain(todo, jobs, lambda c: pool.submit(_run_cell, c.scenario, c.overrides, str(c.run_dir)),
+        _drain(todo, jobs, lambda c: pool.submit(_run_cell, c.scenario, c.overrides, str(c.run_dir), study=c.study),
                prog, stop, res, on_stop=forward)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
@@ -490,7 +498,8 @@ def _execute_tasks(todo: list[Cell], jobs: int | None, address: str | None, prog
             summary, files, node = fut.result()
         except ray.exceptions.TaskCancelledError:  # stopped by the sweep's signal: left for the next sweep
             return _failed_summary(cell, RuntimeError("stopped by a signal"), Status.INTERRUPTED)
-        summary = {**summary, "out_dir": str(cell.run_dir), "cell": {"executor": "ray-task", "node": node}}
+        summary = _with_study(cell, {**summary, "out_dir": str(cell.run_dir),
+                                     "cell": {"executor": "ray-task", "node": node}})
         files[RunFolder.SUMMARY] = (json.dumps(jsonable(summary), indent=2) + "\n").encode()
         with OutputFolder(cell.run_dir, "run", overwrite=True):
             for rel, data in files.items():
@@ -651,7 +660,9 @@ class SweepRequest:
     seeds); ``grid``: key -> values (a product); ``seeds``: every grid point's seeds
     (None: each scenario's own); ``overrides``: ``(key, value)`` settings of every cell, in order;
     ``cells``: on Ray, ``actors`` (per-client actors) or ``tasks`` (each cell one Ray task
-    simulating in-process); ``only``: a study's runs to sweep (ids)."""
+    simulating in-process); ``only``: a study's runs to sweep (ids); ``allow_uncommitted``:
+    run a study file that no commit holds unchanged (:mod:`raymvc.declared`; its cells
+    record ``uncommitted``)."""
 
     scenarios: tuple[str, ...]
     grid: tuple[tuple[str, tuple], ...] = ()
@@ -665,6 +676,7 @@ class SweepRequest:
     fresh_actors: bool = False
     only: tuple[str, ...] = ()
     quiet: bool = False
+    allow_uncommitted: bool = False
 
     @classmethod
     def build(cls, scenarios, grid=None, seeds=None, overrides=None, **kw) -> SweepRequest:
@@ -681,7 +693,8 @@ class SweepRequest:
 def _from_study(req: SweepRequest):
     """A study file given to a sweep: its runs, grid and seeds stand for the request's.
     Returns (study or None, the entries to plan, the request as the study completes it,
-    the study's runs left out)."""
+    the study's runs left out, the commits its cells run at or None)."""
+    from .declared import check_committed
     from .study import is_study_file, load_study
 
     studies = [p for p in req.scenarios if is_study_file(p)]
@@ -689,13 +702,17 @@ def _from_study(req: SweepRequest):
     if not studies:
         if only:
             raise ScenarioError("--only: picks runs of a study file; give one (studies/X.yaml)")
-        return None, list(req.scenarios), req, set()
+        if req.allow_uncommitted:
+            raise ScenarioError("--allow-uncommitted: waives a study file's commit check; give one (studies/X.yaml)")
+        return None, list(req.scenarios), req, set(), None
     if len(req.scenarios) > 1:
         raise ScenarioError(f"{studies[0]}: a study file is swept alone (it names its own scenarios)")
     if req.grid or req.seeds is not None:
         raise ScenarioError(f"{studies[0]}: --grid, --seeds, --seed and --repeats come from the study file")
     study = load_study(studies[0])
     study.check_default()  # a tuning study never runs under a default its page would misname
+    # seeds before runs: the study file and its scenarios as a commit holds them, before anything runs
+    declared = check_committed(studies[0], [path for path, _, _ in study.entries()], req.allow_uncommitted)
     req = dataclasses.replace(req, grid=tuple((k, tuple(v)) for k, v in study.spec.grid.items()),
                               seeds=tuple(study.seeds()), out=req.out or str(study.default_out()))
     entries = study.entries()
@@ -716,7 +733,7 @@ def _from_study(req: SweepRequest):
                             f"{'; ' + why if why else ''})")
     kept = set(ids) - {r.id for _, _, r in entries}  # their rows in sweep.csv stay as they are
     return study, [(path, over, study.run_seeds(r) if r.seeds is not None else None) for path, over, r in entries], \
-        req, kept
+        req, kept, declared
 
 
 def _has_cuda() -> bool:
@@ -731,7 +748,7 @@ def run_sweep(req: SweepRequest) -> tuple[int, Path]:
     """Plan and execute ``req``; writes ``sweep.json``, ``sweep.csv`` and ``aggregate.csv``
     into the sweep folder, prints the aggregate on stdout. Returns (exit code: 0, or 130
     when a signal stopped it; the sweep folder)."""
-    study, scenarios, req, kept = _from_study(req)
+    study, scenarios, req, kept, declared = _from_study(req)
     grid = [(k, list(v)) for k, v in req.grid]
     keys = [k for k, _ in grid]
     base = dict(req.overrides)
@@ -755,11 +772,14 @@ def run_sweep(req: SweepRequest) -> tuple[int, Path]:
         names = [load_scenario(p, base).name for p in req.scenarios]
         out = default_out_dir("sweep-" + "-".join(dict.fromkeys(names))[:60])
     cells = plan(scenarios, grid, seeds, base, out)
+    for c in cells:
+        c.study = declared.record() if declared is not None else None
     with OutputFolder(out, "sweep"):  # one sweep at a time, never into a run folder
         meta = {"scenarios": list(req.scenarios), "grid_keys": keys, "grid": {k: v for k, v in grid},
                 "seeds": seeds, "overrides": base, "runs": len(cells)}
         if study is not None:
             meta["study"] = {"file": str(study.path), "name": study.name, "paper": study.spec.paper,
+                             **{k: v for k, v in declared.record().items() if k != "file"},
                              "runs": {i: {"label": r.label, "variant": r.variant, "set": r.set}
                                       for i, r in study.labels().items()}}
         write_file(out / "sweep.json", json.dumps(meta, indent=2, default=str) + "\n")

@@ -19,6 +19,7 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+from raymvc.declared import COMMIT_FIELDS, NOT_RECORDED, UNCOMMITTED, checkout_root, commit_status, last_commit
 from raymvc.provenance import platform_text
 from raymvc.results import ResultsError, short_value, write_file
 from raymvc.runfolder import RunFolder
@@ -72,7 +73,8 @@ def check_policy(st: Study) -> None:
     if st.spec.readme:
         raise ScenarioError(f"{st.path}: study.tuning: a tuning study has no rows in README's table "
                             "(set readme: false)")
-RECORD_EXTRA = ("code_version", "platform", "labels_sha256", "virtual_s", "joined", "study")
+RECORD_EXTRA = ("code_version", "platform", "labels_sha256", "virtual_s", *COMMIT_FIELDS, "joined", "study")
+FACTS = ("code_version", "platform", "labels_sha256", "virtual_s", *COMMIT_FIELDS)  # what a run folder tells
 
 
 class StudyResult:
@@ -81,7 +83,9 @@ class StudyResult:
     Built from a sweep folder (:meth:`from_sweep`) or from the study's cell record
     (:meth:`from_record`), the CSV that :func:`write_pages` keeps beside the pages: every
     cell's sweep.csv row plus its run's code version and platform, a SHA-256 of its
-    ``labels.csv`` and whether it was joined from another machine's folder. A page written from either is the
+    ``labels.csv``, the commits it ran at (``seeds_commit``, ``head_commit``: see
+    :mod:`raymvc.declared`; empty in records written before cells named them) and whether
+    it was joined from another machine's folder. A page written from either is the
     same page, so pages can be regenerated after the run folders are gone.
     """
 
@@ -120,7 +124,7 @@ class StudyResult:
             for r in out:
                 old = by_cell.get(_row_cell(r, study))
                 if old is not None and old.get("fingerprint") == r.get("fingerprint"):
-                    for k in ("code_version", "platform", "labels_sha256", "virtual_s"):
+                    for k in FACTS:
                         r[k] = r[k] or old.get(k, "")
             out += earlier
         return cls(study, out)
@@ -216,7 +220,7 @@ def _run_facts(sweep_dir: Path, row: dict) -> dict:
     try:
         s = run.summary()
     except (OSError, ResultsError):
-        return {"code_version": "", "platform": "", "labels_sha256": "", "virtual_s": ""}
+        return dict.fromkeys(FACTS, "")
     digest = ""
     if s.get("fingerprint") == row.get("fingerprint"):
         try:
@@ -224,8 +228,10 @@ def _run_facts(sweep_dir: Path, row: dict) -> dict:
         except (OSError, ResultsError):
             pass
     virtual = (s.get("timing") or {}).get("virtual_s")
+    study = s.get("study") if isinstance(s.get("study"), dict) else {}
     return {"code_version": s.get("code_version") or "", "platform": platform_text(s.get("platform")),
-            "labels_sha256": digest, "virtual_s": "" if virtual is None else virtual}
+            "labels_sha256": digest, "virtual_s": "" if virtual is None else virtual,
+            **{k: code(study.get(k) or "")[:40] for k in COMMIT_FIELDS}}
 
 
 def _pm(mean, std, digits) -> str:
@@ -341,26 +347,54 @@ def _fmt_point(point: dict) -> str:
     return esc(", ".join(f"{short_key(k)} = {short_value(v)}" for k, v in point.items()) or "-")
 
 
+def seed_text(st: Study) -> str:
+    """``seed 3``, ``seeds 300-309`` or ``seeds 1, 5, 9``."""
+    seeds = st.seeds()
+    if len(seeds) == 1:
+        return f"seed {seeds[0]}"
+    if seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"seeds {seeds[0]}-{seeds[-1]}"
+    return "seeds " + ", ".join(map(str, seeds))
+
+
+SEEDS_WORDS = {"after": "ran at or after it", "before": "ran before it", UNCOMMITTED: "ran from a study file no commit held",
+               "unknown": "ran at a commit this checkout does not hold",
+               NOT_RECORDED: "not recorded (made before cell records named their commit)"}
+
+
+def declared_text(res: StudyResult) -> str:
+    """The commit that declares the study's seeds (the study file's last commit: its
+    seeds, grid and modes) and whether every cell ran at or after it
+    (:func:`raymvc.declared.commit_status`)."""
+    st = res.study
+    root = checkout_root(st.path)
+    declared = last_commit(st.path, root) if root is not None else None
+    counts: dict[str, int] = defaultdict(int)
+    for r in res.rows:
+        counts[commit_status(root, declared, r)] += 1
+    n = len(res.rows)
+    if declared is None:
+        head = "Seeds declared in: no commit known here (the study file is not in a git checkout or not committed)"
+    else:
+        head = f"Seeds declared in `{declared[:7]}` (the study file's last commit: its seeds, grid and modes)"
+    if declared is not None and counts["after"] == n:
+        return f"{head}; all {n} runs ran at or after it."
+    return f"{head}; of its {n} runs, " + ", ".join(f"{counts[k]} {w}" for k, w in SEEDS_WORDS.items() if counts[k]) + "."
+
+
 def study_section(res: StudyResult, fig_dir: Path | None, page_dir: Path) -> str:
     st = res.study
     spec = st.spec
     metrics = list(spec.metrics)
     total, n = res.wall()
-    seeds = st.seeds()
-    if len(seeds) == 1:
-        seed_text = f"seed {seeds[0]}"
-    elif seeds == list(range(seeds[0], seeds[-1] + 1)):
-        seed_text = f"seeds {seeds[0]}-{seeds[-1]}"
-    else:
-        seed_text = "seeds " + ", ".join(map(str, seeds))
     lines = [SECTION_MARK.format(st.name), f"## {esc(spec.title)}", ""]
     more = res.joined
     other = f" (+{more} runs swept on another machine and joined with `--also`)" if more else ""
-    lines.append(f"Paper: {esc(spec.source) or 'n/a'} · study file `studies/{code(st.path.name)}` · {seed_text} · "
+    lines.append(f"Paper: {esc(spec.source) or 'n/a'} · study file `studies/{code(st.path.name)}` · {seed_text(st)} · "
                  f"{n} runs, {total / 60:.1f} min of run time ({(total / n) if n else 0:.0f} s a run){other} · "
                  "reproduce: "
                  f"`raymvc sweep studies/{code(st.path.name)} --backend local --jobs {1 if spec.spread else 2}`")
-    lines.append("")
+    lines += ["", declared_text(res), ""]
     comment = _leading_comment(st.path)
     if comment:
         lines += [esc(comment), ""]
@@ -424,7 +458,9 @@ def study_section(res: StudyResult, fig_dir: Path | None, page_dir: Path) -> str
         lines += [f"Code version of these runs: {', '.join(f'`{code(v)}`' for v in versions)}.", ""]
     platforms = res.platforms()
     if platforms:
-        lines += [f"Platform{'s' if len(platforms) > 1 else ''} of these runs: {'; or '.join(map(esc, platforms))}.", ""]
+        lines += [f"Platform{'s' if len(platforms) > 1 else ''} of these runs: {'; or '.join(map(esc, platforms))}. "
+                  f"The label hashes in `studies/results/{code(st.name)}.csv` are reproducible on the platform each "
+                  "row names; another platform may give a cell other labels, with the same scores or not.", ""]
     return "\n".join(lines)
 
 
@@ -516,6 +552,15 @@ that row where it reports one. Platforms: where a study has a `spread`, the same
 run again with two threads per party instead of one (floating-point sums in another
 order) and, where it also sets `params.device: cuda`, on the GPU its line names (swept
 there with `raymvc sweep --only` and joined with `tools/study_pages.py --also`).
+Seeds before runs: `raymvc sweep` runs a study only from a commit that holds its file
+(and its scenarios) unchanged, and every cell records that commit; each section names
+the commit that declares its seeds (the study file's last) and counts the runs made at
+or after it. Label hashes: a SHA-256 of a cell's labels is reproducible on the platform
+its record names (the same kind of CPU, the same torch and numpy builds, the same
+threads); on another machine the same code and seed may write other labels while the
+metrics agree (the clusters numbered otherwise, or a few samples moved by float sums in
+another order), so a hash that differs there is not, by itself, another result. Each
+section names the platforms its runs were made on.
 """
 
 
@@ -691,17 +736,55 @@ def _old_readme_rows(text: str) -> dict[str, list[str]]:
     return out
 
 
+CHECK_SUFFIX = "-check"  # studies/<headline>-check.yaml: a second draw of <headline>'s seeds, beside its row
+README_HEAD = ["study", "run", "variant", "at", "ACC", "NMI", "MB", "paper ACC", "paper NMI", "paper MB", "seeds",
+               "seeds per mode", "second draw: seeds, ACC, per mode"]
+
+
+def check_text(check: StudyResult | None, run_id: str, point: dict | None, paper_acc: float | None) -> str:
+    """A README row's second draw (the study ``<name>-check``): its seeds, ACC mean ± std
+    with the runs that entered it, its seeds per mode, and where it lands against the
+    paper's ACC; empty where the draw has no such run or none finished."""
+    if check is None or run_id not in check.study.labels():
+        return ""
+    if point is None:
+        acc = check.grid_mean(run_id, "acc")
+    elif _key(point) in {_key(p) for p in check.points()}:
+        acc = check.stat(run_id, point, "acc")
+    else:
+        return ""
+    if acc[0] is None:
+        return ""
+    text = f"{seed_text(check.study)}: {_pm(acc[0], acc[1], 3)} ({acc[2]}/{acc[3]})"
+    modes = check.mode_text(run_id, point) if point is not None else ""
+    if modes:
+        text += f", {modes}"
+    if paper_acc is not None:
+        diff = round(acc[0], 3) - round(paper_acc, 3)
+        where = "below" if diff < 0 else "above" if diff > 0 else "at"
+        text += f"; {where} the paper's {paper_acc:.3f}"
+    return text
+
+
+def _pad_row(line: str) -> str:
+    """A kept README row with a cell per column (rows written before a column was added)."""
+    missing = len(README_HEAD) + 1 - len(re.findall(r"(?<!\\)\|", line))
+    return line + " |" * max(0, missing)
+
+
 def readme_table(entries: list[tuple[Study, StudyResult | None]], kept: dict[str, list[str]] | None = None) -> str:
-    """One row per study and run at the study's first grid point (or its only one): mean ± std.
+    """One row per study and run at the study's first grid point (or its only one): mean ± std,
+    and beside it the study's second draw where one exists (:func:`check_text`).
     A study with no cells to read (``None``) keeps its rows from ``kept``."""
-    lines = ["| study | run | variant | at | ACC | NMI | MB | paper ACC | paper NMI | paper MB | seeds | seeds per mode |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| " + " | ".join(README_HEAD) + " |", "|" + "---|" * len(README_HEAD)]
+    by_name = {st.name: res for st, res in entries}
     for st, res in entries:
         if not st.spec.readme:
             continue
         if res is None:
-            lines += (kept or {}).get(st.name, [])
+            lines += [_pad_row(line) for line in (kept or {}).get(st.name, [])]
             continue
+        check = by_name.get(st.name + CHECK_SUFFIX)
         page = f"studies/{st.spec.paper}.md"
         anchor = re.sub(r"[^\w\- ]", "", st.spec.title.lower()).replace(" ", "-")  # as GitHub makes heading ids
         points = res.points() if st.spec.readme is True else [None]
@@ -724,7 +807,8 @@ def readme_table(entries: list[tuple[Study, StudyResult | None]], kept: dict[str
                              f"{_pm(acc[0], acc[1], 3)} | {_pm(nmi[0], nmi[1], 3)} | {_pm(mb[0], mb[1], 2)} | "
                              f"{'' if pa is None else f'{pa:.3f}'} | {'' if pn is None else f'{pn:.3f}'} | "
                              f"{'' if pm is None else f'{pm:.2f}'} | "
-                             f"{acc[2]}/{acc[3]} | {'' if point is None else res.mode_text(r.id, point)} |")
+                             f"{acc[2]}/{acc[3]} | {'' if point is None else res.mode_text(r.id, point)} | "
+                             f"{check_text(check, r.id, point, pa)} |")
     return "\n".join(lines)
 
 

@@ -140,17 +140,17 @@ def test_a_tiny_study_runs_resumes_and_gets_its_page(tmp_path, monkeypatch, caps
     studies.mkdir()
     (studies / "tiny-study.yaml").write_text(STUDY)
     monkeypatch.chdir(tmp_path)
-    assert main(["sweep", "studies/tiny-study.yaml", "--quiet"]) == 0
+    assert main(["sweep", "--allow-uncommitted", "studies/tiny-study.yaml", "--quiet"]) == 0
     out = tmp_path / "runs" / "studies" / "tiny-study"  # the study's default folder
     rows = _csv(out / "sweep.csv")
     assert len(rows) == 3 * 2 * 3  # (paper, ours, paper with 2 threads) x 2 noise levels x 3 seeds
     assert {r["scenario"] for r in rows} == {"paper", "ours", "paper.threads2"}
     capsys.readouterr()
-    assert main(["sweep", "studies/tiny-study.yaml"]) == 0
+    assert main(["sweep", "--allow-uncommitted", "studies/tiny-study.yaml"]) == 0
     assert "0 runs executed" in capsys.readouterr().err  # nothing changed: every cell reused
     import raymvc
 
-    again = raymvc.sweep("studies/tiny-study.yaml")  # the library takes a study file too, same folder
+    again = raymvc.sweep("studies/tiny-study.yaml", allow_uncommitted=True)  # the library takes a study file too, same folder
     assert again.out.resolve() == out.resolve() and len(again.runs) == len(rows)
 
     readme = tmp_path / "README.md"
@@ -190,7 +190,7 @@ def test_a_tiny_study_runs_resumes_and_gets_its_page(tmp_path, monkeypatch, caps
     for name, title in (("other", "Another look"), ("zz", "Last look")):
         (studies / f"{name}.yaml").write_text(f"study: {{paper: kfed, title: {title}, seeds: 0-1, runs: "
                                               "[{id: paper, label: k-FED, scenario: ../tiny.yaml}]}\n")
-        assert main(["sweep", f"studies/{name}.yaml", "--quiet"]) == 0
+        assert main(["sweep", "--allow-uncommitted", f"studies/{name}.yaml", "--quiet"]) == 0
     (studies / "kfed.md").write_text("\n".join(x for x in page.splitlines() if not x.startswith("<!-- study:")) + "\n")
     for _ in range(2):
         told = []
@@ -222,7 +222,7 @@ study:
     - {method: "k-FED (paper, mean of the points)", acc: 0.777}
 """)
     monkeypatch.chdir(tmp_path)
-    assert main(["sweep", "studies/avg.yaml", "--quiet"]) == 0
+    assert main(["sweep", "--allow-uncommitted", "studies/avg.yaml", "--quiet"]) == 0
     rows = _csv(tmp_path / "runs" / "studies" / "avg" / "sweep.csv")
     per_seed = [statistics.mean(float(r["acc"]) for r in rows if r["seed"] == s) for s in ("0", "1", "2")]
     readme = tmp_path / "README.md"
@@ -266,7 +266,7 @@ def test_a_tuning_page_names_the_best_point_and_where_the_default_stands(tmp_pat
     studies.mkdir()
     (studies / "tune.yaml").write_text(TUNING)
     monkeypatch.chdir(tmp_path)
-    assert main(["sweep", "studies/tune.yaml", "--quiet"]) == 0
+    assert main(["sweep", "--allow-uncommitted", "studies/tune.yaml", "--quiet"]) == 0
     rows = _csv(tmp_path / "runs" / "studies" / "tune" / "sweep.csv")
     assert {r["seed"] for r in rows} == {"100", "101", "102"}
     means = {}
@@ -371,16 +371,17 @@ def test_spreads_swept_apart_join_one_page(tmp_path, monkeypatch, capsys):
     assert load_study(studies / "tiny-study.yaml").spread_ids() == ["paper.threads2", "paper.devicecuda"]
     monkeypatch.chdir(tmp_path)
     main_dir, other = tmp_path / "main" / "tiny-study", tmp_path / "other" / "tiny-study"
-    assert main(["sweep", "studies/tiny-study.yaml", "--only", "paper,ours", "--out", str(main_dir)]) == 0
+    assert main(["sweep", "--allow-uncommitted", "studies/tiny-study.yaml", "--only", "paper,ours", "--out", str(main_dir)]) == 0
     assert {r["scenario"] for r in _csv(main_dir / "sweep.csv")} == {"paper", "ours"}
     capsys.readouterr()
-    assert main(["sweep", "studies/tiny-study.yaml", "--only", "paper.threads2", "--only", "paper.devicecuda",
-                 "--out", str(other)]) == 0
+    assert main(["sweep", "--allow-uncommitted", "studies/tiny-study.yaml", "--only", "paper.threads2",
+                 "--only", "paper.devicecuda", "--out", str(other)]) == 0
     assert "skipped paper.devicecuda (a spread on CUDA; torch sees no CUDA device here)" in capsys.readouterr().err
     assert {r["scenario"] for r in _csv(other / "sweep.csv")} == {"paper.threads2"}
     import raymvc
 
-    assert {r["scenario"] for r in raymvc.sweep("studies/tiny-study.yaml", out=other, only=["paper.threads2"]).runs} \
+    assert {r["scenario"] for r in raymvc.sweep("studies/tiny-study.yaml", out=other, only=["paper.threads2"],
+                                                 allow_uncommitted=True).runs} \
         == {"paper.threads2"}  # the library's sweep picks runs too (here: every cell reused)
     page_alone = paper_page_text(studies, tmp_path / "main", [])
     assert "no pair of runs finished" in page_alone and "run again with `runtime.threads: 2`" not in page_alone
@@ -402,15 +403,16 @@ def test_spreads_swept_apart_join_one_page(tmp_path, monkeypatch, capsys):
     assert "5 of 5 (of 6; 1 no longer on disk as run) wrote the same `labels.csv`" in page
     # a partial sweep into the study's folder keeps the rows of the runs it leaves out
     capsys.readouterr()
-    assert main(["sweep", "studies/tiny-study.yaml", "--only", "ours", "--out", str(main_dir), "--quiet"]) == 0
+    assert main(["sweep", "--allow-uncommitted", "studies/tiny-study.yaml", "--only", "ours", "--out", str(main_dir),
+                 "--quiet"]) == 0
     assert {r["scenario"] for r in _csv(main_dir / "sweep.csv")} == {"paper", "ours"}
-    assert main(["sweep", "studies/tiny-study.yaml", "--quiet", "--out", str(main_dir)]) == 0
+    assert main(["sweep", "--allow-uncommitted", "studies/tiny-study.yaml", "--quiet", "--out", str(main_dir)]) == 0
     assert {r["scenario"] for r in _csv(main_dir / "sweep.csv")} == {"paper", "ours", "paper.threads2"}
     assert "skipped paper.devicecuda" in capsys.readouterr().err  # said even with --quiet
     for bad, words in ((["--only", "nope"], "--only nope: no such run (runs: paper, ours, paper.threads2"),
                        (["--only", "paper.devicecuda"], "nothing to run here (runs picked: paper.devicecuda; "
                                                          "skipped paper.devicecuda (a spread on CUDA")):
-        assert main(["sweep", "studies/tiny-study.yaml", *bad, "--out", str(tmp_path / "x")]) == 2
+        assert main(["sweep", "--allow-uncommitted", "studies/tiny-study.yaml", *bad, "--out", str(tmp_path / "x")]) == 2
         assert words in capsys.readouterr().err
     assert main(["sweep", "tiny.yaml", "--only", "paper"]) == 2
     assert "--only: picks runs of a study file" in capsys.readouterr().err
@@ -570,7 +572,7 @@ def test_a_run_may_sweep_a_subset_of_the_seeds(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["validate", "studies/few.yaml"]) == 0
     assert "fewer seeds for ours" in capsys.readouterr().out
-    assert main(["sweep", "studies/few.yaml", "--quiet"]) == 0
+    assert main(["sweep", "--allow-uncommitted", "studies/few.yaml", "--quiet"]) == 0
     rows = _csv(tmp_path / "runs" / "studies" / "few" / "sweep.csv")
     assert sorted({r["seed"] for r in rows if r["scenario"] == "ours"}) == ["1"]
     assert sorted({r["seed"] for r in rows if r["scenario"] == "paper"}) == ["0", "1", "2"]
@@ -600,7 +602,7 @@ study:
 """
     (studies / "robustness-drop.yaml").write_text(atlas.format(extra="params.max_iter: 1"))
     monkeypatch.chdir(tmp_path)
-    assert main(["sweep", "studies/robustness-drop.yaml", "--quiet"]) == 0
+    assert main(["sweep", "--allow-uncommitted", "studies/robustness-drop.yaml", "--quiet"]) == 0
     write_pages(studies, tmp_path / "runs" / "studies", None)
     page = (studies / "robustness.md").read_text()
     rows = _csv(tmp_path / "runs" / "studies" / "robustness-drop" / "sweep.csv")
@@ -625,7 +627,7 @@ def test_a_study_figure_is_the_sweep_figure_with_failures_counted_and_the_papers
     studies.mkdir()
     (studies / "tiny-study.yaml").write_text(STUDY.replace("  spread: {run: paper, set: {runtime.threads: 2}}\n", ""))
     monkeypatch.chdir(tmp_path)
-    assert main(["sweep", "studies/tiny-study.yaml", "--quiet"]) == 0
+    assert main(["sweep", "--allow-uncommitted", "studies/tiny-study.yaml", "--quiet"]) == 0
     out = tmp_path / "runs" / "studies" / "tiny-study"
     sweep = out / "sweep.csv"  # one seed of "ours" at noise 3.0 failed
     rows = _csv(sweep)

@@ -459,7 +459,7 @@ def _load_checkpoint(sc: Scenario, out: Path) -> tuple[dict, int]:
 def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: Callable[[str], None] | None = None,
                  prepared=None, on_round: Callable[[dict], None] | None = None, overwrite: bool = False,
                  resume: bool = False, warm: WarmActors | None = None,
-                 stop_requested: Callable[[], str | None] | None = None) -> RunSummary:
+                 stop_requested: Callable[[], str | None] | None = None, study: dict | None = None) -> RunSummary:
     """Run one scenario end to end and return its :class:`~raymvc.summary.RunSummary` (a
     read-only mapping over ``summary.json``, which is also written to disk).
 
@@ -476,7 +476,9 @@ def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: C
     :class:`~raymvc.runtime.warm.WarmActors`): on Ray, reuse actors an earlier run of the
     same shape left, and leave this run's for the next. ``stop_requested()``, asked before
     every call for rounds, returns the name of a stop request made elsewhere (or None): a
-    run on a thread other than the main one gets no signal of its own.
+    run on a thread other than the main one gets no signal of its own. ``study`` (a study
+    sweep's cell): its study file and the commits it runs at (:mod:`raymvc.declared`),
+    written into ``summary.json`` under ``study``.
     """
     progress = progress or _progress_default
     wall0 = time.perf_counter()
@@ -485,11 +487,11 @@ def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: C
         raise ScenarioError("--resume: give the run folder")
     with _out_dir(sc, out_dir, overwrite, resume) as out:  # held before Ray starts, until the files are written
         ck = _load_checkpoint(sc, out) if resume else None
-        return _run_in(sc, out, ck, ds, part, wall0, progress, on_round, warm, stop_requested)
+        return _run_in(sc, out, ck, ds, part, wall0, progress, on_round, warm, stop_requested, study)
 
 
 def _run_in(sc: Scenario, out: Path, ck, ds, part, wall0: float, progress, on_round, warm=None,
-            stop_requested=None) -> dict:
+            stop_requested=None, study=None) -> dict:
     if sc.runtime.backend == "ray":
         preload()  # the driver mostly waits while Ray and the actors start
     ray_init_s = init_ray(sc, part.n_clients) if sc.runtime.backend == "ray" else 0.0
@@ -530,7 +532,7 @@ def _run_in(sc: Scenario, out: Path, ck, ds, part, wall0: float, progress, on_ro
         if refused is not None:
             writer.close()
             raise ScenarioError(f"--resume {out}: {one_line(refused)}")
-        summary = _write_results(sc, ds, part, end, run.timing, ray_init_s, wall0, out, writer)
+        summary = _write_results(sc, ds, part, end, run.timing, ray_init_s, wall0, out, writer, study)
         if summary["status"] in FINISHED:
             checkpoint.clear(out)
     if interrupted:
@@ -539,15 +541,15 @@ def _run_in(sc: Scenario, out: Path, ck, ds, part, wall0: float, progress, on_ro
 
 
 def _write_results(sc, ds, part, end: RunEnd, timing: dict, ray_init_s: float, wall0: float, out: Path,
-                   writer: RunWriter) -> dict:
+                   writer: RunWriter, study: dict | None = None) -> dict:
     try:  # a file that cannot be written (a full disk) is a ResultsError; the files before it stay
-        return _write_files(sc, ds, part, end, timing, ray_init_s, wall0, out, writer)
+        return _write_files(sc, ds, part, end, timing, ray_init_s, wall0, out, writer, study)
     finally:
         writer.close()
 
 
 def _write_files(sc, ds, part, end: RunEnd, timing: dict, ray_init_s: float, wall0: float, out: Path,
-                 writer: RunWriter) -> dict:
+                 writer: RunWriter, study: dict | None = None) -> dict:
     labels = _assemble_labels(part, end)
     writer.labels(labels, part.n_samples)
     writer.errors(errors_log(end))
@@ -566,6 +568,8 @@ def _write_files(sc, ds, part, end: RunEnd, timing: dict, ray_init_s: float, wal
                             "reused_actors": bool(timing.get("reused_actors")),
                             "actors_started": int(timing.get("actors_started") or 0),
                             "gpu_ids": where.get("gpu_ids")}
+    if study:
+        summary["study"] = dict(study)
     writer.summary(summary)
     return summary
 

@@ -1,0 +1,216 @@
+"""Seeds before runs: a study file runs only from a commit that holds it unchanged, every
+cell records that commit, and the pages say how the runs stand to it; README's row
+carries a headline's second draw; pages say where a label hash holds."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_study_files import SCENARIO  # k-FED on synthetic blobs: a run takes a fraction of a second
+
+from raymvc.cli import main
+from raymvc.declared import check_committed
+from raymvc.provenance import platform_text
+from raymvc.scenario import ScenarioError
+from raymvc_reports.pages import README_BEGIN, README_END, write_pages
+
+ROOT = Path(__file__).resolve().parent.parent
+
+STUDY = """study:
+  paper: kfed
+  title: Declared seeds
+  seeds: 0-1
+  runs:
+    - {id: paper, label: k-FED, scenario: ../tiny.yaml}
+"""
+
+
+def git(repo: Path, *args: str) -> str:
+    done = subprocess.run(["git", "-C", str(repo), "-c", "user.name=raymvc tests", "-c", "user.email=tests@raymvc",
+                           "-c", "commit.gpgsign=false", *args], capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    """A git checkout holding a committed scenario and a study file not yet added."""
+    git(tmp_path, "init", "-q")
+    (tmp_path / "tiny.yaml").write_text(SCENARIO)
+    (tmp_path / "studies").mkdir()
+    (tmp_path / "studies" / "s.yaml").write_text(STUDY)
+    git(tmp_path, "add", "tiny.yaml")
+    git(tmp_path, "commit", "-q", "-m", "scenario")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def one_line_error(capsys, argv) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "Traceback" not in err[0], err
+    return err[0]
+
+
+def sweep(*extra: str) -> list[str]:
+    return ["sweep", "studies/s.yaml", "--quiet", *extra]
+
+
+def test_a_study_runs_only_from_a_commit_and_its_cells_name_it(repo, capsys):
+    out = repo / "runs" / "studies" / "s"
+    err = one_line_error(capsys, sweep())
+    assert err == ("error: studies/s.yaml: not committed (git does not track it); commit the study file (its "
+                   "seeds, grid and modes) before running it")
+    git(repo, "add", "studies/s.yaml")  # staged is not committed
+    assert one_line_error(capsys, sweep()) == ("error: studies/s.yaml: has uncommitted changes; commit the study "
+                                               "file (its seeds, grid and modes) before running it")
+    assert not out.exists()  # refused before anything ran
+    git(repo, "commit", "-q", "-m", "declare seeds 0-1")
+    declared = git(repo, "log", "-1", "--format=%H", "--", "studies/s.yaml")
+    git(repo, "commit", "-q", "--allow-empty", "-m", "later work")  # the cells run at a later HEAD
+    head = git(repo, "rev-parse", "HEAD")
+    assert main(sweep()) == 0
+    rows = list(csv.DictReader(open(out / "sweep.csv", newline="")))
+    assert len(rows) == 2 and {r["status"] for r in rows} == {"completed"}
+    for r in rows:
+        summary = json.loads((out / r["run_dir"] / "summary.json").read_text())
+        assert summary["study"] == {"file": "studies/s.yaml", "seeds_commit": declared, "head_commit": head}
+    assert json.loads((out / "sweep.json").read_text())["study"]["seeds_commit"] == declared
+
+    # the record names both commits, and the page says every run came after the seeds
+    write_pages(repo / "studies", repo / "runs" / "studies")
+    record = list(csv.DictReader(open(repo / "studies" / "results" / "s.csv", newline="")))
+    assert [(r["seeds_commit"], r["head_commit"]) for r in record] == [(declared, head)] * 2
+    page = (repo / "studies" / "kfed.md").read_text()
+    assert f"Seeds declared in `{declared[:7]}` (the study file's last commit: its seeds, grid and modes); " \
+           "all 2 runs ran at or after it." in page
+
+    # an edit after the commit is refused, staged or not, and so is an edit of a scenario it names
+    path = repo / "studies" / "s.yaml"
+    path.write_text(STUDY.replace("seeds: 0-1", "seeds: 0-2"))
+    assert "studies/s.yaml: has uncommitted changes; commit the study file" in one_line_error(capsys, sweep())
+    path.write_text(STUDY)
+    (repo / "tiny.yaml").write_text(SCENARIO.replace("max_iter: 50", "max_iter: 30"))
+    assert one_line_error(capsys, sweep()) == ("error: studies/../tiny.yaml: a scenario of studies/s.yaml, has "
+                                               "uncommitted changes; commit it before running studies/s.yaml")
+    git(repo, "checkout", "-q", "--", "tiny.yaml")
+
+    # a later change of the study file (here, a split of modes) comes after these runs: the page says so,
+    # and reusing the cells keeps the commits they ran at
+    path.write_text(STUDY + "  modes: {metric: acc, split: 0.5, below: poor, above: good}\n")
+    git(repo, "commit", "-q", "-am", "a split of modes, after the runs")
+    later = git(repo, "log", "-1", "--format=%H", "--", "studies/s.yaml")
+    capsys.readouterr()
+    assert main(["sweep", "studies/s.yaml"]) == 0 and "0 runs executed, 2 reused" in capsys.readouterr().err
+    write_pages(repo / "studies", repo / "runs" / "studies")
+    page = (repo / "studies" / "kfed.md").read_text()
+    assert f"Seeds declared in `{later[:7]}` (the study file's last commit: its seeds, grid and modes); of its 2 " \
+           "runs, 2 ran before it." in page
+
+
+def test_outside_a_checkout_a_study_runs_only_when_told_and_records_that(tmp_path, monkeypatch, capsys):
+    (tmp_path / "tiny.yaml").write_text(SCENARIO)
+    (tmp_path / "studies").mkdir()
+    (tmp_path / "studies" / "s.yaml").write_text(STUDY)
+    monkeypatch.chdir(tmp_path)
+    err = one_line_error(capsys, sweep())
+    assert err.startswith("error: studies/s.yaml: not in a git checkout, so no commit declares its seeds;")
+    assert "--allow-uncommitted" in err
+    assert main(sweep("--allow-uncommitted")) == 0
+    write_pages(tmp_path / "studies", tmp_path / "runs" / "studies")
+    record = list(csv.DictReader(open(tmp_path / "studies" / "results" / "s.csv", newline="")))
+    assert {(r["seeds_commit"], r["head_commit"]) for r in record} == {("uncommitted", "uncommitted")}
+    page = (tmp_path / "studies" / "kfed.md").read_text()
+    assert "Seeds declared in: no commit known here (the study file is not in a git checkout or not committed); " \
+           "of its 2 runs, 2 ran from a study file no commit held." in page
+    assert one_line_error(capsys, ["sweep", "tiny.yaml", "--allow-uncommitted"]).startswith(
+        "error: --allow-uncommitted: waives a study file's commit check")
+
+
+def test_a_scenario_outside_the_checkout_is_refused(tmp_path):
+    repo, elsewhere = tmp_path / "repo", tmp_path / "elsewhere.yaml"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    (repo / "s.yaml").write_text("x")
+    git(repo, "add", "s.yaml")
+    git(repo, "commit", "-q", "-m", "s")
+    with pytest.raises(ScenarioError, match="lies outside its git checkout"):
+        check_committed(repo / "s.yaml", [elsewhere])
+    assert check_committed(repo / "s.yaml", [elsewhere], allow_uncommitted=True).seeds_commit == "uncommitted"
+    assert check_committed(repo / "s.yaml", []).seeds_commit == git(repo, "rev-parse", "HEAD")
+
+
+def _record(path: Path, study: str, run: str, seeds: range, accs: list[float], commits: bool = False) -> None:
+    rows = [{"scenario": run, "method": "cefmc", "seed": str(s), "status": "completed", "acc": str(a), "nmi": "0.9",
+             "ari": "0.9", "mb": "1.0", "rounds": "3", "wall": "1.0", "fingerprint": f"f{s}", "run_dir": "",
+             "code_version": "v", "platform": "numpy 2; Python 3.11, x86_64, 2 CPUs", "labels_sha256": "h",
+             **({"seeds_commit": "uncommitted", "head_commit": "uncommitted"} if commits else {}),
+             "joined": "", "study": study}
+            for s, a in zip(seeds, accs)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def test_readme_shows_a_headlines_second_draw_beside_it_and_old_records_read_as_not_recorded(tmp_path):
+    studies = tmp_path / "studies"
+    studies.mkdir()
+    scenario = ROOT / "scenarios" / "hw-cefmc.yaml"
+    modes = "  modes: {metric: acc, split: 0.88, below: merged, above: separated}\n"
+    studies.joinpath("demo-headline.yaml").write_text(
+        f"study:\n  paper: demo\n  title: Headline\n  seeds: 300-304\n  metrics: [acc]\n{modes}"
+        f"  runs:\n    - {{id: paper, label: Demo, scenario: {scenario}}}\n"
+        f"    - {{id: ours, label: Demo+, variant: project, scenario: {scenario}}}\n"
+        "  paper_results:\n    - {run: paper, acc: 0.9}\n")
+    studies.joinpath("demo-headline-check.yaml").write_text(
+        f"study:\n  paper: demo\n  title: Second draw\n  seeds: 400-404\n  metrics: [acc]\n{modes}  readme: false\n"
+        f"  runs:\n    - {{id: paper, label: Demo, scenario: {scenario}}}\n")
+    _record(studies / "results" / "demo-headline.csv", "demo-headline", "paper", range(300, 305),
+            [0.95, 0.96, 0.82, 0.95, 0.94])
+    _record(studies / "results" / "demo-headline-check.csv", "demo-headline-check", "paper", range(400, 405),
+            [0.95, 0.82, 0.83, 0.95, 0.81], commits=True)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"x\n{README_BEGIN}\n{README_END}\n")
+    write_pages(studies, tmp_path / "runs", readme)
+    rows = [line for line in readme.read_text().splitlines() if line.startswith("| [demo-headline]")]
+    assert len(rows) == 2 and not any("[demo-headline-check]" in line for line in readme.read_text().splitlines())
+    paper = next(line for line in rows if "| Demo |" in line)
+    assert paper.endswith("| 5/5 | 4 separated, 1 merged | seeds 400-404: 0.872 ± 0.072 (5/5), 2 separated, "
+                          "3 merged; below the paper's 0.900 |")
+    assert next(line for line in rows if "| Demo+ |" in line).endswith("| 0/0 | 0 separated, 0 merged |  |")  # no draw of its own
+    page = (studies / "demo.md").read_text()
+    # records written before cells named their commit read as "not recorded"
+    assert "of its 5 runs, 5 not recorded (made before cell records named their commit)." in page
+    assert "of its 5 runs, 5 ran from a study file no commit held." in page
+    # where a label hash holds: the platform, on every page that has one
+    assert "Platform of these runs: numpy 2; Python 3.11, x86_64, 2 CPUs. The label hashes in " \
+           "`studies/results/demo-headline.csv` are reproducible on the platform each row names" in page
+    assert "a SHA-256 of a cell's labels is reproducible on the platform" in page
+
+
+def test_the_readme_rows_of_feddmvc_and_fcuif_carry_their_second_draw():
+    text = (ROOT / "README.md").read_text().split(README_BEGIN, 1)[1].split(README_END, 1)[0]
+    for study, label, paper in (("feddmvc-headline", "FedDMVC", "0.893"), ("fcuif-headline", "FCUIF (b) missing 0.5",
+                                                                           "0.926")):
+        row = next(line for line in text.splitlines() if line.startswith(f"| [{study}]") and f"| {label} |" in line)
+        draw = row.rstrip(" |").rsplit(" | ", 1)[1]
+        assert draw.startswith("seeds 400-409: ") and "(10/10)" in draw and "two digits merged" in draw, row
+        assert draw.endswith(f"the paper's {paper}"), row
+
+
+def test_the_feddmvc_page_names_the_platform_and_the_seed_whose_labels_moved():
+    page = (ROOT / "studies" / "feddmvc.md").read_text()
+    section = page.split("<!-- study: feddmvc-headline -->", 1)[1].split("<!-- study:", 1)[0]
+    assert "Platform of these runs: " in section and "are reproducible on the platform each row names" in section
+    assert "Seed 303 of the headline (feddmvc-headline)" in page.replace("\n", " ")
+
+
+def test_a_platform_names_its_cpu_model_where_recorded():
+    info = {"python": "3.11.7", "machine": "x86_64", "cpus": 2, "numpy": "2.4.6", "cpu": "Intel(R) Xeon(R) Processor"}
+    assert platform_text(info) == "numpy 2.4.6; Python 3.11.7, x86_64 (Intel(R) Xeon(R) Processor), 2 CPUs"
+    assert platform_text({k: v for k, v in info.items() if k != "cpu"}) == "numpy 2.4.6; Python 3.11.7, x86_64, 2 CPUs"

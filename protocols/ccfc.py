@@ -89,14 +89,16 @@ the convolutions instead of BatchNorm) and ``centroid_model: global`` (local cen
 from the global model a client received, not its freshly trained one) carry label-skewed
 splits and are set in ``scenarios/mnist-ccfc.yaml``; ``cluster_views: 2`` symmetrises the
 cluster-contrastive loss over two augmentations; ``pool_grid`` keeps a small spatial map
-before the projector instead of global pooling. The paper states Adam with learning rate
-1e-3, batch 128, one local epoch, and per data set λ and the latent size (1e-3 and 256 on
-MNIST, the defaults here); it leaves the backbone widths for MNIST-sized images, the
-augmentations, the round counts and the k-means restarts open: the widths, augmentations
-and rounds here are sized for two CPU cores, k-means takes the best of ``kmeans_init``
-starts on a client and ``server_kmeans_init`` on the server. Why each project choice was
-made (labels used only to score): ``benchmarks/ccfc_tuning.md``; the departures with
-their measured effect: ``studies/ccfc.md``.
+before the projector instead of global pooling. The paper states per data set λ and the
+latent size (1e-3 and 256 on MNIST, the defaults here) and names Adam as the optimiser;
+it does not give Adam's learning rate, the batch size or the local epochs (1e-3, 128 and
+one here, the method spec's values), nor the backbone widths for MNIST-sized images, the
+augmentations, the round counts or the k-means restarts: the widths, augmentations and
+rounds here are sized for two CPU cores, k-means takes the best of ``kmeans_init``
+starts on a client and ``server_kmeans_init`` on the server. ``raymvc params ccfc`` marks
+each value. Why each project choice was made (labels used only to score):
+``benchmarks/ccfc_tuning.md``; the departures with their measured effect:
+``studies/ccfc.md``.
 
 Communication per round and client: the model (``4 x`` the number of float parameters
 and buffer entries, plus ``8`` bytes per ``num_batches_tracked``) down and up, plus
@@ -133,6 +135,9 @@ from raymvc.protocol import (
     SecureSum,
     Server,
     ServerContext,
+    not_stated,
+    paper,
+    project_option,
     seed_from,
     weighted_sum,
 )
@@ -148,45 +153,89 @@ UPDATE = SecureSum("update", (W_PREFIX + "*",), weight="n")
 
 
 class Config(ProtocolConfig):
-    warmup_rounds: int = Field(default=100, ge=1, description="SimSiam rounds before the cluster phase")
-    cluster_rounds: int = Field(default=100, ge=1, description="cluster-contrastive rounds")
-    local_epochs: int = Field(default=1, ge=1, description="passes over its images a client trains per round")
-    batch_size: int = Field(default=128, ge=2, description="images per training step")
-    lr: float = Field(default=1e-3, gt=0.0, description="Adam learning rate (the paper's 1e-3)")
-    weight_decay: float = Field(default=0.0, ge=0.0, description="Adam's L2 weight decay")
+    warmup_rounds: int = Field(default=100, ge=1, description="SimSiam rounds before the cluster phase",
+                               **not_stated("100 SimSiam rounds, sized for two CPU cores: the warm-up is how the "
+                                            "global model and centroids are initialised (Alg. 1, line 1), which the "
+                                            "paper leaves open (the method's spec: the authors warm up with SimSiam)"))
+    cluster_rounds: int = Field(default=100, ge=1, description="cluster-contrastive rounds",
+                                **not_stated("100, sized for two CPU cores: Alg. 1's round count t is not given"))
+    local_epochs: int = Field(default=1, ge=1, description="passes over its images a client trains per round",
+                              **not_stated("1 pass a round, the method's spec's; the paper gives no local epoch "
+                                           "count"))
+    batch_size: int = Field(default=128, ge=2, description="images per training step",
+                            **not_stated("128, the method's spec's; the paper gives no batch size"))
+    lr: float = Field(default=1e-3, gt=0.0, description="Adam learning rate (the paper names Adam, not its rate)",
+                      **not_stated("1e-3, Adam's usual step and the method's spec's: the paper names Adam only "
+                                   "(Sec. 4.1); on digits 3e-3 scores higher (studies/ccfc.md)"))
+    weight_decay: float = Field(default=0.0, ge=0.0, description="Adam's L2 weight decay",
+                                **not_stated("0, plain Adam; the paper mentions no weight decay"))
     lam: float = Field(default=1e-3, ge=0.0, alias="lambda",
-                       description="λ, weight of the model-contrastive term (the paper's MNIST value)")
-    channels: tuple[int, int, int] = Field(default=(32, 64, 128), description="conv widths of the backbone")
+                       description="λ, weight of the model-contrastive term (the paper's MNIST value)",
+                       **paper("Sec. 4.1 (λ = 0.001 on MNIST)", value=1e-3))
+    channels: tuple[int, int, int] = Field(default=(32, 64, 128), description="conv widths of the backbone",
+                                           **not_stated("three convolutions as the paper's MNIST encoder "
+                                                        "(Sec. 4.1), which gives no widths; 32/64/128 sized for "
+                                                        "two CPU cores"))
     first_stride: int | None = Field(default=None, ge=1, le=2,
-                                     description="stride of the first conv (default: 1 for images up to 8 pixels a side, else 2)")
+                                     description="stride of the first conv (default: 1 for images up to 8 pixels a side, else 2)",
+                                     **not_stated("by image size: 1 on 8x8 digits, so three convolutions still "
+                                                  "leave a map, 2 on larger images; the paper gives no strides"))
     pool_grid: int = Field(default=1, ge=1, le=8,
-                           description="average-pool the last map to a g x g grid, flattened (1 = global pooling)")
-    proj_hidden: int = Field(default=128, ge=1, description="width of the projector's hidden layer")
+                           description="average-pool the last map to a g x g grid, flattened (1 = global pooling)",
+                           **project_option("1 is global average pooling, the usual end of a conv backbone; "
+                                            "larger grids are the project's"))
+    proj_hidden: int = Field(default=128, ge=1, description="width of the projector's hidden layer",
+                             **not_stated("128: the paper's projector has two fully connected layers (Sec. 4.1), "
+                                          "of no stated width"))
     latent_dim: int = Field(default=256, ge=2,
-                            description="dimension of the embedding that is clustered (the paper's MNIST value)")
-    pred_dim: int = Field(default=16, ge=1, description="predictor bottleneck")
-    max_shift: int = Field(default=1, ge=0, description="random shift of up to this many pixels (augmentation)")
-    noise_std: float = Field(default=0.2, ge=0.0, description="Gaussian pixel noise (images in [0, 1])")
-    rotate_deg: float = Field(default=0.0, ge=0.0, description="random rotation of up to this many degrees")
-    scale: float = Field(default=0.0, ge=0.0, lt=1.0, description="random zoom by a factor in [1 - scale, 1 + scale]")
+                            description="dimension of the embedding that is clustered (the paper's MNIST value)",
+                            **paper("Sec. 4.1 (256 on MNIST)", value=256))
+    pred_dim: int = Field(default=16, ge=1, description="predictor bottleneck",
+                          **not_stated("16: the paper's predictor has two fully connected layers (Sec. 4.1); the "
+                                       "bottleneck is the method spec's (the authors: 256 -> 16 -> 256)"))
+    max_shift: int = Field(default=1, ge=0, description="random shift of up to this many pixels (augmentation)",
+                           **not_stated("1 pixel: the paper names no augmentation; small shifts and noise suit "
+                                        "8x8 digits"))
+    noise_std: float = Field(default=0.2, ge=0.0, description="Gaussian pixel noise (images in [0, 1])",
+                             **not_stated("0.2: the paper names no augmentation (see max_shift)"))
+    rotate_deg: float = Field(default=0.0, ge=0.0, description="random rotation of up to this many degrees",
+                              **project_option("off"))
+    scale: float = Field(default=0.0, ge=0.0, lt=1.0, description="random zoom by a factor in [1 - scale, 1 + scale]",
+                         **project_option("off"))
     crop_scale: float = Field(default=1.0, gt=0.0, le=1.0,
-                              description="random resized crop: area fraction drawn from [crop_scale, 1] (1 = off)")
-    crop_ratio: float = Field(default=4 / 3, ge=1.0, description="crop aspect ratio drawn log-uniformly from [1/r, r]")
-    cutout: int = Field(default=0, ge=0, description="side of a random square patch set to zero (0 = off)")
+                              description="random resized crop: area fraction drawn from [crop_scale, 1] (1 = off)",
+                              **project_option("off"))
+    crop_ratio: float = Field(default=4 / 3, ge=1.0, description="crop aspect ratio drawn log-uniformly from [1/r, r]",
+                              **project_option("used only with crop_scale < 1; 4/3 as torchvision's resized crop"))
+    cutout: int = Field(default=0, ge=0, description="side of a random square patch set to zero (0 = off)",
+                        **project_option("off"))
     cluster_views: int = Field(default=1, ge=1, le=2,
-                               description="augmented views per image in the cluster phase (1: the paper's form)")
-    self_positive: bool = Field(default=False, description="with 2 views, an image's other view is a positive too")
-    cluster_augment: bool = Field(default=True, description="augment images in the cluster phase too")
-    kmeans_init: int = Field(default=3, ge=1, description="k-means restarts on the clients")
-    server_kmeans_init: int = Field(default=10, ge=1, description="k-means restarts on the server")
-    weighted_centroids: bool = Field(default=False, description="weight local centroids by cluster size on the server")
-    deterministic: bool = Field(default=True, description="torch.use_deterministic_algorithms during every call")
-    norm: Literal["batch", "group"] = Field(default="batch", description="normalisation in the conv backbone")
+                               description="augmented views per image in the cluster phase (1: the paper's form)",
+                               **paper("Sec. 3.1, Eq. 2 (one path per image of the cluster)", value=1))
+    self_positive: bool = Field(default=False, description="with 2 views, an image's other view is a positive too",
+                                **project_option())
+    cluster_augment: bool = Field(default=True, description="augment images in the cluster phase too",
+                                  **not_stated("on: the paper does not say whether the cluster phase augments; "
+                                               "SimSiam, its base (Sec. 3.1), does"))
+    kmeans_init: int = Field(default=3, ge=1, description="k-means restarts on the clients",
+                             **not_stated("best of 3 starts, for time: Alg. 1, line 11 runs KM without saying how "
+                                          "many starts"))
+    server_kmeans_init: int = Field(default=10, ge=1, description="k-means restarts on the server",
+                                    **not_stated("10 starts, scikit-learn's usual number: Alg. 1, line 19 does not "
+                                                 "say"))
+    weighted_centroids: bool = Field(default=False, description="weight local centroids by cluster size on the server",
+                                     **paper("Alg. 1, line 19 (KM over the local centroids, unweighted)", value=False))
+    deterministic: bool = Field(default=True, description="torch.use_deterministic_algorithms during every call",
+                                **project_option("on, so a run repeats bit for bit"))
+    norm: Literal["batch", "group"] = Field(default="batch", description="normalisation in the conv backbone",
+                                            **not_stated("BatchNorm, as SimSiam and the authors' encoder (the "
+                                                         "method's spec); the paper names no normalisation"))
     centroid_model: Literal["local", "global"] = Field(
-        default="local", description="model that embeds a client's images for its local centroids")
+        default="local", description="model that embeds a client's images for its local centroids",
+        **paper("Sec. 3.2 and Alg. 1, line 11 (each client's trained local model)", value="local"))
     device: Literal["cpu", "cuda", "auto"] = Field(
         default="cpu", description="where clients train (auto: CUDA in process if torch sees one; in a Ray actor "
-                                   "only if Ray gave it a GPU)")
+                                   "only if Ray gave it a GPU)", **project_option())
 
 
 # ---------------------------------------------------------------------------

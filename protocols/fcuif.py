@@ -120,34 +120,107 @@ from sklearn.cluster import KMeans
 from sklearn.metrics import calinski_harabasz_score, silhouette_score
 
 from raymvc.messages import Message
-from raymvc.protocol import Protocol, RunFacts, ServerContext, seed_from
+from raymvc.protocol import (
+    Protocol,
+    RunFacts,
+    ServerContext,
+    departure,
+    not_stated,
+    paper,
+    project_option,
+    remark,
+    seed_from,
+)
 
 from . import feddmvc as fd
 from ._torch import batches, generator, seeded, torch_mode
 
 
 class Config(fd.Config):
-    alpha: float = Field(default=0.1, ge=0.0, description="α, weight of the permutation term of the alignment loss")
-    align_hidden: tuple[int, ...] = Field(default=(32, 64), min_length=1, description="hidden widths of the alignment MLPs")
-    align_epochs: int = Field(default=60, ge=1, description="passes over the trusted rows per alignment")
-    align_batch: int = Field(default=256, ge=2, description="rows per alignment batch (the size of A^m)")
-    align_lr: float = Field(default=1e-3, gt=0.0, description="Adam learning rate of the alignment MLPs")
+    alpha: float = Field(default=0.1, ge=0.0, description="α, weight of the permutation term of the alignment loss",
+        **paper("Sec. 4.1.3 (α = 0.1)", value=0.1))
+    align_hidden: tuple[int, ...] = Field(default=(32, 64), min_length=1, description="hidden widths of the alignment MLPs",
+        **paper("Sec. 4.1.3 (three-layer MLPs d_m-32-64-d_m on the server)", value=(32, 64)))
+    align_epochs: int = Field(default=60, ge=1, description="passes over the trusted rows per alignment",
+        **not_stated("60 passes over the trusted rows, a few seconds a round; the server MLPs' training length"
+            " is not given"))
+    align_batch: int = Field(default=256, ge=2, description="rows per alignment batch (the size of A^m)",
+        **not_stated("256, the batch size Sec. 4.1.3 gives without saying for which network"))
+    align_lr: float = Field(default=1e-3, gt=0.0, description="Adam learning rate of the alignment MLPs",
+        **paper("Sec. 4.1.3 (Adam, learning rate 0.001)", value=0.001))
     align_holdout: float = Field(default=0.2, ge=0.0, lt=1.0,
-                                 description="share of trusted rows held out to score the alignment")
+                                 description="share of trusted rows held out to score the alignment",
+        **departure("Sec. 3.3.1, Eq. 10: the alignment trains on the aligned rows",
+            "a fifth of them held out to score the match without labels (align_holdout_match in the "
+            "round log)"))
     impute: Literal["adaptive", "always", "never"] = Field(default="adaptive",
-                                                          description="impute absent blocks: judged per round, always or never")
+                                                          description="impute absent blocks: judged per round, always or never",
+        **paper("Sec. 3.3.2 (imputation kept only where it clusters better)", value="adaptive"))
     criterion: Literal["silhouette", "calinski_harabasz"] = Field(default="silhouette",
-                                                                  description="label-free score of the imputation choice")
+                                                                  description="label-free score of the imputation choice",
+        **not_stated("the silhouette on each view's present rows: Sec. 3.3.2 compares 'clustering results' "
+            "without naming a label-free score (the authors' code compares accuracies)"))
     labels: Literal["p", "q"] = Field(default="q", description="final labels: argmax of the fused Q (Eq. 9, the paper) "
-                                                              "or argmax P (project option)")
+                                                              "or argmax P (project option)",
+        **paper("Eq. 9 (argmax of the clients' mean aligned Q)", value="q"))
     prototypes: Literal["score", "inertia"] = Field(
         default="inertia", description="k-means restart kept for C: lowest k-means objective (the paper's k-means), "
-                                       "or best label-free score (project option)")
+                                       "or best label-free score (project option)",
+        **paper("Eq. 6 (k-means; of its restarts the lowest objective)", value="inertia"))
     view_patterns: Literal["mlp", "linear", "none"] = Field(
         default="mlp", description="W_I of Eq. 13: an MLP d-32-64-d (the paper), a d x d least squares fit, or none "
-                                   "(impute q_i C^m; ablation C)")
+                                   "(impute q_i C^m; ablation C)",
+        **paper("Eq. 13 and Sec. 4.1.3 (W_I an MLP d_m-32-64-d_m)", value="mlp"))
     align_patterns: bool = Field(default=True, description="W_H: learn the alignment MLPs (false: match the raw "
-                                                           "commonality features; ablation B)")
+                                                           "commonality features; ablation B)",
+        **paper("Eqs. 10-11 (W_H learned; Table 2's B drops it)", value=True))
+    # inherited from FedDMVC's Config, marked again where FCUIF's own paper speaks (defaults unchanged)
+    rounds: int = remark(
+        fd.Config, "rounds",
+        paper("Sec. 4.1.3 (R = 3 communication rounds; here after the pretraining round)", value=3))
+    pretrain_epochs: int = remark(
+        fd.Config, "pretrain_epochs",
+        paper("Sec. 4.1.3 (pretrained for 500 epochs)", value=500))
+    finetune_epochs: int = remark(
+        fd.Config, "finetune_epochs",
+        paper("Sec. 4.1.3 (300 local epochs)", value=300))
+    batch_size: int = remark(
+        fd.Config, "batch_size",
+        paper("Sec. 4.1.3 (batch size 256)", value=256))
+    lr: float = remark(
+        fd.Config, "lr",
+        paper("Sec. 4.1.3 (Adam, learning rate 0.001)", value=0.001))
+    hidden: tuple[int, ...] = remark(
+        fd.Config, "hidden",
+        paper("Sec. 4.1.3 (encoder Input-500-500-2000-10)", value=(500, 500, 2000)))
+    latent_dim: int = remark(
+        fd.Config, "latent_dim",
+        paper("Sec. 4.1.3 (embeddings of dimension 10)", value=10))
+    gamma: float = remark(
+        fd.Config, "gamma",
+        paper("Sec. 4.1.3 (γ = 0.1)", value=0.1))
+    ridge: float = remark(
+        fd.Config, "ridge",
+        project_option("used only with view_patterns: linear, FedDMVC's least squares"))
+    extension: Literal["full", "no_w", "none"] = remark(
+        fd.Config, "extension",
+        paper("Sec. 3.3.2, Eqs. 13-14 (imputation by W_I q_i C^m)", value="full"))
+    align_to: Literal["client1", "prototypes"] = remark(
+        fd.Config, "align_to",
+        not_stated("client 1's labels, as FedDMVC's Eq. 6; FCUIF's Eq. 12 averages the clients' Q without "
+            "saying how their clusters are matched"))
+    prototype_restart: Literal["fresh", "fresh_or_warm"] = remark(
+        fd.Config, "prototype_restart",
+        departure("Sec. 3.3: C is initialised from the aligned complete rows by Eq. 6, then updated in the "
+            "fusion step",
+            "recomputed from the trusted rows every round, by fresh k-means restarts"))
+    server_norm: Literal["none", "l1"] = remark(
+        fd.Config, "server_norm",
+        paper("Eq. 5 (the embeddings concatenated as they are)", value="none"))
+    target: Literal["dec", "square"] = remark(
+        fd.Config, "target",
+        departure("Eq. 8 as printed squares each row of T and renormalises it",
+            "DEC's target, each column divided by its cluster frequency first; 'square' is the print"))
 
 
 # ---------------------------------------------------------------------------

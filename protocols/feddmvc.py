@@ -145,6 +145,10 @@ from raymvc.protocol import (
     RunFacts,
     Server,
     ServerContext,
+    departure,
+    not_stated,
+    paper,
+    project_option,
     seed_from,
 )
 
@@ -152,39 +156,70 @@ from ._torch import batches, generator, resolve_device, seeded, torch_mode
 
 
 class Config(ProtocolConfig):
-    rounds: int = Field(default=3, ge=1, description="T, fine-tune rounds after the pretraining round (the authors' R = 3)")
-    pretrain_epochs: int = Field(default=500, ge=1, description="autoencoder epochs in the pretraining round (the authors' 500)")
-    finetune_epochs: int = Field(default=300, ge=1, description="T_1, local epochs per fine-tune round (the authors' 300)")
-    batch_size: int = Field(default=256, ge=2, description="rows per training step of a client's autoencoder")
-    lr: float = Field(default=1e-3, gt=0.0, description="Adam learning rate")
-    hidden: tuple[int, ...] = Field(default=(500, 500, 2000), min_length=1, description="encoder widths")
-    latent_dim: int = Field(default=10, ge=1, description="d, embedding size per view")
-    gamma: float = Field(default=0.1, ge=0.0, description="γ, weight of KL(P || Q)")
+    rounds: int = Field(default=3, ge=1, description="T, fine-tune rounds after the pretraining round (the authors' R = 3)",
+        **not_stated("3, the R = 3 of FCUIF's paper (same authors, same autoencoders, its Sec. 4.1.3); Alg. "
+            "1's number of epochs E is not given"))
+    pretrain_epochs: int = Field(default=500, ge=1, description="autoencoder epochs in the pretraining round (the authors' 500)",
+        **not_stated("500, as FCUIF's paper (same authors, same autoencoders, its Sec. 4.1.3); the pretraining"
+            " length is not given"))
+    finetune_epochs: int = Field(default=300, ge=1, description="T_1, local epochs per fine-tune round (the authors' 300)",
+        **not_stated("300, as FCUIF's paper (same authors, same autoencoders, its Sec. 4.1.3); Alg. 1's T_1 is"
+            " not given"))
+    batch_size: int = Field(default=256, ge=2, description="rows per training step of a client's autoencoder",
+        **not_stated("256, as FCUIF's paper (same authors, same autoencoders, its Sec. 4.1.3); no batch size "
+            "is given"))
+    lr: float = Field(default=1e-3, gt=0.0, description="Adam learning rate",
+        **not_stated("Adam at 1e-3, as FCUIF's paper (same authors, same autoencoders, its Sec. 4.1.3); the "
+            "paper names no optimiser"))
+    hidden: tuple[int, ...] = Field(default=(500, 500, 2000), min_length=1, description="encoder widths",
+        **not_stated("500-500-2000, as FCUIF's paper (same authors, same autoencoders, its Sec. 4.1.3); the "
+            "paper gives no widths"))
+    latent_dim: int = Field(default=10, ge=1, description="d, embedding size per view",
+        **not_stated("10, as FCUIF's paper (same authors, same autoencoders, its Sec. 4.1.3); d_m is not given"))
+    gamma: float = Field(default=0.1, ge=0.0, description="γ, weight of KL(P || Q)",
+        **paper("Sec. 4.3, Parameter Analysis (γ = 0.1 for all data sets)", value=0.1))
     standardize: float = Field(default=0.0, ge=0.0,
                                description="project option: std of the embedding entries after pretraining "
-                                           "(one scalar per client; 0 = off, the paper)")
-    scale: str = Field(default="minmax", pattern="^(minmax|none)$", description="client-side scaling of its rows")
-    kmeans_init: int = Field(default=10, ge=1, description="k-means restarts (client init, server round 0)")
-    ridge: float = Field(default=1e-6, ge=0.0, description="ridge of the W_m least squares, relative to the trace")
+                                           "(one scalar per client; 0 = off, the paper)",
+        **project_option("off"))
+    scale: str = Field(default="minmax", pattern="^(minmax|none)$", description="client-side scaling of its rows",
+        **not_stated("min-max per feature on each client (the method's spec); the paper does not say how views"
+            " are scaled"))
+    kmeans_init: int = Field(default=10, ge=1, description="k-means restarts (client init, server round 0)",
+        **not_stated("10 starts, scikit-learn's usual number; the k-means of Eqs. 8 and 11 does not say how "
+            "many"))
+    ridge: float = Field(default=1e-6, ge=0.0, description="ridge of the W_m least squares, relative to the trace",
+        **departure("Alg. 1, lines 15-17 and Eq. 9: W is a server network trained for T_2 iterations",
+            "W_m as the closed-form least squares of Eq. 9, with this ridge relative to the trace: "
+            "exact, and no T_2 or server widths to choose"))
     extension: Literal["full", "no_w", "none"] = Field(
         default="full", description="the server's data extension (Table 2's ablation): W_m (q_i C^m), q_i C^m "
-                                    "without W_m, or none (absent blocks keep the block's mean)")
+                                    "without W_m, or none (absent blocks keep the block's mean)",
+        **paper("Sec. 3.3, Eqs. 9-10 (imputation by W_m q_i C^m; Table 2 ablates it)", value="full"))
     align_to: Literal["client1", "prototypes"] = Field(
         default="client1", description="anchor of the cluster alignment (Eq. 6): the first client's labels, as in "
-                                       "the paper, or the k-means labels of the complete samples (the project's)")
+                                       "the paper, or the k-means labels of the complete samples (the project's)",
+        **paper("Sec. 3.3, Eq. 6 (client 1's labels l^1 as the anchor)", value="client1"))
     prototype_restart: Literal["fresh", "fresh_or_warm"] = Field(
         default="fresh", description="step 1's k-means each round: fresh restarts (the paper), or also one started "
-                                     "at the previous labels' means, the lower objective kept (the project's)")
+                                     "at the previous labels' means, the lower objective kept (the project's)",
+        **paper("Alg. 1, line 14 (C by Eq. 8's k-means every round)", value="fresh"))
     server_norm: Literal["none", "l1"] = Field(
         default="none", description="what the server does to each view's embedding rows before it fuses them: nothing, "
                                     "or divide each row by its L1 norm (the authors' released code); the prototypes "
-                                    "it sends stay in each client's own embedding space")
+                                    "it sends stay in each client's own embedding space",
+        **paper("Eq. 7 (the uploaded embeddings concatenated as they are)", value="none"))
     target: Literal["dec", "square"] = Field(
-        default="dec", description="Eq. 13's P: DEC's target (divided by cluster frequency) or the equation as printed")
-    deterministic: bool = Field(default=True, description="torch.use_deterministic_algorithms during every call")
+        default="dec", description="Eq. 13's P: DEC's target (divided by cluster frequency) or the equation as printed",
+        **departure("Eq. 13 as printed squares each row of S and renormalises it",
+            "DEC's target, each column divided by its cluster frequency first, as the paper's source "
+            "for P defines it; 'square' is the print"))
+    deterministic: bool = Field(default=True, description="torch.use_deterministic_algorithms during every call",
+        **project_option("on, so a run repeats bit for bit"))
     device: Literal["cpu", "cuda", "auto"] = Field(
         default="cpu", description="where clients train (auto: CUDA in process if torch sees one; in a Ray actor "
-                                   "only if Ray gave it a GPU)")
+                                   "only if Ray gave it a GPU)",
+        **project_option())
 
 
 # ---------------------------------------------------------------------------

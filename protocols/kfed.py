@@ -53,17 +53,28 @@ from raymvc.protocol import (
     RunFacts,
     Server,
     ServerContext,
+    not_stated,
+    project_option,
 )
 
 from ._common import kmeans_capped
 
 
 class Config(ProtocolConfig):
-    k_local: int | None = Field(default=None, ge=1, description="k', local clusters per client (default k)")
-    weighted: bool = Field(default=True, description="weight local centroids by their cluster sizes on the server")
-    kmeans_init: int = Field(default=10, ge=1, description="k-means restarts (client and server)")
-    max_iter: int = Field(default=300, ge=1, description="Lloyd iterations of each k-means restart, at most")
-    retry_rounds: int = Field(default=2, ge=0, description="rounds in which a client whose summary is missing is asked again")
+    # k-FED's own paper (Dennis et al., ICML 2021) is not among this project's papers, so no
+    # value below is marked as the paper's; the reasons say where each one comes from.
+    k_local: int | None = Field(default=None, ge=1, description="k', local clusters per client (default k)",
+                                **not_stated("k' = k, the most clusters a client can hold: a split does not tell a "
+                                             "client how many classes it has (k-FED's abstract: heterogeneity helps when k' <= √k)"))
+    weighted: bool = Field(default=True, description="weight local centroids by their cluster sizes on the server",
+                           **not_stated("on: a centroid of many rows counts for them, as in k-means over the "
+                                        "pooled rows (the method's spec: the server clusters all centroids)"))
+    kmeans_init: int = Field(default=10, ge=1, description="k-means restarts (client and server)",
+                             **not_stated("10 starts, scikit-learn's usual number"))
+    max_iter: int = Field(default=300, ge=1, description="Lloyd iterations of each k-means restart, at most",
+                          **not_stated("300, scikit-learn's cap on Lloyd iterations"))
+    retry_rounds: int = Field(default=2, ge=0, description="rounds in which a client whose summary is missing is asked again",
+                              **project_option("2 retries; without faults no retry happens"))
 
 
 def local_summary(X: np.ndarray, k_local: int, rng: np.random.Generator, n_init: int = 10,

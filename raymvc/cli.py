@@ -219,6 +219,10 @@ def cmd_list(args) -> int:
             continue
         print(f"  {name:<16} {r.description} (fetched on first use: raymvc data list)")
     print("  proteinfold-per0.1 ... per0.9: the same proteins with 10-90 % incomplete samples")
+    from .data.datasets import DERIVED
+
+    for name, (base, text) in DERIVED.items():
+        print(f"  {name:<16} {text} (built from {base}, fetched on first use)")
     print("  (or data.path: a .npz/.mat file, a .csv/.tsv table, a list or folder of tables)")
     print("faults:")
     for name, text in [
@@ -542,13 +546,13 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--out", help="sweep directory (default: runs/sweep-<names>-<time>); rerun to resume")
     sw.add_argument("--only", action="append", metavar="RUN[,RUN]",
                     help="a study file: sweep only these of its runs (ids, spread runs included); repeatable")
+    sw.add_argument("--allow-uncommitted", action="store_true",
+                    help="a study file: run it although no git commit holds it (and its scenarios) unchanged; "
+                         "its records then say 'uncommitted' (seeds come before runs: docs/studies.md)")
     sw.add_argument("--address", help="join this Ray cluster")
     sw.add_argument("--quiet", action="store_true", help="no progress on stderr")
     sw.set_defaults(fn=cmd_sweep)
 
-    sw.add_argument("--allow-uncommitted", action="store_true",
-                    help="a study file: run it although no git commit holds it (and its scenarios) unchanged; "
-                         "its records then say 'uncommitted' (seeds come before runs: docs/studies.md)")
     pl = sub.add_parser("plot", help="plot a sweep: metrics and MB against the swept key (PNG + SVG)")
     pl.add_argument("sweep_dir", help="a folder written by raymvc sweep")
     pl.set_defaults(fn=cmd_plot)

@@ -197,7 +197,7 @@ def cmd_list(args) -> int:
     from .data import list_builtin
     from .protocols import available, get
 
-    print("methods:  (raymvc params METHOD: each parameter's type, default, range and meaning)")
+    print("methods:  (raymvc params METHOD: each parameter's type, default, range, source and meaning)")
     for name in available():
         try:
             p = get(name)
@@ -523,7 +523,7 @@ def build_parser() -> argparse.ArgumentParser:
     df.add_argument("--from", dest="source", metavar="PATH", help="a file or folder you already have (checked)")
     da.set_defaults(fn=cmd_data)
 
-    pa = sub.add_parser("params", help="a method's parameters: type, default, range, description")
+    pa = sub.add_parser("params", help="a method's parameters: type, default, range, where the default comes from, description")
     pa.add_argument("method", help="method name or import path")
     pa.add_argument("--json", action="store_true")
     pa.set_defaults(fn=cmd_params)

@@ -65,7 +65,8 @@ class Config(ProtocolConfig):
     # value below is marked as the paper's; the reasons say where each one comes from.
     k_local: int | None = Field(default=None, ge=1, description="k', local clusters per client (default k)",
                                 **not_stated("k' = k, the most clusters a client can hold: a split does not tell a "
-                                             "client how many classes it has (k-FED's abstract: heterogeneity helps when k' <= √k)"))
+                                             "client how many classes it has (k-FED's abstract: heterogeneity helps "
+                                             "when k' <= √k)"))
     weighted: bool = Field(default=True, description="weight local centroids by their cluster sizes on the server",
                            **not_stated("on: a centroid of many rows counts for them, as in k-means over the "
                                         "pooled rows (the method's spec: the server clusters all centroids)"))

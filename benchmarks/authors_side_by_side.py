@@ -104,8 +104,12 @@ def load() -> dict:
 
 
 def save(results: dict) -> None:
+    """Merge ``results`` into the file (another invocation may be running other settings)."""
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    merged = {**load(), **results}
+    tmp = RESULTS.with_suffix(".tmp")
+    tmp.write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
+    tmp.replace(RESULTS)
 
 
 def key(impl: str, setting: str, seed: int, variant: str = "") -> str:
@@ -121,10 +125,19 @@ def _mean_std(xs: list[float]) -> str:
     return f"{a.mean():.3f} ± {a.std(ddof=1):.3f}" if len(a) > 1 else f"{a[0]:.3f}"
 
 
-def table(results: dict) -> str:
+METHOD_SETTINGS = {"feddmvc": ("fully", "partial", "pf-fully", "nm-fully"), "fcuif": ("a", "b", "c", "pf-b", "nm-b")}
+
+
+def _secs(xs: list[float]) -> str:
+    return f"{sum(xs) / len(xs):.0f}" if xs else "-"
+
+
+def table(results: dict, settings: tuple[str, ...] | None = None) -> str:
     rows = ["| setting | seeds | ours ACC | ours NMI | ours s a run | ours + `server_norm: l1` ACC | theirs ACC | "
             "theirs NMI | theirs s a run | ACC per seed (ours / l1 / theirs) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for setting, (label, *_rest) in SETTINGS.items():
+        if settings is not None and setting not in settings:
+            continue
         seeds = sorted({int(k.split("/")[2]) for k in results if k.split("/")[1] == setting})
         if not seeds:
             continue
@@ -139,22 +152,35 @@ def table(results: dict) -> str:
                                                                            get[("theirs", "")][i]))
             for i, s in enumerate(seeds))
         rows.append(f"| {label} | {','.join(map(str, seeds))} | {_mean_std(col('ours', '', 'acc'))} | "
-                    f"{_mean_std(col('ours', '', 'nmi'))} | {_mean_std(col('ours', '', 'wall_s')).split(' ')[0]} | "
+                    f"{_mean_std(col('ours', '', 'nmi'))} | {_secs(col('ours', '', 'wall_s'))} | "
                     f"{_mean_std(col('ours', 'l1', 'acc'))} | {_mean_std(col('theirs', '', 'acc'))} | "
-                    f"{_mean_std(col('theirs', '', 'nmi'))} | {_mean_std(col('theirs', '', 'wall_s')).split(' ')[0]} | "
+                    f"{_mean_std(col('theirs', '', 'nmi'))} | {_secs(col('theirs', '', 'wall_s'))} | "
                     f"{per_seed} |")
     return "\n".join(rows)
 
 
-def write_page(results: dict) -> None:
-    text = PAGE.read_text() if PAGE.is_file() else ""
+def _replace_block(path: Path, body: str) -> None:
+    """Put ``body`` between the table markers of ``path`` (appended if it has none)."""
+    text = path.read_text() if path.is_file() else ""
     start, end = "<!-- table: generated -->", "<!-- end table -->"
-    block = f"{start}\n{table(results)}\n\nUpdated {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC.\n{end}"
+    block = f"{start}\n{body}\n{end}"
     if start in text and end in text:
         text = text[:text.index(start)] + block + text[text.index(end) + len(end):]
     else:
         text = text + "\n" + block + "\n"
-    PAGE.write_text(text)
+    path.write_text(text)
+
+
+def write_page(results: dict) -> None:
+    """This script's page, and the same rows for each method in its study notes (the pages
+    ``tools/study_pages.py`` builds take them from there)."""
+    stamp = f"Updated {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC."
+    _replace_block(PAGE, f"{table(results)}\n\n{stamp}")
+    for method, settings in METHOD_SETTINGS.items():
+        notes = REPO / "studies" / "notes" / f"{method}.md"
+        if notes.is_file() and "<!-- table: generated -->" in notes.read_text():
+            _replace_block(notes, f"{table(results, settings)}\n\nFrom `benchmarks/authors/results.json` "
+                                  f"(`python benchmarks/authors_side_by_side.py --table`); {stamp}")
 
 
 def main() -> None:

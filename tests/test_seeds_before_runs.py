@@ -195,8 +195,8 @@ def test_readme_shows_a_headlines_second_draw_beside_it_and_old_records_read_as_
 
 def test_the_readme_rows_of_feddmvc_and_fcuif_carry_their_second_draw():
     text = (ROOT / "README.md").read_text().split(README_BEGIN, 1)[1].split(README_END, 1)[0]
-    for study, label, paper in (("feddmvc-headline", "FedDMVC", "0.893"), ("fcuif-headline", "FCUIF (b) missing 0.5",
-                                                                           "0.926")):
+    for study, label, paper in (("feddmvc-headline", "FedDMVC, 30 + 10 epochs (paper 500 + 300)", "0.893"),
+                                ("fcuif-headline", "FCUIF (b) missing 0.5, 30 + 10 epochs (paper 500 + 300)", "0.926")):
         row = next(line for line in text.splitlines() if line.startswith(f"| [{study}]") and f"| {label} |" in line)
         draw = row.rstrip(" |").rsplit(" | ", 1)[1]
         assert draw.startswith("seeds 400-409: ") and "(10/10)" in draw and "two digits merged" in draw, row

@@ -241,6 +241,16 @@ def draw(points: list[PlotPoint], paths: list[Path], *, x_values: list[str], x_l
     import matplotlib
 
     matplotlib.use("Agg")
+    with matplotlib.rc_context(LITERAL_TEXT):  # a "$" in a label or grid value is a dollar sign, not TeX
+        return _draw(points, paths, x_values=x_values, x_label=x_label, title=title, metrics=metrics,
+                     references=references, dpi=dpi)
+
+
+LITERAL_TEXT = {"text.parse_math": False, "text.usetex": False}
+
+
+def _draw(points: list[PlotPoint], paths: list[Path], *, x_values: list[str], x_label: str, title: str,
+          metrics: list[tuple[str, str]] | None, references: list[Reference], dpi: int) -> list[Path]:
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 

@@ -338,6 +338,7 @@ class RunWriter:
         if keep_rounds is not None and (path.exists() or path.is_symlink()):
             kept = b"".join(read_file(path).splitlines(keepends=True)[:keep_rounds])
         self._write(ROUNDS_FILE, kept)
+        self._rounds_hash = hashlib.sha256(kept)  # of every byte of rounds.jsonl (a checkpoint records it)
         try:
             fd = os.open(ROUNDS_FILE, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._dfd)
             self._rounds = os.fdopen(fd, "a", encoding="utf-8")
@@ -351,11 +352,17 @@ class RunWriter:
         self._write(SCENARIO_FILE, text)
 
     def round(self, record: dict) -> None:
+        line = json.dumps(jsonable(record)) + "\n"
         try:
-            self._rounds.write(json.dumps(jsonable(record)) + "\n")
+            self._rounds.write(line)
             self._rounds.flush()
+            self._rounds_hash.update(line.encode("utf-8"))
         except OSError as e:
             raise ResultsError(f"{self.dir / ROUNDS_FILE}: cannot write ({e.strerror or e})") from None
+
+    def rounds_sha256(self) -> str:
+        """The SHA-256 of ``rounds.jsonl`` as written so far."""
+        return self._rounds_hash.hexdigest()
 
     def labels(self, labels, n_samples: int) -> Path:
         """``labels.csv``: ``sample,cluster``, one row per sample, -1 where nothing labelled it."""

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import numpy as np
 import yaml
 from pydantic import (
     BaseModel,
@@ -48,6 +49,7 @@ MAX_FILE_BYTES = 1_000_000  # a scenario file
 MAX_ALIASES = 8  # YAML aliases (*name) in one document
 MAX_DEPTH = 40  # nesting of YAML collections
 MAX_SYNTHETIC_VALUES = 100_000_000  # synthetic data: n_samples x total dims (800 MB of float64)
+MAX_VIEWS = 10_000  # synthetic views (each one array, and one client of a vertical split)
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
 
 class ScenarioError(ValueError):
@@ -106,7 +108,7 @@ class MissingCfg(_Strict):
 
 class SyntheticCfg(_Strict):
     n_samples: int = Field(default=1000, ge=2)
-    n_views: int = Field(default=3, ge=1)
+    n_views: int = Field(default=3, ge=1, le=MAX_VIEWS)
     dims: int | list[int] = 20
     n_clusters: int = Field(default=5, ge=2)
     noise: float = Field(default=1.0, ge=0.0)
@@ -179,14 +181,19 @@ class ChannelCfg(_Strict):
         return max(1, int(self.max_message_mb * 1_000_000))
 
 
+MAX_SIGMA = 10.0  # a lognormal's sigma: e^(10 x 3) already spans 13 orders of magnitude
+MAX_SECONDS = 1e9  # a delay's mean (about 30 years)
+MAX_ROUNDS_SPAN = 1e9  # a stretch or a day, in rounds
+
+
 class RateCfg(_Strict):
     rate: float = Rate
 
 
 class DelayCfg(_Strict):
     dist: Literal["lognormal", "exponential", "constant", "uniform"] = "lognormal"
-    mean: float = Field(default=2.0, ge=0.0)
-    sigma: float = Field(default=0.5, ge=0.0)
+    mean: float = Field(default=2.0, ge=0.0, le=MAX_SECONDS)
+    sigma: float = Field(default=0.5, ge=0.0, le=MAX_SIGMA)
 
 
 class StragglerCfg(_Strict):
@@ -241,8 +248,8 @@ class MarkovAvailability(_Strict):
     stationary distribution."""
 
     model: Literal["markov"]
-    mean_on: float = Field(ge=1.0, description="mean length of an available stretch, in rounds")
-    mean_off: float = Field(ge=1.0, description="mean length of an unavailable stretch, in rounds")
+    mean_on: float = Field(ge=1.0, le=MAX_ROUNDS_SPAN, description="mean length of an available stretch, in rounds")
+    mean_off: float = Field(ge=1.0, le=MAX_ROUNDS_SPAN, description="mean length of an unavailable stretch, in rounds")
 
 
 class DiurnalAvailability(_Strict):
@@ -250,7 +257,7 @@ class DiurnalAvailability(_Strict):
     t the round index; each round is a coin at p(t)."""
 
     model: Literal["diurnal"]
-    period: float = Field(gt=0.0, description="length of a day, in rounds")
+    period: float = Field(ge=1e-3, le=MAX_ROUNDS_SPAN, description="length of a day, in rounds")
     base: float = Field(default=0.5, ge=0.0, le=1.0, description="mean availability over the day")
     amplitude: float = Field(default=0.5, ge=0.0, le=1.0)
     phase: float | None = Field(default=None, ge=0.0, lt=1.0,
@@ -265,7 +272,7 @@ class DataAvailability(_Strict):
     model: Literal["data"]
     by: Literal["samples", "dimension"] = "samples"
     rate: float = Rate
-    strength: float = Field(default=1.0, ge=0.0, description="0: every client at rate")
+    strength: float = Field(default=1.0, ge=0.0, le=100.0, description="0: every client at rate")
 
 
 class TraceAvailability(_Strict):
@@ -285,18 +292,59 @@ Availability = Annotated[
 MAX_TRACE_BYTES = 50_000_000
 
 
-def read_trace(path: Path) -> dict[int, list[tuple[float, float]]]:
+_TRACES: dict[tuple, dict[int, np.ndarray]] = {}  # parsed trace files, by (path, size, mtime)
+
+
+def read_trace(path: Path) -> dict[int, np.ndarray]:
+    """A trace file: a header ``client,start_s,end_s``, then one interval a line when that
+    client is available (``start_s <= t < end_s``, seconds). Blank lines are skipped.
+    Returns each client's intervals as a ``(k, 2)`` array (read-only; parsed once per file
+    version and process). Raises ValueError naming the file and line."""
+    if not path.is_file():
+        raise ValueError(f"file not found: {path}")
+    st = path.stat()
+    if st.st_size > MAX_TRACE_BYTES:
+        raise ValueError(f"{path}: more than {MAX_TRACE_BYTES} bytes")
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _TRACES:
+        try:
+            lines = path.read_text().splitlines()
+        except UnicodeDecodeError:
+            raise ValueError(f"{path}: not a text file") from None
+        out = _fast_trace(path, lines)
+        if out is None:  # something is off: the line-by-line reader names it (or agrees)
+            out = {c: np.asarray(v, dtype=np.float64).reshape(-1, 2)
+                   for c, v in _read_trace_lines(path, lines).items()}
+        for a in out.values():
+            a.flags.writeable = False
+        _TRACES.clear()  # one file at a time is all a process needs
+        _TRACES[key] = out
+    return _TRACES[key]
+
+
+def _fast_trace(path: Path, lines: list[str]) -> dict[int, np.ndarray] | None:
+    """The intervals of a well-formed trace, read by numpy's parser; None if any line is not
+    ``integer,number,number`` with finite start < end (the line reader then names it)."""
+    if not lines or [x.strip() for x in lines[0].split(",")] != ["client", "start_s", "end_s"]:
+        return None
+    try:
+        rows = np.loadtxt(path, delimiter=",", skiprows=1, comments=None, ndmin=1,
+                          dtype=[("c", np.int64), ("s", np.float64), ("e", np.float64)])
+    except (ValueError, OverflowError):
+        return None
+    c, span = rows["c"], np.stack([rows["s"], rows["e"]], axis=1) if len(rows) else np.zeros((0, 2))
+    if (c < 0).any() or not (np.isfinite(span).all() and (span[:, 0] < span[:, 1]).all()):
+        return None
+    order = np.argsort(c, kind="stable")
+    c, span = c[order], span[order]
+    cuts = np.flatnonzero(np.diff(c)) + 1
+    return {int(g[0]): s for g, s in zip(np.split(c, cuts), np.split(span, cuts)) if len(g)}
+
+
+def _read_trace_lines(path: Path, lines: list[str]) -> dict[int, list[tuple[float, float]]]:
     """A trace file: a header ``client,start_s,end_s``, then one interval a line when that
     client is available (``start_s <= t < end_s``, seconds). Blank lines are skipped.
     Raises ValueError naming the file and line."""
-    if not path.is_file():
-        raise ValueError(f"file not found: {path}")
-    if path.stat().st_size > MAX_TRACE_BYTES:
-        raise ValueError(f"{path}: more than {MAX_TRACE_BYTES} bytes")
-    try:
-        lines = path.read_text().splitlines()
-    except UnicodeDecodeError:
-        raise ValueError(f"{path}: not a text file") from None
     if not lines or [x.strip() for x in lines[0].split(",")] != ["client", "start_s", "end_s"]:
         raise ValueError(f"{path} line 1: the header must be client,start_s,end_s")
     out: dict[int, list[tuple[float, float]]] = {}
@@ -352,8 +400,8 @@ class DeviceDraw(_Strict):
     underlying normal's), or uniform in [0, 2 x mean]."""
 
     dist: Literal["lognormal", "uniform"] = "lognormal"
-    mean: float = Field(gt=0.0)
-    sigma: float = Field(default=0.5, ge=0.0)
+    mean: float = Field(gt=0.0, le=1e12)
+    sigma: float = Field(default=0.5, ge=0.0, le=MAX_SIGMA)
 
 
 Positive = Annotated[float, Field(gt=0.0)]
@@ -519,7 +567,7 @@ class Scenario(_Strict):
         p = Path(a.path).expanduser()
         return Path(self.source).parent / p if not p.is_absolute() and self.source else p
 
-    def availability_trace(self) -> dict[int, list[tuple[float, float]]] | None:
+    def availability_trace(self) -> dict[int, np.ndarray] | None:
         """The intervals of ``faults.availability: {model: trace}``, or None for another model;
         a bad file raises ScenarioError."""
         p = self.trace_path()

@@ -47,15 +47,18 @@ from typing import Any
 
 from .grid import MAX_CELLS, MAX_SEEDS, check_size, parse_grid, parse_seeds, short_key, slug  # noqa: F401
 from .provenance import fingerprint
-from .results import OutputFolder, ResultsError, default_out_dir, jsonable, short_value, write_file
+from .results import OutputFolder, ResultsError, default_out_dir, jsonable, read_file, short_value, write_file
 from .runfolder import RunFolder
 from .runtime.cluster import AUTO_CAP, actors_needed
 from .runtime.warm import crew_key
+from .safeio import SafeReadError, confined, csv_rows, json_loads, within
 from .scenario import ScenarioError, as_overrides, load_scenario, merge_overrides
 from .status import ALL, FINISHED, Status
 from .summary import RunSummary
 
 METRICS = ("acc", "nmi", "ari")
+MAX_SWEEP_JSON = 64 << 20  # bytes of sweep.json read back
+MAX_SWEEP_CSV = 512 << 20  # bytes of sweep.csv read back
 RUN_FIELDS = ("seed", "status", "acc", "nmi", "ari", "mb", "rounds", "wall", "dropped_replies", "late_replies",
               "crashed_clients", "errors", "fingerprint", "run_dir")
 STATUSES = ALL
@@ -632,14 +635,17 @@ def read_sweep(sweep_dir: str | Path) -> tuple[dict, list[dict], list[dict]]:
     """(meta, rows of sweep.csv, aggregate) of a sweep folder; the aggregate is recomputed from sweep.csv."""
     d = Path(sweep_dir)
     try:
-        meta = json.loads((d / "sweep.json").read_text())
-    except (OSError, ValueError):
+        meta = json_loads(read_file(d / "sweep.json", limit=MAX_SWEEP_JSON), what=str(d / "sweep.json"))
+    except (OSError, ValueError):  # missing, a link, too big, too deep, not JSON
         meta = {}
     if not isinstance(meta, dict):  # not what a sweep writes: read the folder from sweep.csv alone
         meta = {}
     try:
-        with open(d / "sweep.csv", newline="") as fh:
-            rows = list(csv.DictReader(fh))
+        rows = csv_rows(read_file(d / "sweep.csv", limit=MAX_SWEEP_CSV), what=str(d / "sweep.csv"),
+                        required=("scenario", "seed", "status"))
+    except SafeReadError as e:
+        raise ResultsError(str(e)) from None
+    try:
         keys = meta.get("grid_keys")
         if not (isinstance(keys, list) and all(isinstance(k, str) for k in keys)):
             fixed = set(RUN_FIELDS) | {"scenario", "method", "mb_total"}
@@ -804,16 +810,44 @@ def run_sweep(req: SweepRequest) -> tuple[int, Path]:
 
 def _kept_rows(out: Path, runs: set[str]) -> list[dict]:
     """The rows an earlier sweep of the folder wrote for a study's ``runs`` that this one
-    leaves out (``--only``, a skipped CUDA spread): a partial sweep never drops them."""
+    leaves out (``--only``, a skipped CUDA spread): a partial sweep never drops them. Each is
+    read again from its run folder (inside ``out``, no link on the way, the row's
+    fingerprint): a row whose folder is gone or holds another run is dropped, and no value of
+    the old table is carried over unread."""
     if not runs or not (out / "sweep.csv").is_file():
         return []
-    with open(out / "sweep.csv", newline="") as fh:
-        return [r for r in csv.DictReader(fh) if r.get("scenario") in runs]
+    try:
+        old = csv_rows(read_file(out / "sweep.csv", limit=MAX_SWEEP_CSV), what=str(out / "sweep.csv"),
+                       required=("scenario", "method", "seed", "fingerprint", "run_dir"))
+    except (OSError, ValueError) as e:
+        print(f"sweep: the earlier {out / 'sweep.csv'} is not read ({str(e)[:200]}); its other runs' rows are "
+              "not kept", file=sys.stderr)
+        return []
+    kept, dropped = [], 0
+    fixed = {"scenario", "method", *RUN_FIELDS}
+    for r in old:
+        if r["scenario"] not in runs:
+            continue
+        folder = confined(out, r["run_dir"])
+        try:
+            s = RunFolder(folder).summary() if folder is not None else None
+        except (OSError, ValueError):
+            s = None
+        if s is None or not s.fingerprint or s.fingerprint != r["fingerprint"]:
+            dropped += 1
+            continue
+        point = {k: v for k, v in r.items() if k not in fixed}
+        kept.append({**summary_row(r["scenario"], s.method or r["method"], {}, r["seed"], s, folder, out), **point})
+    if dropped:
+        print(f"sweep: {dropped} earlier rows of other runs left out of sweep.csv (their run folders are gone, "
+              "linked or hold other runs)", file=sys.stderr)
+    return kept
 
 
 def _current(cell: Cell) -> bool:
     """Whether the cell's folder holds a result of its current settings and code (of any status)."""
     try:
-        return bool(cell.fingerprint) and RunFolder(cell.run_dir).summary().fingerprint == cell.fingerprint
+        return (bool(cell.fingerprint) and within(Path(cell.run_dir).parent, Path(cell.run_dir))
+                and RunFolder(cell.run_dir).summary().fingerprint == cell.fingerprint)
     except (OSError, ValueError):
         return False

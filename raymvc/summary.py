@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .results import SUMMARY_FILE, ResultsError, flatten, read_summary
+from .results import SUMMARY_FILE, ResultsError, read_summary
 from .status import FINAL, FINISHED, Status, status_of
 
 
@@ -118,12 +118,21 @@ _SHAPE = (
 )
 
 
+def _at(d: dict, dotted: str) -> Any:
+    """The value at a dotted path of nested mappings (None where a step is missing)."""
+    v: Any = d
+    for part in dotted.split("."):
+        if not isinstance(v, dict):
+            return None
+        v = v.get(part)
+    return v
+
+
 def _check_shape(d: dict) -> None:
     """``ValueError`` naming the first key whose value is not of the type the engine writes."""
-    flat = flatten(d)
     for keys, want, ok in _SHAPE:
         for key in keys:
-            v = d.get(key) if key in d else flat.get(key)
+            v = _at(d, key)
             if not ok(v):
                 raise ValueError(f"{key}: expected {want}, got {type(v).__name__}")
     if not all(isinstance(k, str) and _number(v) for k, v in (d.get("metrics") or {}).items()):

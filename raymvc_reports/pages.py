@@ -20,12 +20,14 @@ from collections import defaultdict
 from pathlib import Path
 
 from raymvc.declared import COMMIT_FIELDS, NOT_RECORDED, UNCOMMITTED, checkout_root, commit_status, last_commit
+from raymvc.plot import LITERAL_TEXT
 from raymvc.provenance import platform_text
-from raymvc.results import ResultsError, short_value, write_file
+from raymvc.results import ResultsError, read_file, short_value, write_file
 from raymvc.runfolder import RunFolder
+from raymvc.safeio import SafeReadError, confined, csv_rows
 from raymvc.scenario import ScenarioError
 from raymvc.status import FINISHED
-from raymvc.studies import mean_std, num, read_sweep, short_key
+from raymvc.studies import MAX_SWEEP_CSV, mean_std, num, read_sweep, short_key
 from raymvc.study import METRIC_NAMES, Study, load_study
 
 NAMES = {"acc": "ACC", "nmi": "NMI", "ari": "ARI", "mb": "MB"}
@@ -204,8 +206,12 @@ class StudyResult:
 
 def _read_record(path: Path, study: Study) -> list[dict]:
     """The record's rows that name ``study`` (a record copied from another study has none)."""
-    with open(path, newline="") as fh:
-        return [r for r in csv.DictReader(fh) if r.get("study") == study.name]
+    try:
+        rows = csv_rows(read_file(path, limit=MAX_SWEEP_CSV), what=str(path),
+                        required=("study", "scenario", "seed", "status"))
+    except SafeReadError as e:
+        raise ResultsError(str(e)) from None
+    return [r for r in rows if r.get("study") == study.name]
 
 
 def _row_cell(row: dict, study: Study) -> tuple:
@@ -216,7 +222,10 @@ def _row_cell(row: dict, study: Study) -> tuple:
 def _run_facts(sweep_dir: Path, row: dict) -> dict:
     """A row's run as its folder holds it: the code version, and a SHA-256 of ``labels.csv``
     only where the folder still holds the run the row reports (same fingerprint)."""
-    run = RunFolder(sweep_dir / row["run_dir"])
+    folder = confined(sweep_dir, row.get("run_dir") or "")
+    if folder is None:  # no folder, or one outside the sweep's (or reached through a link): not read
+        return dict.fromkeys(FACTS, "")
+    run = RunFolder(folder)
     try:
         s = run.summary()
     except (OSError, ResultsError):
@@ -652,6 +661,11 @@ def draw_atlas_figure(results: list[StudyResult], path: Path) -> Path | None:
     import matplotlib
 
     matplotlib.use("Agg")
+    with matplotlib.rc_context(LITERAL_TEXT):  # study labels are text, never TeX
+        return _draw_atlas_figure(results, path)
+
+
+def _draw_atlas_figure(results: list[StudyResult], path: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     per_run: dict[str, list[tuple[float, float, float | None, bool]]] = defaultdict(list)

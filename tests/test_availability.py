@@ -235,7 +235,23 @@ def test_participation_is_the_same_on_ray_and_in_process(ray_session, tmp_path, 
 
 
 def _bad(tmp_path, availability, **extra) -> Path:
-    return echo_file(tmp_path, {"availability": availability, **extra}, rounds=3, n_clients=6)
+    faults = {"availability": availability} if availability is not None else {}
+    return echo_file(tmp_path, {**faults, **extra}, rounds=3, n_clients=6)
+
+
+def test_numerically_extreme_models_keep_their_meaning(tmp_path):
+    """At the largest declared values: Markov stretches of 1e9 rounds are on half the time
+    (the stationary share does not underflow); a data model of strength 100 and a day of a
+    thousandth of a round draw probabilities in [0, 1] without raising."""
+    n = 400
+    markov = FaultsCfg.model_validate({"availability": {"model": "markov", "mean_on": 1e9, "mean_off": 1e9}})
+    on = [not FaultPlan(markov, list(range(n)), 0).dropped(0, c) for c in range(n)]
+    assert 0.4 < np.mean(on) < 0.6
+    day = FaultsCfg.model_validate({"availability": {"model": "diurnal", "period": 1e-3}})
+    assert all(0.0 <= FaultPlan(day, [0], 0).unavailable(r, 0) <= 1.0 for r in (0, 7, 10**9))
+    data = FaultsCfg.model_validate({"availability": {"model": "data", "rate": 0.2, "strength": 100.0}})
+    plan = FaultPlan(data, [0, 1], 0, client_sizes={0: 1, 1: 1000})
+    assert plan.unavailable(0, 0) == 1.0 and 0.0 <= plan.unavailable(0, 1) < 1e-20
 
 
 BROKEN = {
@@ -261,6 +277,14 @@ BROKEN = {
                   "t.csv line 2: need client >= 0 and finite start_s < end_s, got '0,4,1'"),
     "no-such-client": (lambda t: _bad(t, {"model": "trace", "path": _csv(t, "client,start_s,end_s\n9,0,1\n")}),
                        "faults.availability.path: the trace names client 9, which does not exist (clients are 0..5)"),
+    # values the run could not compute with are refused where they are declared
+    "tiny-period": (lambda t: _bad(t, {"model": "diurnal", "period": 1e-308}), "faults.availability.period: "),
+    "huge-strength": (lambda t: _bad(t, {"model": "data", "rate": 0.2, "strength": 1e6}),
+                      "faults.availability.strength: "),
+    "huge-markov": (lambda t: _bad(t, {"model": "markov", "mean_on": 1e308, "mean_off": 1e308}),
+                    "faults.availability.mean_on: "),
+    "straggler-sigma": (lambda t: _bad(t, None, stragglers={"fraction": 0.5, "delay_s": {"sigma": 1e200}}),
+                        "faults.stragglers.delay_s.sigma: "),
 }
 
 

@@ -210,3 +210,39 @@ def test_a_killed_fetchs_temporary_folder_is_cleared(tmp_path, fake_remote, serv
     (dead / "partial").write_bytes(b"x")
     F.fetch("mnist10k")
     assert not dead.exists()
+
+
+def test_a_mirror_that_trickles_bytes_cannot_outlast_the_deadline(tmp_path, monkeypatch):
+    """The server promises 1,000 bytes and sends one every 50 ms: the old loop waited for a
+    full 64 KiB block (50 s) before it looked at the clock; now each read waits at most what
+    is left of the deadline, so the fetch fails with its deadline message."""
+    stop = threading.Event()
+
+    class Trickle(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            for _ in range(1000):
+                if stop.wait(0.05):
+                    return
+                try:
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                except OSError:
+                    return
+
+        def log_message(self, *a):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    monkeypatch.setattr(F, "TIMEOUT_S", 0.5)
+    try:
+        with pytest.raises(F.FetchError, match="not fetched within"):
+            F._download(f"http://127.0.0.1:{httpd.server_address[1]}/x", tmp_path / "x")
+    finally:
+        stop.set()
+        httpd.shutdown()
+        httpd.server_close()

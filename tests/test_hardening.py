@@ -246,7 +246,7 @@ def test_report_on_corrupt_or_odd_summary(tmp_path, capsys):
     (sweep / "sweep.json").write_text("[]")
     (sweep / "sweep.csv").write_text("seed,status\n0,completed\n")
     err = _one_line_error(capsys, ["report", str(sweep)])
-    assert "sweep.csv: corrupt (no column 'scenario')" in err
+    assert "sweep.csv: no 'scenario' column" in err
 
 
 # --------------------------------------------------------------------- 8. data checks

@@ -107,3 +107,18 @@ def test_categorical_ticks_that_share_a_long_prefix_stay_distinct(tmp_path, monk
     assert all("…" not in t for ticks in seen for t in ticks)
     # a shared "proteinfold-" is not what tells them apart, yet each keeps its own part, whole
     assert any(shown in t.replace("\n", "") for t in seen[0])
+
+
+def test_dollar_signs_in_labels_and_grid_values_are_drawn_as_text(tmp_path):
+    """A grid value "$^$" or a label "CeFMC $\\frac{1$ x" is text: matplotlib's math parser
+    never sees it (it raised on both)."""
+    d = tmp_path / "sw"
+    rows = [{**_row("$^$", s, "completed", 0.5 + s / 10), "scenario": "CeFMC $\\frac{1$ x"} for s in (0, 1)]
+    _write_sweep(d, rows + [_row(0.1, 0, "completed", 0.6)])
+    for path in plot_sweep(d):
+        assert path.stat().st_size > 1000
+    from raymvc.plot import draw
+
+    pts = plot_points(aggregate(rows, [KEY]), [KEY])
+    (path,) = draw(pts, [tmp_path / "f.png"], x_values=["$^$"], x_label="$x_{", title="CeFMC $\\frac{1$ x")
+    assert path.stat().st_size > 1000

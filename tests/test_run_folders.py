@@ -27,7 +27,7 @@ from raymvc.channel.meter import Ledger, LedgerRow
 from raymvc.cli import main
 from raymvc.messages import Message
 from raymvc.results import LOCK, MARKER, OutputFolder, ResultsError, RunWriter, folder_kind
-from raymvc.runtime import run_scenario
+from raymvc.runtime import checkpoint, run_scenario
 from raymvc.runtime.state import StateError, dump_state, load_state
 from raymvc.scenario import ScenarioError, load_scenario
 
@@ -47,10 +47,10 @@ def files(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def stopped_run(out: Path) -> Path:
+def stopped_run(out: Path, sets: list[str] = ()) -> Path:
     """A run with checkpoints, stopped (like Ctrl-C) after its second round."""
     sc = load_scenario(str(QUICK), ["runtime.backend=local", "runtime.checkpoint=true", "params.max_rounds=6",
-                                    "params.tol=0"])
+                                    "params.tol=0", *sets])
 
     def stop(record):
         if record["round"] == 1:
@@ -224,11 +224,18 @@ def _plant(data: bytes, victim: Path, name: str = "evil") -> bytes:
     return _with_tree(data, lambda t: t["dict"].append([name, _closer(_closer(None, "x", False), str(victim), True)]))
 
 
-def _rewrite_sum(out: Path, name: str) -> None:
+def _reseal(out: Path, edit) -> None:
+    """Edit ``checkpoint.json`` as a forger who recomputes its own checksum would."""
     pointer = out / "checkpoint.json"
     meta = json.loads(pointer.read_text())
-    meta["sha256"][name] = hashlib.sha256(checkpoint_file(out, name).read_bytes()).hexdigest()
+    edit(meta)
+    meta["meta_sha256"] = checkpoint.seal_sum(meta)
     pointer.write_text(json.dumps(meta))
+
+
+def _rewrite_sum(out: Path, name: str) -> None:
+    _reseal(out, lambda meta: meta["sha256"].__setitem__(
+        name, hashlib.sha256(checkpoint_file(out, name).read_bytes()).hexdigest()))
 
 
 def test_a_tampered_checkpoint_is_refused_and_builds_nothing(tmp_path, capsys):
@@ -278,14 +285,100 @@ def test_injected_engine_state_is_refused_before_the_folder_changes(tmp_path, ca
 def test_a_checkpoint_of_other_code_is_refused(tmp_path, capsys):
     out = stopped_run(tmp_path / "r")
     pointer = out / "checkpoint.json"
-    meta = json.loads(pointer.read_text())
-    meta["code_version"] = "0" * 64
-    pointer.write_text(json.dumps(meta))
+    _reseal(out, lambda meta: meta.__setitem__("code_version", "0" * 64))
     err = one_line_error(capsys, ["run", "--resume", str(out), "--quiet"])
     assert err.startswith(f"error: --resume {out}: ") and "another version of raymvc or of the method" in err
     pointer.write_text("{not json")
     err = one_line_error(capsys, ["run", "--resume", str(out), "--quiet"])
     assert "checkpoint.json: corrupt" in err
+
+
+# --------------------------------------------------------------------------- a resume is the run that stopped
+def _edited(out: Path, edit) -> None:
+    import yaml
+
+    raw = yaml.safe_load((out / "scenario.yaml").read_text())
+    edit(raw)
+    (out / "scenario.yaml").write_text(yaml.safe_dump(raw))
+
+
+@pytest.mark.parametrize("what, edit", [
+    ("seed", lambda raw: raw.__setitem__("seed", 7)),
+    ("params", lambda raw: raw.setdefault("params", {}).__setitem__("max_rounds", 9)),
+    ("faults", lambda raw: raw["faults"].__setitem__("dropout", {"rate": 0.3})),
+])
+def test_resume_refuses_an_edited_scenario_before_the_folder_changes(tmp_path, capsys, what, edit):
+    out = stopped_run(tmp_path / "r")
+    _edited(out, edit)
+    before = files(out)
+    err = one_line_error(capsys, ["run", "--resume", str(out), "--quiet"])
+    assert err.startswith(f"error: --resume {out}: ") and "changed since it started" in err, what
+    assert files(out) == before  # the interrupted run's summary and rounds stay as they were
+
+
+def test_resume_refuses_a_changed_trace_file(tmp_path, capsys):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("client,start_s,end_s\n" + "".join(f"{c},0,1e9\n" for c in range(6)))
+    out = stopped_run(tmp_path / "r", ["faults.availability.model=trace", f"faults.availability.path={trace}"])
+    trace.write_text(trace.read_text() + "0,2e9,3e9\n")
+    err = one_line_error(capsys, ["run", "--resume", str(out), "--quiet"])
+    assert "changed since it started" in err
+
+
+def test_checkpoint_json_is_checked_as_a_whole(tmp_path, capsys):
+    out = stopped_run(tmp_path / "r")
+    pointer = out / "checkpoint.json"
+    meta = json.loads(pointer.read_text())
+    edited = {**meta, "rounds_logged": 1, "folder": ".checkpoint-1"}  # the earlier rounds would be dropped
+    pointer.write_text(json.dumps(edited))
+    err = one_line_error(capsys, ["run", "--resume", str(out), "--quiet"])
+    assert "checkpoint.json: changed since the run wrote it (its own SHA-256 differs)" in err
+    # resealed by a forger: the folder no longer matches, and the rounds are not the ones covered
+    pointer.write_text(json.dumps(meta))
+    _reseal(out, lambda m: m.update(rounds_logged=1, folder=".checkpoint-1"))
+    err = one_line_error(capsys, ["run", "--resume", str(out), "--quiet"])
+    assert "missing, or not a folder" in err or "rounds" in err
+    pointer.write_text(json.dumps(meta))
+    _reseal(out, lambda m: m.update(rounds_sha256="0" * 64))
+    err = one_line_error(capsys, ["run", "--resume", str(out), "--quiet"])
+    assert "rounds.jsonl: its first" in err
+    # a client taken out of the checkpoint would restart from fresh state: refused
+    pointer.write_text(json.dumps(meta))
+    _reseal(out, lambda m: (m["clients"].remove(2), m["sha256"].pop("client-2.bin")))
+    summary = (out / "summary.json").read_bytes()
+    err = one_line_error(capsys, ["run", "--resume", str(out), "--quiet"])
+    assert "client 2: no state in the checkpoint" in err
+    assert (out / "summary.json").read_bytes() == summary
+    pointer.write_text(json.dumps(meta))  # and the untouched checkpoint still resumes
+    assert main(["run", "--resume", str(out), "--quiet"]) == 0
+    rounds = [json.loads(line)["round"] for line in (out / "rounds.jsonl").read_text().splitlines()]
+    assert rounds == list(range(len(rounds))) and rounds[-1] >= 3  # every round, the early ones kept
+
+
+def _deep(n: int) -> str:
+    return "[" * n + "]" * n
+
+
+def test_forged_checkpoints_nested_deep_or_with_negative_bytes_are_one_line(tmp_path, capsys):
+    out = stopped_run(tmp_path / "r")
+    node = checkpoint_file(out, "node.bin")
+    original = node.read_bytes()
+    node.write_bytes(codec.encode(Message("state", {**codec.decode(original).fields, "tree": np.frombuffer(
+        ('{"dict": [["round", ' + _deep(100_000) + ']]}').encode(), dtype=np.uint8)})))
+    _rewrite_sum(out, "node.bin")
+    err = one_line_error(capsys, ["run", "--resume", str(out), "--quiet"])
+    assert "levels deep" in err
+    node.write_bytes(original)
+    _rewrite_sum(out, "node.bin")
+    ledger = checkpoint_file(out, "ledger.bin")
+    good = ledger.read_bytes()
+    fields = dict(codec.decode(good).fields)
+    for bad, expect in [({"vocab": np.frombuffer(_deep(100_000).encode(), dtype=np.uint8)}, "levels deep"),
+                        ({"wire_bytes": -np.abs(fields["wire_bytes"]) - 1}, "negative byte count")]:
+        ledger.write_bytes(codec.encode(Message("ledger", {**fields, **bad})))
+        _rewrite_sum(out, "ledger.bin")
+        err = one_line_error(capsys, ["run", "--resume", str(out), "--quiet"])
+        assert err.startswith(f"error: --resume {out}: ") and expect in err
 
 
 class _Party:
@@ -483,7 +576,9 @@ def test_run_folder_reads_back_what_the_run_wrote(tmp_path):
     with pytest.raises(ResultsError, match="not UTF-8"):
         run.labels()
     for bad in ({"communication": 5}, {"metrics": [1]}, {"seed": "x"}, {"errors": "abc"},
-                {"communication": {"mb_total": "big"}}, {"faults": {"crashed_clients": 5}}, {"platform": "linux"}):
+                {"communication": {"mb_total": "big"}}, {"faults": {"crashed_clients": 5}}, {"platform": "linux"},
+                {"communication": {"mb_total": {"a": 1}}}, {"timing": {"wall_s": {"a": 1}}},
+                {"faults": {"dropped_replies": {"a": 1}}}, {"faults": {"crashed_clients": {"a": 1}}}):
         (tmp_path / "r" / run.SUMMARY).write_text(json.dumps({**s.to_dict(), **bad}))
         with pytest.raises(ResultsError, match="not a run summary"):
             run.summary()

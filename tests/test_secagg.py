@@ -949,3 +949,58 @@ def test_in_a_run_a_malformed_masked_input_is_its_senders_error(tmp_path, monkey
                for rec in log)
     text = (tmp_path / "blame" / "errors.log").read_text()
     assert "client 0" in text and "entries where 5 of 6 clients sent" in text
+
+
+def test_one_client_of_huge_weight_is_left_out_alike_with_and_without_the_layer(tmp_path, monkeypatch):
+    """Client 2 claims weight 1e12, which the ring cannot hold for its entries: with or without
+    secure aggregation it is that client's error, every round keeps the other five, and the two
+    runs end on the same vector."""
+    from raymvc.bench import fedavg_echo
+
+    real = fedavg_echo.EchoClient.handle
+
+    def handle(self, msg):
+        rep = real(self, msg)
+        return Message(rep.kind, {**rep.fields, "n": 1e12}) if self.ctx.client_id == 2 else rep
+
+    monkeypatch.setattr(fedavg_echo.EchoClient, "handle", handle)
+    spies = {"plain": _Spy(), "secure": _Spy()}
+    runs = {}
+    for name, secure in (("plain", False), ("secure", True)):
+        with pytest.MonkeyPatch.context() as mp:
+            runs[name] = _run(tmp_path, name, secure, rounds=2, spy=spies[name], mp=mp)
+    for name, (summary, log) in runs.items():
+        assert summary["status"] == "error", name  # a party misbehaved, the run went on
+        assert summary["rounds"] == 2, name
+        assert {e["client"] for e in summary["faults"]["client_errors"]} == {2}, name
+        assert all(2 in rec["missing"] and set(rec["replied"]) == {0, 1, 3, 4, 5} for rec in log), name
+    for a, b in zip(spies["secure"].vectors, spies["plain"].vectors, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_rekey_with_a_stale_epoch_is_its_senders_error(monkeypatch):
+    """Client 1 labels its fresh mask key with its previous epoch: the server blames it and
+    leaves it out of that sum (which comes out right for the others) instead of dropping the
+    key silently and unmasking with the old one; a proper re-key brings it back."""
+    n = 5
+    net = Net(n)
+    net.setup()
+    x, w = _inputs(n, 6)
+    assert net.aggregate(x, w).contributors == [0, 1, 2, 3, 4]
+    real = sa.SecAggClient.fresh_key
+
+    def stale(self):
+        key = real(self)
+        if self.id == 1 and key is not None:
+            key = Message(key.kind, {**key.fields, "epoch": int(key["epoch"]) - 1})
+        return key
+
+    monkeypatch.setattr(sa.SecAggClient, "fresh_key", stale)
+    out = net.aggregate(x, w)
+    assert "epoch" in net.server.blamed.get(1, "")
+    assert out.contributors == [0, 2, 3, 4]
+    np.testing.assert_allclose(out.total, _plain(x, w, [0, 2, 3, 4])[0], atol=1e-5)
+    monkeypatch.setattr(sa.SecAggClient, "fresh_key", real)
+    out = net.aggregate(x, w)
+    assert out.contributors == [0, 1, 2, 3, 4]
+    np.testing.assert_allclose(out.total, _plain(x, w, range(n))[0], atol=1e-5)

@@ -401,11 +401,25 @@ def test_spreads_swept_apart_join_one_page(tmp_path, monkeypatch, capsys):
     summary.write_text(summary.read_text().replace(victim["fingerprint"], "0" * 24))
     page = paper_page_text(studies, tmp_path / "main", [tmp_path / "other"])
     assert "5 of 5 (of 6; 1 no longer on disk as run) wrote the same `labels.csv`" in page
-    # a partial sweep into the study's folder keeps the rows of the runs it leaves out
+    # a partial sweep into the study's folder keeps the rows of the runs it leaves out, read
+    # again from their run folders: an edited value is not carried over, a row without its folder is dropped
+    rows = _csv(main_dir / "sweep.csv")
+    edited = next(r for r in rows if r["scenario"] == "paper")
+    true_acc, edited["acc"] = edited["acc"], "0.999"
+    gone = next(r for r in rows if r["scenario"] == "paper" and r is not edited)
+    shutil.rmtree(main_dir / gone["run_dir"])
+    with open(main_dir / "sweep.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
     capsys.readouterr()
     assert main(["sweep", "--allow-uncommitted", "studies/tiny-study.yaml", "--only", "ours", "--out", str(main_dir),
                  "--quiet"]) == 0
-    assert {r["scenario"] for r in _csv(main_dir / "sweep.csv")} == {"paper", "ours"}
+    assert "1 earlier rows of other runs left out of sweep.csv" in capsys.readouterr().err
+    after = _csv(main_dir / "sweep.csv")
+    assert {r["scenario"] for r in after} == {"paper", "ours"}
+    assert [r["acc"] for r in after if r["run_dir"] == edited["run_dir"]] == [true_acc]
+    assert not [r for r in after if r["run_dir"] == gone["run_dir"]]
     assert main(["sweep", "--allow-uncommitted", "studies/tiny-study.yaml", "--quiet", "--out", str(main_dir)]) == 0
     assert {r["scenario"] for r in _csv(main_dir / "sweep.csv")} == {"paper", "ours", "paper.threads2"}
     assert "skipped paper.devicecuda" in capsys.readouterr().err  # said even with --quiet

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from ..safeio import SafeReadError, json_loads
+
 PATHS = ("protocol", "eval", "setup")
 STATUSES = ("delivered", "dropped", "late", "rejected", "lost")
 _CLIENT = re.compile(r"client:(\d+)")
@@ -164,11 +166,16 @@ class Ledger:
                 or cols["vocab"].dtype != np.uint8:
             raise ValueError("not a ledger (a column of the wrong type or length)")
         try:
-            vocab = json.loads(cols["vocab"].tobytes())
-        except ValueError:
-            raise ValueError("not a ledger (its vocabulary is not JSON)") from None
+            vocab = json_loads(cols["vocab"].tobytes(), max_depth=1, what="its vocabulary")
+        except SafeReadError as e:
+            raise ValueError(f"not a ledger ({e})") from None
         if not isinstance(vocab, list) or not all(isinstance(v, str) for v in vocab):
             raise ValueError("not a ledger (its vocabulary is not a list of strings)")
+        for f in ("payload_bytes", "wire_bytes", "data_bytes"):
+            if n and cols[f].min() < 0:
+                raise ValueError(f"not a ledger ({f}: a negative byte count)")
+        if n and cols["round"].min() < -1:
+            raise ValueError("not a ledger (round: below -1)")
         for f in _TEXT_FIELDS:
             if n and (cols[f].min() < 0 or cols[f].max() >= len(vocab)):
                 raise ValueError(f"not a ledger ({f}: a code outside its vocabulary)")

@@ -183,17 +183,31 @@ def _copy_capped(src, to: Path, what: str, deadline: float | None, limit: int = 
     import time
 
     n = 0
+    read = getattr(src, "read1", None) or src.read  # read1: whatever has arrived, not a full block
     with open(to, "wb") as fh:
         while True:
-            if deadline is not None and time.monotonic() > deadline:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
                 raise FetchError(f"{what}: not fetched within {TIMEOUT_S:.0f} s")
-            block = src.read(1 << 16)
+            _limit_wait(src, left)
+            try:
+                block = read(1 << 16)
+            except TimeoutError:  # the socket waited out what was left of the deadline
+                raise FetchError(f"{what}: not fetched within {TIMEOUT_S:.0f} s") from None
             if not block:
                 return
             n += len(block)
             if n > limit:
                 raise FetchError(f"{what}: more than {limit} bytes; refused")
             fh.write(block)
+
+
+def _limit_wait(resp, left: float | None) -> None:
+    """Let the next read of an HTTP response wait at most ``left`` seconds (and at most 10):
+    a source that trickles a byte now and then cannot hold the fetch past its deadline."""
+    sock = getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
+    if sock is not None and left is not None and hasattr(sock, "settimeout"):
+        sock.settimeout(max(0.05, min(10.0, left)))
 
 
 def _download(url: str, to: Path) -> None:

@@ -7,7 +7,7 @@ deterministic given it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -147,6 +147,8 @@ def vertical(
         if mask.shape != (n, V):
             raise ValueError(f"missing mask has shape {mask.shape}, expected ({n}, {V})")
     shards, rows = [], []
+    every = np.arange(n)  # every client's rows, in the data set's order: one read-only array for all
+    every.flags.writeable = False
     for v, X in enumerate(ds.views):
         Xv = np.array(X, dtype=np.float64)
         Xv[~mask[:, v]] = 0.0
@@ -155,10 +157,98 @@ def vertical(
             meta["image_shape"] = tuple(ds.image_shapes[v])
         present = None if mask[:, v].all() else mask[:, v].copy()
         shards.append(Shard(views=[Xv], present=[present], meta=meta))
-        rows.append(np.arange(n))
+        rows.append(every)
     info = {"missing_rate": float((~mask.all(axis=1)).mean()) if n else 0.0,
             "client_sizes": [int(c) for c in mask.sum(axis=0)]}
     return Partition(kind="vertical", shards=shards, rows=rows, n_samples=n, info=info)
+
+
+SEQUENTIAL_DRAWS = 50_000_000  # samples x clients below which clients draw one after another
+
+
+def _own_share(by_class: list[np.ndarray], counts: np.ndarray) -> list[np.ndarray]:
+    """Phase 1: client ``l`` takes the next ``counts[l]`` of its class's (shuffled) order."""
+    k, used, own = len(by_class), [0] * len(by_class), []
+    for l, count in enumerate(counts.tolist()):
+        c = l % k
+        # a copy: a slice would keep the whole class's candidates alive for every client
+        take = by_class[c][used[c]:used[c] + count].copy() if count else np.empty(0, dtype=np.int64)
+        used[c] += len(take)
+        own.append(take)
+    return own
+
+
+def _fill_in_turn(by_class, counts, sizes, available, rng) -> list[np.ndarray]:
+    """Phase 2, client after client: each fills up with a uniform draw from what remains,
+    then its rows are shuffled (the draws of every run so far)."""
+    own = _own_share(by_class, counts)
+    for take in own:
+        available[take] = False
+    rows = []
+    for l, size in enumerate(sizes):
+        rest = rng.choice(np.flatnonzero(available), size=int(size) - len(own[l]), replace=False)
+        available[rest] = False
+        rows.append(rng.permutation(np.concatenate([own[l], rest]).astype(np.int64)))
+    return rows
+
+
+def _fill_at_once(by_class, counts, sizes, available, rng) -> list[np.ndarray]:
+    """Phase 2 for many clients, in time linear in the samples: the remaining pool is
+    shuffled once and cut in turn, and every client's rows are shuffled by one sort on
+    random keys -- the same distribution as :func:`_fill_in_turn`."""
+    k, m = len(by_class), len(sizes)
+    cls = np.arange(m) % k
+    own_parts, own_owner = [], []
+    for c in range(k):  # the clients of class c take consecutive runs of its order
+        mine = np.flatnonzero(cls == c)
+        ends = np.minimum(np.cumsum(counts[mine]), len(by_class[c]))
+        got = np.diff(np.concatenate([[0], ends]))
+        own_parts.append(by_class[c][:int(ends[-1]) if len(ends) else 0])
+        own_owner.append(np.repeat(mine, got))
+    own = np.concatenate(own_parts).astype(np.int64) if own_parts else np.zeros(0, dtype=np.int64)
+    owner = np.concatenate(own_owner).astype(np.int64) if own_owner else np.zeros(0, dtype=np.int64)
+    available[own] = False
+    have = np.bincount(owner, minlength=m)
+    need = np.asarray(sizes, dtype=np.int64) - have
+    pool = rng.permutation(np.flatnonzero(available))
+    rest_owner = np.repeat(np.arange(m), need)
+    idx = np.concatenate([own, pool[:len(rest_owner)]])
+    who = np.concatenate([owner, rest_owner])
+    order = np.lexsort((rng.random(len(idx)), who))  # by client, shuffled within each
+    return Cuts(idx[order], np.concatenate([[0], np.cumsum(sizes)]))
+
+
+class Cuts(Sequence):
+    """``data[offsets[i]:offsets[i + 1]]`` for every ``i``, each made when it is asked for:
+    a million clients' rows cost two arrays, not a million objects."""
+
+    def __init__(self, data: np.ndarray, offsets: np.ndarray):
+        self.data, self.offsets = data, np.asarray(offsets, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = range(len(self))[i]  # negative indices, and IndexError past the end
+        return self.data[self.offsets[i]:self.offsets[i + 1]]
+
+
+class RowShards(Sequence):
+    """The shards of a horizontal split, each built when it is asked for from the view and
+    the client's rows (a run with many clients builds each client's once, as it starts)."""
+
+    def __init__(self, X: np.ndarray, rows: Sequence, meta: dict):
+        self.X, self.rows, self.meta = X, rows, meta
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return Shard(views=[np.array(self.X[self.rows[i]], dtype=np.float64)], present=[None], meta=dict(self.meta))
 
 
 def horizontal(
@@ -202,25 +292,19 @@ def horizontal(
 
     available = eligible.copy()
     by_class = [rng.permutation(np.flatnonzero((y == c) & eligible)) for c in range(k)]
-    own = []  # phase 1: every client's share of its own class
-    for l, size in enumerate(sizes):
-        count = min(int(round(heterogeneity * size)), int(size))
-        cand = by_class[l % k]
-        # a copy: a slice would keep the whole class's candidates alive for every client
-        take = cand[available[cand]][:count].copy() if count else np.empty(0, dtype=np.int64)
-        available[take] = False
-        own.append(take)
+    counts = np.minimum(np.rint(heterogeneity * sizes).astype(np.int64), sizes)
+    meta: dict[str, Any] = {"view_index": view, "view_name": ds.view_names[view]}
+    if view in ds.image_shapes:
+        meta["image_shape"] = tuple(ds.image_shapes[view])
+    if n * m <= SEQUENTIAL_DRAWS:
+        rows = _fill_in_turn(by_class, counts, sizes, available, rng)
+    else:
+        rows = _fill_at_once(by_class, counts, sizes, available, rng)
     X = ds.views[view]
-    shards, rows = [], []
-    for l, size in enumerate(sizes):  # phase 2: fill up uniformly from what remains
-        rest = rng.choice(np.flatnonzero(available), size=int(size) - len(own[l]), replace=False)
-        available[rest] = False
-        idx = rng.permutation(np.concatenate([own[l], rest]).astype(np.int64))
-        meta: dict[str, Any] = {"view_index": view, "view_name": ds.view_names[view]}
-        if view in ds.image_shapes:
-            meta["image_shape"] = tuple(ds.image_shapes[view])
-        shards.append(Shard(views=[np.array(X[idx], dtype=np.float64)], present=[None], meta=meta))
-        rows.append(idx)
+    if isinstance(rows, Cuts):  # many clients: their shards are built as they are used
+        shards = RowShards(X, rows, meta)
+    else:
+        shards = [Shard(views=[np.array(X[idx], dtype=np.float64)], present=[None], meta=dict(meta)) for idx in rows]
     info = {
         "heterogeneity": float(heterogeneity),
         "client_sizes": [int(s) for s in sizes],

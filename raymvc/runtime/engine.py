@@ -393,7 +393,7 @@ class _Run:
                     t = time.perf_counter()
                     ck = call("checkpoint")
                     if ck is not None:  # None: a client is still busy with a call that timed out
-                        checkpoint.save(writer.dir, ck, logged, code_version(sc.method))
+                        checkpoint.save(writer.dir, ck, logged, self.identity(), writer.rounds_sha256())
                     self.timing["checkpoint_s"] = self.timing.get("checkpoint_s", 0.0) + time.perf_counter() - t
                 if on_round is not None:
                     on_round(rec.to_dict())
@@ -403,6 +403,10 @@ class _Run:
         end = call("finish")
         self.timing["protocol_s"] = time.perf_counter() - t0 - self.timing.get("checkpoint_s", 0.0)
         return end
+
+    def identity(self) -> dict:
+        """What a checkpoint of this run records, and a resume must find unchanged."""
+        return run_identity(self.sc, self.ds)
 
     def salvage(self, status: str, error: str, writer: RunWriter, errors: list[dict] = ()) -> RunEnd:
         """The run so far from the server (ledger, rounds, counts), or an empty record; round
@@ -435,7 +439,12 @@ def _out_dir(sc: Scenario, out_dir, overwrite: bool, resume: bool = False) -> Ou
         raise ScenarioError(f"{'--resume' if resume else '--out'} {e}") from None
 
 
-def _load_checkpoint(sc: Scenario, out: Path) -> tuple[dict, int]:
+def run_identity(sc: Scenario, ds) -> dict:
+    """:func:`raymvc.runtime.checkpoint.identity` of a run of ``sc`` on ``ds``."""
+    return checkpoint.identity(fingerprint(sc, ds.source), code_version(sc.method))
+
+
+def _load_checkpoint(sc: Scenario, out: Path, ds) -> tuple[dict, int]:
     if not checkpoint.exists(out):
         raise ScenarioError(f"--resume {out}: no checkpoint there (runs save them with runtime.checkpoint: true)")
     from ..channel.codec import CodecError
@@ -443,7 +452,7 @@ def _load_checkpoint(sc: Scenario, out: Path) -> tuple[dict, int]:
     from .state import StateError, state_names
 
     try:
-        ck = checkpoint.load(out, code_version(sc.method))
+        ck = checkpoint.load(out, run_identity(sc, ds))
         # only declared state: checked here, before anything in the folder changes
         odd = [n for n in state_names(ck[0]["node"]) if n not in SERVER_STATE]
         for data in (ck[0]["server"], *(d[:-8] for d in ck[0]["clients"].values())):
@@ -486,7 +495,7 @@ def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: C
     if resume and not out_dir:
         raise ScenarioError("--resume: give the run folder")
     with _out_dir(sc, out_dir, overwrite, resume) as out:  # held before Ray starts, until the files are written
-        ck = _load_checkpoint(sc, out) if resume else None
+        ck = _load_checkpoint(sc, out, ds) if resume else None
         return _run_in(sc, out, ck, ds, part, wall0, progress, on_round, warm, stop_requested, study)
 
 

@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..channel import Encoded, Endpoint, Ledger, LedgerRow, RejectedMessage, codec, handshake_bytes
+from ..fixedpoint import encode_input
 from ..messages import Done, Message, labels_array
-from ..protocol import ClientContext, NoInput, ServerContext
+from ..protocol import ClientContext, NoInput, ServerContext, summed_fields
 from ..scenario import ChannelCfg, DeviceClass, DevicesCfg, FaultsCfg, NetworkCfg, PartialWorkCfg
 from .faults import DeviceProfiles, FaultPlan, Injector, Network, work_share
 from .records import FaultCounts, Participation, RoundRecord, RunEnd
@@ -382,6 +383,8 @@ class ServerNode:
         if ch.secure_aggregation and proto.secure_sums:
             self.secure = ServerLayer(proto.secure_sums, client_ids, seed, ch.secagg_neighbours,
                                       ch.secagg_threshold)
+        # without it, the declared sums' inputs pass the same overflow rule (see _check_sums)
+        self.plain_sums = {s.kind: s for s in proto.secure_sums or ()} if self.secure is None else {}
         self.sub = 0  # exchanges of the current round so far, after the first
         self.endpoint = Endpoint(SERVER, encryption=ch.encryption, compression=ch.compression,
                                  float_dtype=ch.float_dtype, max_message_bytes=ch.max_message_bytes())
@@ -464,6 +467,11 @@ class ServerNode:
     def restore(self, ck: dict[str, object]) -> None:
         """Carry on from :meth:`checkpoint` (after :meth:`connect` agreed fresh keys)."""
         load_state(self, ck["node"], only=_SERVER_STATE)
+        alive = {c for c in self.client_ids if c not in self.crashed and c not in self.offline}
+        odd = sorted(alive ^ set(ck["clients"]))
+        if odd:  # every client alive when it was written has a state in it, and no other does
+            why = "no state in the checkpoint" if odd[0] in alive else "not a live client of the run"
+            raise StateError(f"client {odd[0]}: {why}")
         self.ledger = decode_ledger(ck["ledger"])
         self.offline |= set(self.client_ids) - set(self.connected)  # unreachable now: offline now
         load_state(self.server, ck["server"], skip=PROTOCOL_INPUTS)
@@ -550,6 +558,25 @@ class ServerNode:
         for cid, why in sorted(self.secure.blame().items()):
             st.errors[cid] = _cut(why)
             self.client_errors.append({"round": r, "client": cid, "path": "secagg", "error": st.errors[cid]})
+
+    def _check_sums(self, r: int, st: RoundState) -> None:
+        """Without secure aggregation, the one overflow rule of declared sums
+        (:func:`raymvc.fixedpoint.encode_input` over all the run's clients, as a masking client
+        applies it): a reply whose input the ring cannot hold is its sender's error and is left
+        out of the round, as secure aggregation leaves it out of the sum; the round goes on."""
+        n = len(self.client_ids)
+        for cid in sorted(st.replies):
+            spec = self.plain_sums.get(st.replies[cid].kind)
+            if spec is None:
+                continue
+            try:
+                _names, x, w = summed_fields(st.replies[cid], spec)
+                encode_input(x, w, n)
+            except ValueError as e:
+                del st.replies[cid]
+                st.missing.add(cid)
+                st.errors[cid] = _cut(f"sum {spec.kind!r}: {one_line(e)}")
+                self.client_errors.append({"round": r, "client": cid, "path": "sum", "error": st.errors[cid]})
 
     def _failed_delivery(self, r: int, cid: int, out: Outcome, row: LedgerRow, path: str, st: RoundState) -> None:
         """Record a frame the client did not answer: its actor died or hung, it rejected the frame, or it raised."""
@@ -708,6 +735,8 @@ class ServerNode:
             self._blame_senders(r, st)
             sums = [{"kind": s.kind, "contributors": list(s.contributors), "failed": s.failed,
                      "disclosed": list(s.disclosed)} for s in getattr(st.replies, "sums", {}).values()]
+        elif self.plain_sums:
+            self._check_sums(r, st)
         self._tally(r, addressed, st)
         self._step(r, st, len(addressed), answered, not_sampled)
         rows = self.ledger.rows[ledger_mark:]

@@ -505,7 +505,9 @@ class SecAggServer:
                     self._blame(c, "its new mask key is not an integer epoch with a 32-byte X25519 key of full order")
                     self.exposed.add(c)  # it would mask with a key the server never took: it re-keys first
                     continue
-                if epoch <= self.epoch[c]:
+                if epoch <= self.epoch[c]:  # stale or replayed: taking half of it would unmask a wrong sum
+                    self._blame(c, f"its new mask key carries epoch {epoch}, not after its last ({self.epoch[c]})")
+                    self.exposed.add(c)  # its peers may hold shares of another key: it re-keys before taking part
                     continue
                 self.s_pk[c] = s_pk
                 self.epoch[c] = epoch

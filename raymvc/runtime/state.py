@@ -29,6 +29,7 @@ import numpy as np
 from ..channel import codec
 from ..channel.meter import LedgerRow
 from ..messages import Done, Message
+from ..safeio import SafeReadError, json_loads
 from .records import FaultCounts, Participation
 
 _BIT_GENERATORS = ("PCG64", "PCG64DXSM", "Philox", "SFC64", "MT19937")
@@ -228,6 +229,7 @@ def restore_attrs(obj: Any, attrs_node: dict, dec: _Decoder) -> None:
 
 
 MAX_TREE_BYTES = 1 << 30  # the description of one party's state (arrays travel beside it)
+MAX_STATE_DEPTH = 96  # its nesting (a torch optimiser in a protocol object: ~12); the decoder recurses ~3 frames a level
 
 
 def dump_state(obj: Any, skip: tuple[str, ...] = (), only: tuple[str, ...] | None = None) -> bytes:
@@ -252,9 +254,9 @@ def _tree(msg: Message) -> dict:
     if not isinstance(tree, np.ndarray) or tree.dtype != np.uint8 or tree.ndim != 1 or tree.size > MAX_TREE_BYTES:
         raise StateError("not a state checkpoint")
     try:
-        out = json.loads(tree.tobytes())
-    except ValueError:
-        raise StateError("malformed state checkpoint (its description is not JSON)") from None
+        out = json_loads(tree.tobytes(), max_depth=MAX_STATE_DEPTH, what="its description")
+    except SafeReadError as e:
+        raise StateError(f"malformed state checkpoint ({e})") from None
     if not isinstance(out, dict) or not isinstance(out.get("dict"), list):
         raise StateError("malformed state checkpoint")
     return out

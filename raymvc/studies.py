@@ -199,7 +199,10 @@ def _with_study(cell: Cell, summary: dict) -> dict:
 
 def cell_state(cell: Cell) -> str:
     """``reusable`` (finished by the same code with the same settings), ``stale`` (finished,
-    but something that determines its result changed since) or ``todo``."""
+    but something that determines its result changed since) or ``todo``. A cell folder that
+    is a link (or lies behind one) holds no result of this sweep: ``todo``."""
+    if not within(Path(cell.run_dir).parent, Path(cell.run_dir)):
+        return "todo"
     try:
         s = RunFolder(cell.run_dir).summary()
     except (OSError, ValueError):
@@ -392,12 +395,15 @@ def _execute_ray(todo: list[Cell], jobs: int | None, prog, stop, res: Outcome, a
                prog, stop, res)
 
 
-def _drain(todo: list[Cell], slots: int, submit, prog, stop, res: Outcome, on_stop=None, result=None) -> None:
+def _drain(todo: list[Cell], slots: int, submit, prog, stop, res: Outcome, on_stop=None, result=None,
+           on_force=None) -> None:
     """The queue loop every side-by-side executor shares: at most ``slots`` cells under
     way, ``submit(cell)`` starts one and returns a ``concurrent.futures.Future`` of its
-    summary; nothing starts after a signal (``on_stop()`` is called once then). A future
-    that raises is recorded as a failed run; ``result(cell, future)`` may turn a future's
-    value into the summary."""
+    summary; nothing starts after a signal (``on_stop()`` is called once then). A second
+    signal stops the cells under way at once: ``on_force(futures)`` (kill their workers),
+    each is recorded as ``interrupted`` and the loop returns without waiting for them. A
+    future that raises is recorded as a failed run; ``result(cell, future)`` may turn a
+    future's value into the summary."""
     from concurrent.futures import FIRST_COMPLETED, wait
 
     queue, running = list(todo), {}
@@ -412,6 +418,17 @@ def _drain(todo: list[Cell], slots: int, submit, prog, stop, res: Outcome, on_st
                 on_stop(list(running))
         if not running:
             break
+        if stop.force and on_force is not None:  # (runs on threads stop on their own, after their call)
+            on_force(list(running))
+            for fut, cell in list(running.items()):
+                fut.cancel()
+                summary = _failed_summary(cell, RuntimeError(f"stopped by a second signal ({stop.force})"),
+                                          Status.INTERRUPTED)
+                with contextlib.suppress(OSError, ValueError):  # its worker may still hold the folder
+                    _write_failed(cell, summary)
+                _record(cell, summary, prog, stop, res)
+            running.clear()
+            break
         done, _ = wait(list(running), timeout=0.5, return_when=FIRST_COMPLETED)
         for fut in done:
             cell = running.pop(fut)
@@ -424,7 +441,8 @@ def _drain(todo: list[Cell], slots: int, submit, prog, stop, res: Outcome, on_st
 
 
 class _SweepStop:
-    signal: str | None = None
+    signal: str | None = None  # the first stop signal: nothing new starts
+    force: str | None = None  # a second one: the runs under way are stopped at once
 
 
 @contextlib.contextmanager
@@ -436,7 +454,11 @@ def _stop_on_signals():
     stop = _SweepStop()
 
     def handler(signum, frame):
-        stop.signal = signal.Signals(signum).name
+        name = signal.Signals(signum).name
+        if stop.signal is None:
+            stop.signal = name
+        else:
+            stop.force = name
 
     with on_stop_signals(handler):
         yield stop
@@ -461,11 +483,16 @@ def _execute_parallel(todo: list[Cell], jobs: int, prog, stop: _SweepStop, res: 
             with contextlib.suppress(OSError):
                 os.kill(proc.pid, signal.SIGINT)
 
+    def kill(running) -> None:  # a second signal: the workers go, whatever they were doing
+        for proc in list(getattr(pool, "_processes", {}).values()):
+            with contextlib.suppress(OSError):
+                proc.kill()
+
     try:
         _drain(todo, jobs, lambda c: pool.submit(_run_cell, c.scenario, c.overrides, str(c.run_dir), study=c.study),
-               prog, stop, res, on_stop=forward)
+               prog, stop, res, on_stop=forward, on_force=kill)
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        pool.shutdown(wait=not stop.force, cancel_futures=True)
 
 
 def _execute_tasks(todo: list[Cell], jobs: int | None, address: str | None, prog, stop, res: Outcome,
@@ -512,7 +539,8 @@ def _execute_tasks(todo: list[Cell], jobs: int | None, address: str | None, prog
         return summary
 
     _drain(todo, slots, submit, prog, stop, res, result=result,
-           on_stop=lambda running: cell_tasks.cancel([refs[f] for f in running if f in refs]))
+           on_stop=lambda running: cell_tasks.cancel([refs[f] for f in running if f in refs]),
+           on_force=lambda running: cell_tasks.cancel([refs[f] for f in running if f in refs], force=True))
 
 
 def _write_failed(cell: Cell, summary: dict) -> None:

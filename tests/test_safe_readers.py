@@ -101,3 +101,20 @@ def test_a_short_row_in_a_record_is_one_error(tmp_path):
     record.write_text("study,scenario,seed,status\nx,a,0,completed\nx,a\n")
     with pytest.raises(ResultsError, match="line 3"):
         _read_record(record, type("S", (), {"name": "x"})())
+
+
+def test_a_cell_folder_linked_to_a_run_elsewhere_is_not_reused(swept, tmp_path, capsys):
+    """Not counted as this sweep's finished cell, and nothing is written through the link:
+    the sweep stops with one line naming the folder."""
+    rows = list(csv.DictReader(open(swept / "sweep.csv", newline="")))
+    cell = swept / rows[0]["run_dir"]
+    elsewhere = tmp_path / "elsewhere"
+    cell.rename(elsewhere)
+    cell.symlink_to(elsewhere)
+    before = (elsewhere / "summary.json").read_bytes()
+    capsys.readouterr()
+    code = main(["sweep", str(tmp_path / "tiny.yaml"), "--seeds", "0,1", "--out", str(swept), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and "reusing 2 of 2" not in err and "Traceback" not in err
+    assert f"{cell}: is a symbolic link" in err
+    assert (elsewhere / "summary.json").read_bytes() == before

@@ -224,3 +224,42 @@ def test_a_sweep_of_tasks_on_a_cluster_that_does_not_answer_is_one_line(tmp_path
     err = r.stderr.strip().splitlines()
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert err[-1].startswith("error: ") and "runtime.address" in err[-1]
+
+
+def test_a_second_signal_stops_the_cells_under_way_at_once(tmp_path):
+    """A cell that never finishes (its future never completes): after the first signal the
+    sweep waits for it; after the second, its worker is killed, the cell is recorded as
+    interrupted and the loop returns. Driven by events, not by time."""
+    from concurrent.futures import Future
+
+    from raymvc.studies import Outcome, _drain, _SweepStop, plan
+
+    sc = tiny(tmp_path)
+    cells = plan([str(sc)], [], [0, 1], {}, tmp_path / "sw")
+    stop = _SweepStop()
+    hung: list[Future] = []
+    killed: list[list] = []
+
+    def submit(cell):
+        f = Future()
+        f.set_running_or_notify_cancel()
+        hung.append(f)
+        if len(hung) == 1:
+            stop.signal = "SIGINT"  # the first signal, while the first cell runs
+        return f
+
+    class Prog:
+        def finished(self, label, summary):
+            pass
+
+    rounds = {"n": 0}
+
+    def on_stop(running):
+        rounds["n"] += 1
+        stop.force = "SIGINT"  # the second signal comes while the cell still hangs
+
+    res = Outcome()
+    _drain(cells, 2, submit, Prog(), stop, res, on_stop=on_stop, on_force=killed.append)
+    assert len(hung) == 1 and rounds["n"] == 1 and len(killed) == 1 and len(killed[0]) == 1
+    assert res.executed == 1
+    assert json.loads((cells[0].run_dir / "summary.json").read_text())["status"] == "interrupted"

@@ -77,13 +77,14 @@ def submit(sc, run_name: str, search: list[str]):
     return task.remote(sc, run_name, search)
 
 
-def cancel(refs) -> None:
-    """Ask Ray to stop the tasks behind ``refs`` (a signal stopped the sweep)."""
+def cancel(refs, force: bool = False) -> None:
+    """Ask Ray to stop the tasks behind ``refs`` (a signal stopped the sweep); ``force``
+    (a second signal): kill their worker processes."""
     import ray
 
     for ref in refs:
         try:
-            ray.cancel(ref)
+            ray.cancel(ref, force=force)
         except Exception:  # already finished or gone: nothing to stop
             pass
 

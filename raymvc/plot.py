@@ -183,6 +183,7 @@ def _legend_label(name: str, pts: list[PlotPoint]) -> str:
     lo, hi = min(p.runs for p in pts), max(p.runs for p in pts)
     each = f"{hi} run{'s' if hi != 1 else ''} per point" if lo == hi else f"{lo}-{hi} runs per point"
     fewer = sum(p.finished < p.runs for p in pts)
+    name = literal(name)
     return f"{name}: mean over finished runs\n({each}; fewer at {fewer} of {len(pts)} points)" if fewer else \
         f"{name}: mean over finished runs\n({each}, all finished)"
 
@@ -205,18 +206,18 @@ def _category_labels(values: list[str], width: int = 14) -> list[str]:
         cut = max((i + 1 for i in range(len(shared)) if _separates(labels, i)), default=0)
         if cut and all(len(v) > cut for v in labels):
             labels = [v[cut:] for v in labels]
-    return ["\n".join(textwrap.wrap(v, width, break_on_hyphens=True)) or v for v in labels]
+    return [literal("\n".join(textwrap.wrap(v, width, break_on_hyphens=True)) or v) for v in labels]
 
 
 def _style_axis(ax, x_label, xs_text, pos, numeric, logx) -> None:
-    ax.set_xlabel(x_label)
+    ax.set_xlabel(literal(x_label))
     ticks = list(pos.values())
     if logx:
         ax.set_xscale("log")
         ax.minorticks_off()
     ax.set_xticks(ticks)
     if numeric:
-        ax.set_xticklabels([t if len(t) <= 8 else f"{float(_x_value(t)):.3g}" for t in xs_text])
+        ax.set_xticklabels([literal(t) if len(t) <= 8 else f"{float(_x_value(t)):.3g}" for t in xs_text])
         if logx:
             ratio = (max(ticks) / min(ticks)) ** 0.08
             ax.set_xlim(min(ticks) / ratio, max(ticks) * ratio)
@@ -241,12 +242,13 @@ def draw(points: list[PlotPoint], paths: list[Path], *, x_values: list[str], x_l
     import matplotlib
 
     matplotlib.use("Agg")
-    with matplotlib.rc_context(LITERAL_TEXT):  # a "$" in a label or grid value is a dollar sign, not TeX
-        return _draw(points, paths, x_values=x_values, x_label=x_label, title=title, metrics=metrics,
-                     references=references, dpi=dpi)
+    return _draw(points, paths, x_values=x_values, x_label=x_label, title=title, metrics=metrics,
+                 references=references, dpi=dpi)
 
 
-LITERAL_TEXT = {"text.parse_math": False, "text.usetex": False}
+def literal(text: str) -> str:
+    """``text`` as matplotlib draws it literally: a ``$`` (which would start TeX math) escaped."""
+    return str(text).replace("$", r"\$")
 
 
 def _draw(points: list[PlotPoint], paths: list[Path], *, x_values: list[str], x_label: str, title: str,
@@ -279,7 +281,7 @@ def _draw(points: list[PlotPoint], paths: list[Path], *, x_values: list[str], x_
         if r.x in pos:
             refs.setdefault(r.name, []).append(r)
     for (name, _), marker in zip(sorted(refs.items()), "xP*+D"):
-        handles.append(Line2D([], [], color="k", marker=marker, linestyle=":", label=name))
+        handles.append(Line2D([], [], color="k", marker=marker, linestyle=":", label=literal(name)))
     for ax, (m, name) in zip(axes, panels):
         if m == "failed":
             _draw_failures(ax, lines, pos, colors, logx)
@@ -295,7 +297,7 @@ def _draw(points: list[PlotPoint], paths: list[Path], *, x_values: list[str], x_
         if m == "mb" and mb and max(mb) / min(mb) > 50:
             ax.set_yscale("log")
     width = int(fig.get_size_inches()[0] * 11)  # characters that surely fit at fontsize 10
-    fig.suptitle("\n".join(textwrap.wrap(title, width)), fontsize=10)
+    fig.suptitle(literal("\n".join(textwrap.wrap(title, width))), fontsize=10)
     if len(axes) > len(panels):  # a spare slot holds the legend
         axes[-1].legend(handles=handles, loc="center", fontsize=9, frameon=False)
     else:

@@ -460,6 +460,8 @@ def _stop_on_signals():
         else:
             stop.force = name
 
+    handler.raymvc_outer = True  # a run under way in this thread passes its signals on to it
+
     with on_stop_signals(handler):
         yield stop
 

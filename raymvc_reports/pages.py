@@ -20,7 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from raymvc.declared import COMMIT_FIELDS, NOT_RECORDED, UNCOMMITTED, checkout_root, commit_status, last_commit
-from raymvc.plot import LITERAL_TEXT
+from raymvc.plot import literal
 from raymvc.provenance import platform_text
 from raymvc.results import ResultsError, read_file, short_value, write_file
 from raymvc.runfolder import RunFolder
@@ -661,11 +661,6 @@ def draw_atlas_figure(results: list[StudyResult], path: Path) -> Path | None:
     import matplotlib
 
     matplotlib.use("Agg")
-    with matplotlib.rc_context(LITERAL_TEXT):  # study labels are text, never TeX
-        return _draw_atlas_figure(results, path)
-
-
-def _draw_atlas_figure(results: list[StudyResult], path: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     per_run: dict[str, list[tuple[float, float, float | None, bool]]] = defaultdict(list)
@@ -691,7 +686,7 @@ def _draw_atlas_figure(results: list[StudyResult], path: Path) -> Path | None:
                 if sel:
                     x, y = zip(*sel)
                     ax.scatter(x, y, s=22, color=color, facecolors=color if mild else "none",
-                               label=labels[rid] if mild and xi == 0 else None)
+                               label=literal(labels[rid]) if mild and xi == 0 else None)
     for ax, name in ((axes[0], "MB the protocol sent (log)"), (axes[1], "virtual time of the run, s (log)")):
         ax.set_xscale("log")
         ax.set_xlabel(name)

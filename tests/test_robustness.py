@@ -7,6 +7,8 @@ import json
 import os
 import signal
 import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -409,3 +411,39 @@ def test_a_method_left_with_nothing_by_injected_faults_fails_not_errors(tmp_path
     s = run(tmp_path, "nothing")
     assert s["status"] == "failed" and "no client delivered" in s["error"]
     assert not s["faults"]["client_errors"] and not (tmp_path / "nothing" / "errors.log").exists()
+
+
+def test_a_second_signal_stops_a_ray_run_whose_client_hangs(tmp_path):
+    """The clients hang in round 1 under a 300 s reply limit; after round 0 is on disk, two
+    SIGINTs to a sweep: its cell's run hears them through the sweep's handler and ends as
+    interrupted by both, without waiting for the limit (a wait inside Ray is cut into short
+    slices that a signal can end), and the sweep starts nothing more."""
+    command = "sweep"
+    sc = tmp_path / "hang.yaml"
+    sc.write_text("name: hang\nmethod: hang_in_round_one\n"
+                  "data: {dataset: digits, partition: horizontal, n_clients: 2}\n"
+                  "runtime: {backend: ray, reply_timeout_s: 300, client_cpus: 0.5}\n")
+    out = tmp_path / "out"
+    argv = [command, str(sc), "--out", str(out)] + (["--seeds", "0,1"] if command == "sweep" else [])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "tests" / "methods"), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, "-m", "raymvc.cli", *argv], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    rounds = (out / "hang_seed0" if command == "sweep" else out) / "rounds.jsonl"
+    try:
+        for _ in range(1200):  # until round 0 is written (the clients now hang in round 1)
+            if rounds.is_file() and rounds.read_text().strip():
+                break
+            assert proc.poll() is None, proc.communicate()[0]
+            threading.Event().wait(0.1)
+        proc.send_signal(signal.SIGINT)
+        threading.Event().wait(1.0)
+        proc.send_signal(signal.SIGINT)
+        text, _ = proc.communicate(timeout=120)  # far below the 300 s reply limit
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, text
+    summary = json.loads(((out / "hang_seed0") if command == "sweep" else out).joinpath("summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["error"] == "SIGINT, then SIGINT", summary["error"]
+    assert not (out / "hang_seed1").exists()

@@ -254,23 +254,42 @@ ROUNDS_CALL_S = 0.25
 MAX_ROUNDS_PER_CALL = 10_000
 
 
+WAIT_SLICE_S = 0.25  # the driver's longest wait inside Ray before a signal can act
+FORCED_WAIT_S = 2.0  # after a second signal: how long the server may take to hand over the run so far
+
+
 class _Call:
     """Call a node method the same way on both backends."""
 
-    def __init__(self, node, backend: str):
+    def __init__(self, node, backend: str, stop=None):
         self.node, self.remote = node, backend == "ray"
+        self.stop = stop  # the run's _StopRequest: a second signal ends a wait
 
     def __call__(self, name: str, *args, timeout: float | None = None):
         if self.remote:
             import ray
 
-            return ray.get(getattr(self.node, name).remote(*args), timeout=timeout)
+            ref = getattr(self.node, name).remote(*args)
+            end = None if timeout is None else time.monotonic() + timeout
+            while True:  # short waits: a second signal is acted on between them, never inside Ray
+                if self.stop is not None and self.stop.forced and not self.stop.finishing:
+                    raise forced_stop(self.stop.forced)
+                left = None if end is None else end - time.monotonic()
+                ready, _ = ray.wait([ref], timeout=WAIT_SLICE_S if left is None else max(0.0, min(WAIT_SLICE_S, left)))
+                if ready or (left is not None and left <= WAIT_SLICE_S):
+                    return ray.get(ref, timeout=0 if not ready else None)
         return getattr(self.node, name)(*args)
 
 
 class RunInterrupted(Interruption):
     """SIGTERM (or SIGINT) reached the driver: stop, and keep what the run has so far (raised
     inside a client's code on the in-process backend, it passes through as the driver's)."""
+
+
+def forced_stop(why: str) -> RunInterrupted:
+    e = RunInterrupted(why)
+    e.forced = True  # stop now: the server is given only FORCED_WAIT_S to hand over the run so far
+    return e
 
 
 class _StopRequest:
@@ -283,6 +302,9 @@ class _StopRequest:
         self.saving = False
         self.progress = progress
         self.external = external  # a stop asked for elsewhere (a sweep running this run on a thread)
+        self.forced: str | None = None  # a second signal: stop now
+        self.finishing = False  # the run so far is being collected: no wait is cut short any more
+        self.inside_ray = False  # the driver waits on Ray actors (set by the run)
 
     def __call__(self, signum, frame):
         name = signal.Signals(signum).name
@@ -290,7 +312,10 @@ class _StopRequest:
             return  # the results are being written: nothing stops that
         if self.signal is not None:
             self.saving = True
-            raise RunInterrupted(f"{self.signal}, then {name}")
+            self.forced = f"{self.signal}, then {name}"
+            if not self.inside_ray:  # plain Python below: raising here is safe
+                raise forced_stop(self.forced)
+            return  # inside Ray's wait a raise is not safe: _Call raises within a quarter second
         self.signal = name
         self.progress(f"{name}: stopping after the rounds under way (send it again to stop now)")
 
@@ -363,7 +388,8 @@ class _Run:
         self.timing["actors_started"] = (self.crew.started_now if self.crew is not None
                                          else 0 if sc.runtime.backend == "local"
                                          else actors_needed(sc, part.n_clients) + 1)
-        call = self.call = _Call(server, sc.runtime.backend)
+        call = self.call = _Call(server, sc.runtime.backend, stop)
+        stop.inside_ray = sc.runtime.backend == "ray"
         connected = call("connect")  # waits for every actor to be up, then agrees keys
         self.timing["startup_s"] = time.perf_counter() - t_start
         self.timing["placement"] = call("placement")
@@ -408,7 +434,8 @@ class _Run:
         """What a checkpoint of this run records, and a resume must find unchanged."""
         return run_identity(self.sc, self.ds)
 
-    def salvage(self, status: str, error: str, writer: RunWriter, errors: list[dict] = ()) -> RunEnd:
+    def salvage(self, status: str, error: str, writer: RunWriter, errors: list[dict] = (),
+                wait_s: float = 30.0) -> RunEnd:
         """The run so far from the server (ledger, rounds, counts), or an empty record; round
         records the server finished but the driver never received (it stopped waiting
         mid-batch) are written to rounds.jsonl. ``errors``: what raised in the driver's call."""
@@ -417,7 +444,7 @@ class _Run:
         end = None
         if self.call is not None:
             try:
-                end = self.call("finish", status, timeout=30.0)
+                end = self.call("finish", status, timeout=wait_s)
             except BaseException:  # the server is gone or stuck: nothing more to save
                 end = None
         end = end or RunEnd(status=status)
@@ -525,11 +552,12 @@ def _run_in(sc: Scenario, out: Path, ck, ds, part, wall0: float, progress, on_ro
                 raise
             refused = e  # a refused resume writes no summary over the interrupted run's
         except (KeyboardInterrupt, RunInterrupted) as e:
-            stop.saving = True
+            stop.saving = stop.finishing = True
             interrupted = True
-            end = run.salvage("interrupted", str(e) or "SIGINT", writer)
+            wait_s = FORCED_WAIT_S if getattr(e, "forced", False) else 30.0
+            end = run.salvage("interrupted", str(e) or "SIGINT", writer, wait_s=wait_s)
         except Exception as e:  # keep whatever we have; the summary says what went wrong
-            stop.saving = True
+            stop.saving = stop.finishing = True
             if _is_failure(e):  # a party gone or out of reach: the run could not finish
                 end = run.salvage("failed", one_line(e), writer)
             else:  # code raised (the protocol's, in setup or a round, or the engine's)

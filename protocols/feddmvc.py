@@ -125,6 +125,7 @@ Deterministic torch algorithms are on during every call.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Literal
 
@@ -176,6 +177,10 @@ class Config(ProtocolConfig):
             "paper gives no widths"))
     latent_dim: int = Field(default=10, ge=1, description="d, embedding size per view",
         **not_stated("10, as FCUIF's paper (same authors, same autoencoders, its Sec. 4.1.3); d_m is not given"))
+    init: Literal["torch", "xavier"] = Field(
+        default="torch", description="initial weights of the autoencoders: PyTorch's default (uniform within "
+                                     "1/sqrt(fan_in), biases too) or Xavier-uniform with gain sqrt(2) and zero biases",
+        **not_stated("PyTorch's default; the paper names no initialisation"))
     gamma: float = Field(default=0.1, ge=0.0, description="γ, weight of KL(P || Q)",
         **paper("Sec. 4.3, Parameter Analysis (γ = 0.1 for all data sets)", value=0.1))
     standardize: float = Field(default=0.0, ge=0.0,
@@ -317,11 +322,16 @@ class AutoEncoder(nn.Module):
     output; the decoder undoes it, so it changes only the space the Student-t kernel sees.
     """
 
-    def __init__(self, n_in: int, hidden: tuple[int, ...], d: int, k: int):
+    def __init__(self, n_in: int, hidden: tuple[int, ...], d: int, k: int, init: str = "torch"):
         super().__init__()
         dims = [n_in, *hidden, d]
         self.encoder = _mlp(dims)
         self.decoder = _mlp(dims[::-1])
+        if init == "xavier":  # Xavier-uniform weights with ReLU's gain sqrt(2), zero biases
+            for m in (*self.encoder, *self.decoder):
+                if isinstance(m, nn.Linear):
+                    nn.init.xavier_uniform_(m.weight, gain=math.sqrt(2.0))
+                    nn.init.zeros_(m.bias)
         self.U = nn.Parameter(torch.zeros(k, d))
         self.register_buffer("scale", torch.ones(()))
 
@@ -354,7 +364,8 @@ class FedDMVCClient(Client):
         self.n = int(len(self.idx))
         self.k = ctx.n_clusters
         # seeded from round 0 whenever it is built; built here so that a checkpoint can be loaded into it
-        self.model = seeded(lambda: AutoEncoder(self.x.shape[1], tuple(config.hidden), config.latent_dim, self.k),
+        self.model = seeded(lambda: AutoEncoder(self.x.shape[1], tuple(config.hidden), config.latent_dim, self.k,
+                                                config.init),
                             seed_from(ctx.rng_for("init", 0))).to(self.dev)
         self.pretrained = False
 

@@ -425,16 +425,18 @@ def test_a_second_signal_stops_a_ray_run_whose_client_hangs(tmp_path):
                   "runtime: {backend: ray, reply_timeout_s: 300, client_cpus: 0.5}\n")
     out = tmp_path / "out"
     argv = [command, str(sc), "--out", str(out)] + (["--seeds", "0,1"] if command == "sweep" else [])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "tests" / "methods"), os.environ.get("PYTHONPATH", "")]))
+    mark = tmp_path / "hanging"
+    env = dict(os.environ, RAYMVC_TEST_HANG_MARK=str(mark),
+               PYTHONPATH=os.pathsep.join([str(REPO / "tests" / "methods"), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen([sys.executable, "-m", "raymvc.cli", *argv], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-    rounds = (out / "hang_seed0" if command == "sweep" else out) / "rounds.jsonl"
     try:
-        for _ in range(1200):  # until round 0 is written (the clients now hang in round 1)
-            if rounds.is_file() and rounds.read_text().strip():
+        for _ in range(1800):  # until a client hangs in round 1 (it leaves the mark)
+            if mark.exists():
                 break
             assert proc.poll() is None, proc.communicate()[0]
             threading.Event().wait(0.1)
+        assert mark.exists(), "no client reached round 1"
         proc.send_signal(signal.SIGINT)
         threading.Event().wait(1.0)
         proc.send_signal(signal.SIGINT)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -17,6 +19,9 @@ class Config(ProtocolConfig):
 class HangClient(Client):
     def handle(self, msg: Message) -> Message:
         if int(msg["r"]) == 1:
+            mark = os.environ.get("RAYMVC_TEST_HANG_MARK")
+            if mark:  # tells the test that a client now hangs
+                Path(mark).touch()
             time.sleep(3600)
         return Message("ok", v=np.zeros(2))
 

@@ -37,7 +37,7 @@ def run(scenario: str, seed: int, sets: dict) -> dict:
     if seed < 100:
         raise SystemExit("tuning runs use seeds >= 100")
     cap: dict = {"y": []}
-    choose, step = fd.FedDMVCServer.choose_features, fd.FedDMVCServer._global_step
+    choose, step = fd.FedDMVCServer.choose_features, fd.FedDMVCServer.global_step
 
     def keep_features(self, imputed, raw, H, C, round):
         Z = choose(self, imputed, raw, H, C, round)
@@ -48,7 +48,7 @@ def run(scenario: str, seed: int, sets: dict) -> dict:
         step(self, round)
         cap["y"].append(self.y.copy())
 
-    fd.FedDMVCServer.choose_features, fd.FedDMVCServer._global_step = keep_features, keep_labels
+    fd.FedDMVCServer.choose_features, fd.FedDMVCServer.global_step = keep_features, keep_labels
     import raymvc.protocols.fcuif as fc
 
     choose_fc = fc.FCUIFServer.choose_features  # FCUIF chooses between imputed and mean-filled features

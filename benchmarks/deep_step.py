@@ -114,7 +114,7 @@ def profile_run(scenario: Path) -> dict[str, float]:
 
     total = cum("raymvc/api.py", "run")
     train = cum("protocols/feddmvc.py", "_train")
-    server = cum("protocols/feddmvc.py", "_global_step")
+    server = cum("protocols/feddmvc.py", "global_step")
     return {"total": total, "train": train, "linear": own("<built-in method torch._C._nn.linear>"),
             "backward": own("<method 'run_backward' of 'torch._C._EngineBase' objects>"),
             "adam": cum("torch/optim/adam.py", "_single_tensor_adam"), "server": server,

@@ -55,7 +55,7 @@ def main(argv=None) -> int:
         print(line, flush=True)
         out_lines.append(line)
     captured = {}
-    original = fd.FedDMVCServer._global_step
+    original = fd.FedDMVCServer.global_step
 
     def spy(self, round):
         choose = type(self).choose_features
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
         self.choose_features = keep
         return original(self, round)
 
-    fd.FedDMVCServer._global_step = spy
+    fd.FedDMVCServer.global_step = spy
     emit(f"`python benchmarks/merge_mode.py --scenario scenarios/{Path(args.scenario).name}"
          f"{''.join(' --set ' + o for o in args.overrides)} --seeds {args.seeds}`:")
     emit("")

@@ -230,7 +230,7 @@ class Versatility(nn.Module):
 
     def __init__(self, dim: int, hidden: tuple[int, ...]):
         super().__init__()
-        self.net = fd._mlp([dim, *hidden, dim])
+        self.net = fd.mlp([dim, *hidden, dim])
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.net(h)
@@ -355,10 +355,10 @@ class FCUIFServer(fd.FedDMVCServer):
             ok[self.ids[c][~self.flags.get(c, np.ones(len(self.ids[c]), dtype=bool))]] = False
         return ok
 
-    def _global_step(self, round: int) -> None:
+    def global_step(self, round: int) -> None:
         try:
             self._align(round)
-            super()._global_step(round)
+            super().global_step(round)
         finally:
             self._prototype_memo = {}  # lives within one step (and stays out of checkpoints)
 
@@ -432,7 +432,7 @@ class FCUIFServer(fd.FedDMVCServer):
         Z = np.zeros((self.N, len(mem) * d))
         for j, c in enumerate(mem):
             Z[self.ids[c], j * d:(j + 1) * d] = self.Z[c]
-        C, labels = self._prototypes(Z[trusted], trusted, round)
+        C, labels = self.prototypes(Z[trusted], trusted, round)
         anchor = np.full(self.N, -1, dtype=np.intp)
         anchor[trusted] = labels
         H, hard = {}, {}
@@ -445,7 +445,7 @@ class FCUIFServer(fd.FedDMVCServer):
         return H, hard
 
     # -- step 1: prototypes --------------------------------------------------------------
-    def _prototypes(self, Zc: np.ndarray, base: np.ndarray, round: int) -> tuple[np.ndarray, np.ndarray]:
+    def prototypes(self, Zc: np.ndarray, base: np.ndarray, round: int) -> tuple[np.ndarray, np.ndarray]:
         """``kmeans_init`` single k-means restarts (and one from the previous labels' means);
         the one whose labels score best by the label-free criterion wins (``prototypes: score``),
         or the lowest k-means objective (``prototypes: inertia``, FedDMVC's rule)."""
@@ -454,7 +454,7 @@ class FCUIFServer(fd.FedDMVCServer):
         if self._prototype_memo.get("key") == key:  # step 2 and step 1 ask for the same rows
             return self._prototype_memo["value"]
         if cfg.prototypes == "inertia":
-            value = super()._prototypes(Zc, base, round)
+            value = super().prototypes(Zc, base, round)
         else:
             value = self._best_restart(Zc, base, round)
         self._prototype_memo = {"key": key, "value": value}
@@ -508,12 +508,6 @@ class FCUIFServer(fd.FedDMVCServer):
 
     def final_labels(self, P: np.ndarray, Q: np.ndarray) -> np.ndarray:
         return Q.argmax(axis=1) if self.config.labels == "q" else P.argmax(axis=1)
-
-
-def communication(n_m: int, n: int, k: int, d: int, rounds: int) -> dict:
-    """FedDMVC's traffic plus one ``aligned`` byte per row with the ids."""
-    out = fd.communication(n_m, n, k, d, rounds)
-    return {"up": out["up"] + n_m, "down": out["down"], "total": out["total"] + n_m}
 
 
 def analytic_bytes(config: Config, facts: RunFacts) -> int:

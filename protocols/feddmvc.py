@@ -306,7 +306,7 @@ def analytic_bytes(config: Config, facts: RunFacts) -> int:
 
 # ---------------------------------------------------------------------------
 # client model
-def _mlp(dims: list[int]) -> nn.Sequential:
+def mlp(dims: list[int]) -> nn.Sequential:
     layers: list[nn.Module] = []
     for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
         layers.append(nn.Linear(a, b))
@@ -325,8 +325,8 @@ class AutoEncoder(nn.Module):
     def __init__(self, n_in: int, hidden: tuple[int, ...], d: int, k: int, init: str = "torch"):
         super().__init__()
         dims = [n_in, *hidden, d]
-        self.encoder = _mlp(dims)
-        self.decoder = _mlp(dims[::-1])
+        self.encoder = mlp(dims)
+        self.decoder = mlp(dims[::-1])
         if init == "xavier":  # Xavier-uniform weights with ReLU's gain sqrt(2), zero biases
             for m in (*self.encoder, *self.decoder):
                 if isinstance(m, nn.Linear):
@@ -514,7 +514,7 @@ class FedDMVCServer(Server):
                      "stale_clients": sorted(c for c in before if c not in replies),
                      "loss": float(np.mean(losses)) if losses else None}
         if self.members:
-            self._global_step(round)
+            self.global_step(round)
         if round >= self.config.rounds:
             if self.y is None:
                 raise NoInput("feddmvc: no client delivered embeddings")
@@ -558,7 +558,7 @@ class FedDMVCServer(Server):
         """Rows that fix the prototypes and the view patterns: here every complete row."""
         return complete
 
-    def _global_step(self, round: int) -> None:
+    def global_step(self, round: int) -> None:
         """Steps 1-5 of the module docstring: C, aligned Q, W_m, imputation, P."""
         cfg, k, d, N = self.config, self.k, self.config.latent_dim, self.N
         mem = self.members
@@ -574,7 +574,7 @@ class FedDMVCServer(Server):
         raw = _fill_blocks(Z, H, d)  # absent blocks filled with the block's mean (no imputation)
         few = trusted.sum() < k  # too little overlap: every covered sample, absent blocks mean-filled
         base = covered if few else trusted
-        C, labels = self._prototypes((raw if few else Z)[base], base, round)
+        C, labels = self.prototypes((raw if few else Z)[base], base, round)
         anchor = np.full(N, -1, dtype=np.intp)
         if cfg.align_to == "client1":  # the paper: every view, and C, in the first client's cluster order
             first = mem[0]
@@ -616,7 +616,7 @@ class FedDMVCServer(Server):
         self.info.update({"n_complete": int(complete.sum()), "n_covered": int(covered.sum())})
         self.C, self.P, self.y = C, P, y
 
-    def _prototypes(self, Zc: np.ndarray, base: np.ndarray, round: int) -> tuple[np.ndarray, np.ndarray]:
+    def prototypes(self, Zc: np.ndarray, base: np.ndarray, round: int) -> tuple[np.ndarray, np.ndarray]:
         """Step 1, Eq. (8): prototypes C = k-means centres of ``Zc`` (the ``base`` rows) and their
         labels; fresh restarts and a start at the previous labels' means, the lower objective
         wins, clusters renumbered to match the previous labels."""

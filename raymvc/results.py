@@ -37,7 +37,6 @@ from typing import Any
 import numpy as np
 import yaml
 
-from .status import FINAL as FINAL_STATUSES  # noqa: F401 (re-exported; the vocabulary is raymvc.status)
 from .text import short_value  # noqa: F401 (re-exported)
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]*")  # one path component, never "." or ".."
@@ -208,7 +207,7 @@ def folder_kind(path: str | Path) -> str | None:
     return text[1] if len(text) == 2 and text[0] == "raymvc" and text[1] in KINDS else None
 
 
-def _remove(path: Path) -> None:
+def remove_entry(path: Path) -> None:
     """Remove one of raymvc's own entries; a link is removed itself, never what it points to."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
@@ -297,7 +296,7 @@ class OutputFolder:
             for name in entries:  # only what a run writes; anything else stays
                 if name in RUN_FILES or _RUN_EXTRAS.fullmatch(name):
                     try:
-                        _remove(p / name)
+                        remove_entry(p / name)
                     except OSError as e:
                         raise ResultsError(f"{p / name}: cannot remove ({e.strerror or e})") from None
         if found is None:

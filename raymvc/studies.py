@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .grid import MAX_CELLS, MAX_SEEDS, check_size, parse_grid, parse_seeds, short_key, slug  # noqa: F401
+from .grid import MAX_SEEDS, check_size, parse_grid, parse_seeds, short_key, slug  # noqa: F401 (re-exported)
 from .provenance import fingerprint
 from .results import OutputFolder, ResultsError, default_out_dir, jsonable, read_file, short_value, write_file
 from .runfolder import RunFolder
@@ -61,7 +61,6 @@ MAX_SWEEP_JSON = 64 << 20  # bytes of sweep.json read back
 MAX_SWEEP_CSV = 512 << 20  # bytes of sweep.csv read back
 RUN_FIELDS = ("seed", "status", "acc", "nmi", "ari", "mb", "rounds", "wall", "dropped_replies", "late_replies",
               "crashed_clients", "errors", "fingerprint", "run_dir")
-STATUSES = ALL
 
 
 # --------------------------------------------------------------------------- cells

@@ -177,14 +177,14 @@ def test_prototypes_keep_the_restart_the_label_free_score_prefers(monkeypatch):
         return 1.0 if len(seen) == 3 else 0.0
 
     monkeypatch.setattr(fc, "view_score", score)
-    C, labels = server._prototypes(Zc, np.ones(90, dtype=bool), round=0)
+    C, labels = server.prototypes(Zc, np.ones(90, dtype=bool), round=0)
     assert len(seen) == 4 and server.info["prototype_score"] == 1.0
     np.testing.assert_array_equal(labels, seen[2])
     assert not all(np.array_equal(seen[2], y) for y in seen)
     np.testing.assert_allclose(C, np.stack([Zc[labels == j].mean(axis=0) for j in range(3)]))
     seen.clear()
     server.config = cfg.model_copy(update={"prototypes": "inertia"})
-    server._prototypes(Zc, np.ones(90, dtype=bool), round=0)
+    server.prototypes(Zc, np.ones(90, dtype=bool), round=0)
     assert seen == []  # FedDMVC's rule: the lowest k-means objective, no score
 
 

@@ -26,7 +26,7 @@ import json
 import re
 from pathlib import Path
 
-from ..results import ROUNDS_FILE, ResultsError, _remove, read_file, sha256_file, write_file
+from ..results import ROUNDS_FILE, ResultsError, read_file, remove_entry, sha256_file, write_file
 from ..safeio import SafeReadError, json_loads
 
 POINTER = "checkpoint.json"
@@ -57,7 +57,7 @@ def save(out: Path, ck: dict, rounds_logged: int, who: dict, rounds_sha256: str)
     whose SHA-256 is ``rounds_sha256``) of the run ``who`` (:func:`identity`)."""
     folder = out / f".checkpoint-{rounds_logged}"
     if folder.exists() or folder.is_symlink():
-        _remove(folder)
+        remove_entry(folder)
     folder.mkdir()
     files = {"node.bin": ck["node"], "ledger.bin": ck["ledger"], "server.bin": ck["server"],
              **{f"client-{int(cid)}.bin": data for cid, data in ck["clients"].items()}}
@@ -71,7 +71,7 @@ def save(out: Path, ck: dict, rounds_logged: int, who: dict, rounds_sha256: str)
     for old in out.glob(".checkpoint-*"):
         if old.name != folder.name:
             try:
-                _remove(old)
+                remove_entry(old)
             except OSError:
                 pass
 
@@ -150,6 +150,6 @@ def exists(out: Path) -> bool:
 def clear(out: Path) -> None:
     for old in [out / POINTER, *out.glob(".checkpoint-*")]:
         try:
-            _remove(old)
+            remove_entry(old)
         except OSError:
             pass

@@ -375,7 +375,7 @@ def cmd_plot(args) -> int:
     if not (d / "sweep.csv").is_file():
         return _fail(f"{d}: no sweep.csv here (give a folder written by raymvc sweep)")
     try:
-        paths = plot_sweep(d)
+        paths = plot_sweep(d, metrics=[m for arg in args.metric for m in arg.split(",") if m] or None)
     except ValueError as e:
         return _fail(str(e))
     for p in paths:
@@ -555,6 +555,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("plot", help="plot a sweep: metrics and MB against the swept key (PNG + SVG)")
     pl.add_argument("sweep_dir", help="a folder written by raymvc sweep")
+    pl.add_argument("--metric", action="append", default=[], metavar="NAME",
+                    help="a score to draw (acc, nmi, ari, mb, or any score of the runs: purity, fscore, kappa, "
+                         "silhouette, calinski_harabasz); repeatable; default: ACC, NMI, ARI, MB and the "
+                         "label-free scores the sweep has")
     pl.set_defaults(fn=cmd_plot)
 
     rp = sub.add_parser("report", help="show a run, compare runs, or show a sweep's aggregate")

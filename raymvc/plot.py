@@ -34,6 +34,13 @@ from .status import FINISHED, NOT_FINISHED
 from .studies import num, read_sweep, short_key
 
 PANELS = (("acc", "ACC"), ("nmi", "NMI"), ("ari", "ARI"), ("mb", "MB (protocol traffic)"))
+# drawn by default too when a sweep has them (unlabelled data has no ACC): the label-free scores
+LABEL_FREE = (("metric.silhouette", "silhouette"), ("metric.calinski_harabasz", "Calinski-Harabasz"))
+
+
+def metric_title(m: str) -> str:
+    """A panel's name for the score ``m`` (``acc``, ``metric.purity``, ...)."""
+    return dict((*PANELS, *LABEL_FREE)).get(m, m.removeprefix("metric."))
 
 
 @dataclass(frozen=True)
@@ -105,7 +112,8 @@ def plot_points(agg: list[dict], keys: list[str]) -> list[PlotPoint]:
     for name, r in zip(_line_names(agg, list(keys[1:])), agg):
         finished = sum(int(r.get(k) or 0) for k in FINISHED)
         failed = sum(int(r.get(k) or 0) for k in NOT_FINISHED)
-        stats = {m: (num(r.get(f"{m}_mean")), num(r.get(f"{m}_std"))) for m, _ in PANELS}
+        names = [*(m for m, _ in PANELS), *(k[:-5] for k in r if k.endswith("_mean") and k[:-5] not in dict(PANELS))]
+        stats = {m: (num(r.get(f"{m}_mean")), num(r.get(f"{m}_std"))) for m in names}
         points.append(PlotPoint(line=name, x=str(r[xkey]) if xkey else "all", runs=int(r["runs"]),
                                 finished=finished, failed=failed, stats=stats))
     return points
@@ -257,7 +265,8 @@ def _draw(points: list[PlotPoint], paths: list[Path], *, x_values: list[str], x_
     from matplotlib.lines import Line2D
 
     if metrics is None:
-        metrics = [(m, t) for m, t in PANELS if any(p.stats.get(m, (None,))[0] is not None for p in points)]
+        metrics = [(m, t) for m, t in (*PANELS, *LABEL_FREE)
+                   if any(p.stats.get(m, (None,))[0] is not None for p in points)]
         metrics = metrics or [PANELS[0]]
     panels = [("failed", "Runs not finished (failed / error / interrupted)")] + \
         [(m, f"{t}: mean ± std over finished runs") for m, t in metrics]
@@ -312,8 +321,11 @@ def _draw(points: list[PlotPoint], paths: list[Path], *, x_values: list[str], x_
     return written
 
 
-def plot_sweep(sweep_dir: str | Path, formats: tuple[str, ...] = ("png", "svg")) -> list[Path]:
-    """``sweep.<format>`` in a sweep folder: :func:`draw` of its aggregate."""
+def plot_sweep(sweep_dir: str | Path, formats: tuple[str, ...] = ("png", "svg"),
+               metrics: list[str] | None = None) -> list[Path]:
+    """``sweep.<format>`` in a sweep folder: :func:`draw` of its aggregate. ``metrics``: the
+    scores to draw, by their sweep.csv names (``acc``, ``mb``, ``metric.purity`` or just
+    ``purity``); default: ACC, NMI, ARI, MB and the label-free scores, those the sweep has."""
     d = Path(sweep_dir)
     meta, _rows, agg = read_sweep(d)
     if not agg:
@@ -321,6 +333,15 @@ def plot_sweep(sweep_dir: str | Path, formats: tuple[str, ...] = ("png", "svg"))
     keys = list(meta.get("grid_keys") or [])
     xkey = keys[0] if keys else None
     points = plot_points(agg, keys)
+    panels = None
+    if metrics:
+        have = sorted({m for p in points for m, (mean, _) in p.stats.items() if mean is not None})
+        panels = []
+        for m in metrics:
+            name = m if m in have else f"metric.{m}"
+            if name not in have:
+                raise ValueError(f"--metric {m}: the sweep has no such score (it has: {', '.join(have) or 'none'})")
+            panels.append((name, metric_title(name)))
     x_values = list(dict.fromkeys(str(r[xkey]) for r in agg)) if xkey else ["all"]
     return draw(points, [d / f"sweep.{fmt}" for fmt in formats], x_values=x_values,
-                x_label=short_key(xkey) if xkey else "", title=_title(meta, points, xkey))
+                x_label=short_key(xkey) if xkey else "", title=_title(meta, points, xkey), metrics=panels)

@@ -57,6 +57,7 @@ from .status import ALL, FINISHED, Status
 from .summary import RunSummary
 
 METRICS = ("acc", "nmi", "ari")
+METRIC_PREFIX = "metric."  # sweep.csv's column of every other score a run's summary reports (metric.purity, ...)
 MAX_SWEEP_JSON = 64 << 20  # bytes of sweep.json read back
 MAX_SWEEP_CSV = 512 << 20  # bytes of sweep.csv read back
 RUN_FIELDS = ("seed", "status", "acc", "nmi", "ari", "mb", "rounds", "wall", "dropped_replies", "late_replies",
@@ -576,7 +577,23 @@ def summary_row(name: str, method: str, point: dict, seed: int, s: RunSummary, r
                rounds=s.rounds, wall=s.wall_s, dropped_replies=f.get("dropped_replies"),
                late_replies=f.get("late_replies"), crashed_clients=len(f.get("crashed_clients") or []),
                errors=len(s.errors), fingerprint=s.fingerprint or None, run_dir=rel)
+    row.update({METRIC_PREFIX + k: v for k, v in m.items() if k not in METRICS})  # whatever else the run scored
     return row
+
+
+def extra_metrics(rows: list[dict]) -> list[str]:
+    """The ``metric.*`` columns the rows carry (every score beyond ACC, NMI and ARI), sorted."""
+    return sorted({k for r in rows for k in r if k.startswith(METRIC_PREFIX)})
+
+
+def sweep_fields(keys: list[str], rows: list[dict]) -> list[str]:
+    """sweep.csv's columns: the fixed ones, then every other score some run reported."""
+    return ["scenario", "method", *keys, *RUN_FIELDS, *extra_metrics(rows)]
+
+
+def metric_names(rows: list[dict]) -> list[str]:
+    """Every score a mean is taken of: ACC, NMI, ARI, the ``metric.*`` columns, MB."""
+    return [*METRICS, *extra_metrics(rows), "mb"]
 
 
 def num(v) -> float | None:
@@ -615,8 +632,8 @@ def aggregate(rows: list[dict], keys: list[str]) -> list[dict]:
                    degraded=sum(r["status"] == "degraded" for r in rs), error=sum(r["status"] == "error" for r in rs),
                    interrupted=sum(r["status"] == "interrupted" for r in rs))
         agg["failed"] = agg["runs"] - agg["completed"] - agg["degraded"] - agg["error"] - agg["interrupted"]
-        for m in (*METRICS, "mb"):
-            mean, std = mean_std([x for r in ok if (x := num(r[m])) is not None])
+        for m in metric_names(rs):
+            mean, std = mean_std([x for r in ok if (x := num(r.get(m))) is not None])
             agg[f"{m}_mean"], agg[f"{m}_std"] = mean, std
         out.append(agg)
     return out
@@ -632,9 +649,10 @@ def write_csv(path: Path, rows: list[dict], fields: list[str]) -> None:
     write_file(path, buf.getvalue())
 
 
-def aggregate_fields(keys: list[str]) -> list[str]:
+def aggregate_fields(keys: list[str], rows: list[dict] = ()) -> list[str]:
+    """aggregate.csv's columns (``rows``: sweep.csv's, for the scores beyond ACC/NMI/ARI)."""
     return ["scenario", "method", *keys, "runs", *ALL] + \
-        [f"{m}_{s}" for m in (*METRICS, "mb") for s in ("mean", "std")]
+        [f"{m}_{s}" for m in metric_names(list(rows)) for s in ("mean", "std")]
 
 
 def format_aggregate(agg: list[dict], keys: list[str]) -> str:
@@ -649,9 +667,13 @@ def format_aggregate(agg: list[dict], keys: list[str]) -> str:
         extra = "".join(f" {n} {k}" for k in ("error", "interrupted") if (n := int(r.get(k) or 0)))
         return f"{r['completed']}/{r['degraded']}/{r['failed']}{extra}"
 
-    head = ["scenario", "method", *[short_key(k) for k in keys], "done/deg/fail", "ACC", "NMI", "ARI", "MB"]
-    body = [[str(r["scenario"]), str(r["method"]), *[str(r[k]) for k in keys], counts(r), pm(r, "acc", 4),
-             pm(r, "nmi", 4), pm(r, "ari", 4), pm(r, "mb", 3)] for r in agg]
+    labelled = any(num(r.get("acc_mean")) is not None for r in agg) or \
+        not any(num(r.get(f"{METRIC_PREFIX}silhouette_mean")) is not None for r in agg)
+    scores = [("ACC", "acc", 4), ("NMI", "nmi", 4), ("ARI", "ari", 4)] if labelled else \
+        [("SIL", f"{METRIC_PREFIX}silhouette", 4), ("CH", f"{METRIC_PREFIX}calinski_harabasz", 1)]
+    head = ["scenario", "method", *[short_key(k) for k in keys], "done/deg/fail", *(h for h, _, _ in scores), "MB"]
+    body = [[str(r["scenario"]), str(r["method"]), *[str(r[k]) for k in keys], counts(r),
+             *(pm(r, m, d) for _, m, d in scores), pm(r, "mb", 3)] for r in agg]
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)).rstrip()]
     lines += ["  ".join(c.ljust(w) for c, w in zip(b, widths)).rstrip() for b in body]
@@ -678,7 +700,7 @@ def read_sweep(sweep_dir: str | Path) -> tuple[dict, list[dict], list[dict]]:
         keys = meta.get("grid_keys")
         if not (isinstance(keys, list) and all(isinstance(k, str) for k in keys)):
             fixed = set(RUN_FIELDS) | {"scenario", "method", "mb_total"}
-            keys = [k for k in (rows[0].keys() if rows else []) if k not in fixed]
+            keys = [k for k in (rows[0].keys() if rows else []) if k not in fixed and not k.startswith(METRIC_PREFIX)]
             meta["grid_keys"] = keys
         return meta, rows, aggregate(rows, keys)
     except (csv.Error, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
@@ -823,9 +845,9 @@ def run_sweep(req: SweepRequest) -> tuple[int, Path]:
         # what finished, whether or not a signal stopped the sweep; cells never started are left out
         started = [c for c in cells if _current(c)]
         rows = _kept_rows(out, kept) + collect(started, out)
-        write_csv(out / "sweep.csv", rows, ["scenario", "method", *keys, *RUN_FIELDS])
+        write_csv(out / "sweep.csv", rows, sweep_fields(keys, rows))
         agg = aggregate(rows, keys)
-        write_csv(out / "aggregate.csv", agg, aggregate_fields(keys))
+        write_csv(out / "aggregate.csv", agg, aggregate_fields(keys, rows))
     print(format_aggregate(agg, keys))
     if not req.quiet:
         stale = f" ({res.stale} of them finished before with other settings or code)" if res.stale else ""
@@ -865,7 +887,7 @@ def _kept_rows(out: Path, runs: set[str]) -> list[dict]:
         if s is None or not s.fingerprint or s.fingerprint != r["fingerprint"]:
             dropped += 1
             continue
-        point = {k: v for k, v in r.items() if k not in fixed}
+        point = {k: v for k, v in r.items() if k not in fixed and not k.startswith(METRIC_PREFIX)}
         kept.append({**summary_row(r["scenario"], s.method or r["method"], {}, r["seed"], s, folder, out), **point})
     if dropped:
         print(f"sweep: {dropped} earlier rows of other runs left out of sweep.csv (their run folders are gone, "

@@ -263,3 +263,44 @@ def test_a_second_signal_stops_the_cells_under_way_at_once(tmp_path):
     assert len(hung) == 1 and rounds["n"] == 1 and len(killed) == 1 and len(killed[0]) == 1
     assert res.executed == 1
     assert json.loads((cells[0].run_dir / "summary.json").read_text())["status"] == "interrupted"
+
+
+def test_every_score_a_run_reports_reaches_the_sweep(tmp_path, capsys):
+    """Unlabelled data: the runs report silhouette and Calinski-Harabasz only; the sweep's
+    tables carry them, its text table shows them and its plot draws them. Labelled data:
+    purity and F-score ride along as metric.* columns and can be plotted by name."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    X = np.vstack([rng.normal(c, 0.3, size=(40, 2)) for c in (0, 3, 6)])
+    table = tmp_path / "points.csv"
+    table.write_text("x,y\n" + "".join(f"{a:.4f},{b:.4f}\n" for a, b in X))
+    sc = tmp_path / "unlabelled.yaml"
+    sc.write_text("name: unlabelled\nmethod: kfed\nparams: {kmeans_init: 1, max_iter: 50}\n"
+                  "data: {path: points.csv, n_clusters: 3, partition: horizontal, n_clients: 3}\n"
+                  "runtime: {backend: local}\nseed: 0\n")
+    out = tmp_path / "sw"
+    assert main(["sweep", str(sc), "--seeds", "0,1", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "SIL" in text and "CH" in text and "ACC" not in text
+    rows = read_csv(out / "sweep.csv")
+    assert all(float(r["metric.silhouette"]) > 0.5 and float(r["metric.calinski_harabasz"]) > 10 for r in rows)
+    assert rows[0]["acc"] == ""
+    agg = read_csv(out / "aggregate.csv")
+    assert float(agg[0]["metric.silhouette_mean"]) > 0.5
+    from raymvc.plot import plot_sweep, sweep_points
+
+    assert sweep_points(out)[0].stats["metric.silhouette"][0] > 0.5
+    import matplotlib
+
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        (svg,) = plot_sweep(out, formats=("svg",))
+    assert "silhouette" in svg.read_text() and "Calinski-Harabasz" in svg.read_text()
+    labelled = tmp_path / "sw2"
+    assert main(["sweep", str(tiny(tmp_path)), "--seeds", "0,1", "--out", str(labelled), "--quiet"]) == 0
+    rows = read_csv(labelled / "sweep.csv")
+    assert {"metric.purity", "metric.fscore"} <= set(rows[0]) and float(rows[0]["metric.purity"]) > 0
+    assert main(["plot", str(labelled), "--metric", "purity", "--metric", "acc"]) == 0
+    capsys.readouterr()
+    assert main(["plot", str(labelled), "--metric", "nope"]) == 2
+    assert "--metric nope: the sweep has no such score" in capsys.readouterr().err

@@ -166,8 +166,9 @@ def run(scenario: str | Path | Mapping | Scenario, *, data: MultiViewData | None
     replaced with ``overwrite=True``, as ``--overwrite``). A bad scenario or bad data
     raises :class:`~raymvc.scenario.ScenarioError` (or ``ValueError`` for ``data``).
     """
+    from .data.prepare import prepare
     from .results import default_out_dir
-    from .runtime import prepare, run_scenario
+    from .runtime import run_scenario
 
     sets = merge_overrides(as_overrides(overrides), {"runtime.backend": backend} if backend else {})
     sc = _scenario(scenario, sets, in_memory=data is not None)

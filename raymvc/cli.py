@@ -58,7 +58,7 @@ def _load(args) -> object:
 
 def _load_and_prepare(args):
     """(scenario, prepared data) or a ScenarioError naming the file or the --set."""
-    from .runtime import prepare
+    from .data.prepare import prepare
 
     sc = _load(args)
     try:

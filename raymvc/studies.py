@@ -106,7 +106,7 @@ def plan(scenarios: list[str | tuple], grid: Mapping[str, list] | list[tuple[str
     or ``(file, overrides, seeds)``, a run with its own subset of the seeds (None: all).
     ``grid``: key -> values (a product; the first key varies slowest); ``base``: overrides of
     every cell (key -> value); a grid point's values apply after them."""
-    from .runtime import prepare
+    from .data.prepare import prepare
 
     grid = list(grid.items()) if isinstance(grid, Mapping) else list(grid)
     cells: list[Cell] = []

@@ -273,7 +273,7 @@ class Study:
     def check_data(self) -> None:
         """Load the data of every run (at every grid point that changes the data, else the
         first): a data set that cannot be obtained is a ScenarioError naming the run."""
-        from .runtime import prepare
+        from .data.prepare import prepare
         from .scenario import load_scenario, merge_overrides
 
         points = self.points()

@@ -55,9 +55,10 @@ def check_protocol(method, *, workdir: str | Path | None = None) -> list[str]:
     defines ``PROTOCOL``); returns the names of the checks it passed, or raises
     ``AssertionError`` listing every check it failed and why. Run folders go to
     ``workdir`` (default: a temporary folder, removed afterwards)."""
+    from .data.prepare import prepare
     from .protocol import RunFacts
     from .protocols import get
-    from .runtime import prepare, run_scenario
+    from .runtime import run_scenario
 
     name = method if isinstance(method, str) else method.__name__
     proto = get(name)

@@ -1,0 +1,147 @@
+"""The data of a run as its scenario says: loaded, normalised, split, and checked against the
+method and the faults -- everything a run needs before any party starts, with no Ray
+(:func:`prepare`). The engine, the study layer and ``raymvc validate`` all start here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..scenario import ChannelCfg, Scenario, ScenarioError
+from . import normalize
+from . import partition as parts
+from .datasets import load_dataset
+
+
+def scenario_error(sc: Scenario, key: str, msg: str) -> ScenarioError:
+    where = f"{sc.source}: " if sc.source else ""
+    return ScenarioError(f"{where}{key}: {msg}")
+
+
+def _check_secure_aggregation(sc: Scenario, proto) -> None:
+    """Secure-aggregation settings that the method or the rest of the scenario cannot honour."""
+    ch = sc.channel
+    if ch.secure_aggregation and not proto.secure_sums:
+        raise scenario_error(sc, "channel.secure_aggregation", f"method {sc.method} declares no sum to aggregate securely "
+                                                     "(Protocol.secure_sums)")
+    if ch.secagg_neighbours and not ch.secure_aggregation:
+        raise scenario_error(sc, "channel.secagg_neighbours", "needs channel.secure_aggregation: true")
+    if ch.secagg_threshold != ChannelCfg.model_fields["secagg_threshold"].default and not ch.secure_aggregation:
+        raise scenario_error(sc, "channel.secagg_threshold", "needs channel.secure_aggregation: true")
+    if ch.secure_aggregation and sc.runtime.checkpoint:
+        raise scenario_error(sc, "runtime.checkpoint", "cannot be combined with channel.secure_aggregation: the clients' "
+                                             "secure-aggregation keys never leave them, not even into a checkpoint")
+
+
+def _check_sampled_secure_aggregation(sc: Scenario, asked: int, n_clients: int) -> None:
+    """Secure aggregation is set up once among all clients: the clients a round asks must
+    reach its threshold on their own, or no round's sum could ever be rebuilt."""
+    ch = sc.channel
+    if not ch.secure_aggregation:
+        return
+    if ch.secagg_neighbours:
+        raise scenario_error(sc, "faults.sampling", "cannot be combined with channel.secagg_neighbours (a round's sampled "
+                                          "clients may leave a neighbourhood under its threshold)")
+    need = int(ch.secagg_threshold * n_clients) + 1
+    if asked < need:
+        raise scenario_error(sc, "faults.sampling", f"asks {asked} of {n_clients} clients per round, fewer than the {need} "
+                                          f"secure aggregation needs (channel.secagg_threshold "
+                                          f"{ch.secagg_threshold}); lower the threshold below {asked / n_clients:g}")
+
+
+def prepare(sc: Scenario, dataset=None):
+    """Load, normalise and split the data as the scenario says (no Ray needed); ``dataset``
+    (a :class:`~raymvc.data.types.MultiViewDataset`) replaces ``data.path``/``data.dataset``.
+
+    Every problem is raised as a :class:`ScenarioError` naming the key.
+    """
+    from ..protocols import get
+    from . import DataError
+    from .datasets import image_shapes_for, select_views
+
+    proto = get(sc.method)
+    _check_secure_aggregation(sc, proto)
+    d = sc.data
+    try:
+        if dataset is not None:
+            ds = select_views(dataset, d.views) if d.views is not None else dataset
+        elif d.path is not None:
+            p = sc.data_path()
+            ds = load_dataset(path=[str(q) for q in p] if isinstance(p, list) else str(p), views=d.views,
+                              label_column=d.label_column)
+        elif d.dataset == "synthetic":
+            s = d.synthetic
+            ds = load_dataset("synthetic", n_samples=s.n_samples, n_views=s.n_views, dims=s.dims,
+                              n_clusters=s.n_clusters, noise=s.noise, seed=sc.seed, views=d.views)
+        else:
+            ds = load_dataset(d.dataset, views=d.views)
+    except DataError as e:
+        raise scenario_error(sc, "data.path" if d.path else "data.dataset", str(e)) from None
+    except (KeyError, ValueError) as e:
+        raise scenario_error(sc, "data.dataset", str(e).strip("'\"")) from None
+    if d.image_shape is not None:
+        try:
+            ds.image_shapes = image_shapes_for(ds, d.image_shape)
+        except DataError as e:
+            raise scenario_error(sc, "data.image_shape", str(e)) from None
+    if d.n_clusters is not None:
+        ds.k = d.n_clusters
+    elif not ds.has_labels:
+        raise scenario_error(sc, "data.n_clusters", f"{ds.name} has no labels; give the number of clusters (data.n_clusters: K)")
+    if not ds.has_labels and (d.heterogeneity > 0):
+        raise scenario_error(sc, "data.heterogeneity", "a label-skewed split needs labels; this data has none")
+    ds = normalize(ds, d.normalize)
+    kind = d.partition or proto.partition
+    if kind != proto.partition:
+        raise scenario_error(sc, "data.partition", f"method {sc.method} needs a {proto.partition} split, got {kind}")
+    rng = np.random.default_rng([sc.seed, 1])
+    try:
+        if kind == "vertical":
+            if d.n_clients is not None and d.n_clients != ds.n_views:
+                raise scenario_error(sc, "data.n_clients",
+                                     f"a vertical split has one client per view ({ds.n_views}), got {d.n_clients}")
+            mask = None
+            if d.missing.rate > 0:
+                mask = parts.missing_mask(ds.n_samples, ds.n_views, d.missing.rate, d.missing.pattern, rng,
+                                          base=ds.present, imbalance_alpha=d.imbalance_alpha)
+            part = parts.vertical(ds, rng, missing=mask)
+            if d.unaligned > 0:
+                part = parts.unalign(part, d.unaligned, rng)
+        else:
+            if ds.n_views != 1 and d.views is None:
+                raise scenario_error(sc, "data.views", f"{ds.name} has {ds.n_views} views; a horizontal split needs one "
+                                             "(e.g. data.views: [4])")
+            n_clients = d.n_clients or ds.n_clusters
+            part = parts.horizontal(ds, n_clients, rng, heterogeneity=d.heterogeneity,
+                                    dirichlet_alpha=d.dirichlet_alpha)
+    except ValueError as e:
+        if isinstance(e, ScenarioError):
+            raise
+        raise scenario_error(sc, "data", str(e)) from None
+    _check_faults_fit(sc, proto, part)
+    return ds, part
+
+
+def _check_faults_fit(sc: Scenario, proto, part) -> None:
+    """The scenario's faults name clients that exist and ask for no more clients than answer."""
+    for key in ("crash", "drop"):
+        for c in getattr(sc.faults, key):
+            if c.client >= part.n_clients:
+                raise scenario_error(sc, f"faults.{key}", f"client {c.client} does not exist "
+                                                f"(clients are 0..{part.n_clients - 1})")
+    for c in sc.availability_trace() or {}:
+        if c >= part.n_clients:
+            raise scenario_error(sc, "faults.availability.path", f"the trace names client {c}, which does not exist "
+                                                       f"(clients are 0..{part.n_clients - 1})")
+    if sc.faults.min_clients > part.n_clients:
+        raise scenario_error(sc, "faults.min_clients", f"{sc.faults.min_clients} is more than the {part.n_clients} clients")
+    sampling = sc.faults.sampling
+    if sampling is not None and sampling.fraction < 1.0:
+        if proto.partition != "horizontal":
+            raise scenario_error(sc, "faults.sampling", f"client sampling is for horizontal methods; {sc.method} is vertical "
+                                              "(every view's client takes part in every round)")
+        asked = max(1, int(round(sampling.fraction * part.n_clients)))
+        if sc.faults.min_clients > asked:
+            raise scenario_error(sc, "faults.min_clients", f"{sc.faults.min_clients} is more than the {asked} clients "
+                                                 f"faults.sampling asks per round")
+        _check_sampled_secure_aggregation(sc, asked, part.n_clients)

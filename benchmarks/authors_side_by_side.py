@@ -80,6 +80,8 @@ def run_ours(setting: str, seed: int, extra: dict) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         res = raymvc.run(str(REPO / scenario), overrides=overrides, out=Path(tmp) / "run", progress=False)
         m = res.metrics
+    if m is None:  # no labels came back: say why rather than stop the comparison
+        raise SystemExit(f"ours/{setting}/{seed}: the run ended {res.status.value} ({res.summary.get('error')})")
     return {"acc": m["acc"], "nmi": m["nmi"], "ari": m["ari"], "wall_s": time.perf_counter() - t0}
 
 

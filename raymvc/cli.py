@@ -309,6 +309,9 @@ def cmd_params(args) -> int:
     print("partial work (faults.partial_work): " + (
         "honoured, its clients cut their local epochs/steps to the share of work they get" if
         proto.honours_partial_work else "ignored, its clients always do all their local work (closed-form steps)"))
+    print("stale replies (faults.stale_replies): " + (
+        "used, a missing client's last reply stands in with its age" if proto.uses_stale_replies else
+        "not used, a missing client's reply is missing (the setting is refused)"))
     if not rows:
         print("  (no parameters)")
         return 0

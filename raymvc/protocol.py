@@ -355,12 +355,16 @@ class WeightedSum:
 
 
 class Replies(dict):
-    """The ``replies`` a server's ``step`` gets when the engine aggregated securely: a plain
-    mapping of the replies (declared fields removed) plus ``sums``, kind -> :class:`WeightedSum`."""
+    """The ``replies`` a server's ``step`` gets when the engine aggregated securely or handed
+    it old replies: a plain mapping of the replies (declared fields removed) plus ``sums``,
+    kind -> :class:`WeightedSum`, and ``ages``, client -> the age in rounds of its reply (0:
+    this round's; more: a missing client's last reply, under ``faults.stale_replies``)."""
 
-    def __init__(self, *args, sums: dict[str, WeightedSum] | None = None, **kw):
+    def __init__(self, *args, sums: dict[str, WeightedSum] | None = None, ages: dict[int, int] | None = None,
+                 **kw):
         super().__init__(*args, **kw)
         self.sums: dict[str, WeightedSum] = dict(sums or {})
+        self.ages: dict[int, int] = dict(ages) if ages is not None else dict.fromkeys(self, 0)
 
 
 def summed_fields(msg: Message, spec: SecureSum) -> tuple[list[str], np.ndarray, float]:
@@ -435,3 +439,6 @@ class Protocol:
     secure_sums: tuple[SecureSum, ...] = ()  # reply fields the server only needs summed (secure aggregation)
     # whether its clients scale their local work by ctx.work (faults.partial_work); closed-form methods do not
     honours_partial_work: bool = False
+    # whether its server's step can use a missing client's last reply (faults.stale_replies):
+    # ``replies.ages[c]`` is the age in rounds of client c's reply (0: this round's)
+    uses_stale_replies: bool = False

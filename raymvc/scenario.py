@@ -216,6 +216,15 @@ class SamplingCfg(_Strict):
     fraction: float = Field(default=1.0, gt=0.0, le=1.0)
 
 
+class StaleCfg(_Strict):
+    """Stale replies (docs/fault-models.md): a client that does not answer a round has its
+    last reply handed to the method's ``step`` in its place, with its age in rounds
+    (``replies.ages``), while it is at most ``max_age`` rounds old. Only for methods that
+    declare they use old replies (``raymvc params METHOD`` says)."""
+
+    max_age: int = Field(default=1, ge=1, le=1000)
+
+
 class CrashCfg(_Strict):
     client: int = Field(ge=0)
     at_round: int = Field(ge=0)
@@ -378,6 +387,7 @@ class FaultsCfg(_Strict):
     crash: list[CrashCfg] = []
     stragglers: StragglerCfg = StragglerCfg()
     partial_work: PartialWorkCfg | None = None  # clients that finish only part of a round's work
+    stale_replies: StaleCfg | None = None  # a missing client's last reply, with its age, in its place
     sampling: SamplingCfg | None = None  # clients asked per round (horizontal methods); not a fault
     deadline_s: float | None = Field(default=None, gt=0.0)
     min_clients: int = Field(default=1, ge=1)

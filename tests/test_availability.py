@@ -308,3 +308,53 @@ def test_every_shipped_availability_example_runs_in_process(tmp_path, capsys, mo
     s = json.loads(capsys.readouterr().out)
     assert s["status"] in ("completed", "degraded") and s["metrics"]["acc"] > 0.3
     assert s["faults"]["dropped_replies"] > 0  # the model took clients away
+
+
+def test_stale_replies_stand_in_for_missing_clients_with_their_age(tmp_path, capsys):
+    """faults.stale_replies: a client that misses a round has its last reply averaged in while
+    it is at most max_age rounds old; the round record names them with their ages, and
+    `replied` keeps only the round's own answers. A method that does not use old replies
+    refuses the setting in one line."""
+    n, rounds = 8, 30
+    path = echo_file(tmp_path, {"availability": {"model": "iid", "rate": 0.4}, "stale_replies": {"max_age": 2}},
+                     rounds=rounds, n_clients=n)
+    recs = run_rounds(path, tmp_path / "stale")
+    last: dict[int, int] = {}
+    used = 0
+    for rec in recs:
+        r = rec["round"]
+        want = {c: r - last[c] for c in sorted(last) if c not in rec["replied"] and 0 < r - last[c] <= 2}
+        assert {int(c): a for c, a in (rec["stale"] or {}).items()} == want, r
+        assert rec["info"]["aggregated"] == sorted(set(rec["replied"]) | set(want)), r
+        used += len(want)
+        for c in rec["replied"]:
+            last[c] = r
+    assert used > 10  # the old replies did stand in, many times
+    plain = run_rounds(echo_file(tmp_path, {"availability": {"model": "iid", "rate": 0.4}}, rounds=rounds,
+                                 n_clients=n, name="plain"), tmp_path / "plain-run")
+    assert all(rec["stale"] is None for rec in plain)
+    bad = tmp_path / "kfed.yaml"
+    bad.write_text("name: k\nmethod: kfed\ndata: {dataset: digits, partition: horizontal, n_clients: 3}\n"
+                   "faults: {stale_replies: {max_age: 1}}\nruntime: {backend: local}\n")
+    validate_fails_in_one_line(bad, capsys, "faults.stale_replies: method kfed does not use old replies")
+
+
+def test_stale_replies_survive_a_resume(tmp_path):
+    """The last replies are part of the server's checkpoint: a run stopped after round 5 and
+    resumed stands in the same old replies as the uninterrupted run."""
+    faults = {"availability": {"model": "iid", "rate": 0.4}, "stale_replies": {"max_age": 3}}
+    path = echo_file(tmp_path, faults, rounds=12, n_clients=6)
+    full = run_rounds(path, tmp_path / "full")
+    sc = load_scenario(path, ["runtime.checkpoint=true"])
+
+    def stop(record):
+        if record["round"] == 5:
+            raise KeyboardInterrupt
+
+    out = tmp_path / "stopped"
+    assert run_scenario(sc, out, progress=lambda line: None, on_round=stop)["status"] == "interrupted"
+    assert main(["run", "--resume", str(out), "--quiet"]) == 0
+    resumed = [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()]
+    assert [(r["stale"], r["info"]["aggregated"]) for r in resumed] == [(r["stale"], r["info"]["aggregated"])
+                                                                          for r in full]
+    assert any(r["stale"] for r in full[6:])

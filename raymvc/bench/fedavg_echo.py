@@ -82,4 +82,5 @@ PROTOCOL = Protocol(
     summary="engine benchmark: a vector down, the same vector up, FedAvg",
     analytic_bytes=analytic_bytes,
     secure_sums=(ECHO,),
+    uses_stale_replies=True,  # a missing client's last vector is averaged in (faults.stale_replies)
 )

@@ -124,6 +124,13 @@ def prepare(sc: Scenario, dataset=None):
 
 def _check_faults_fit(sc: Scenario, proto, part) -> None:
     """The scenario's faults name clients that exist and ask for no more clients than answer."""
+    if sc.faults.stale_replies is not None:
+        if not proto.uses_stale_replies:
+            raise scenario_error(sc, "faults.stale_replies", f"method {sc.method} does not use old replies "
+                                                              "(Protocol.uses_stale_replies); leave it out")
+        if sc.channel.secure_aggregation:
+            raise scenario_error(sc, "faults.stale_replies", "cannot be combined with channel.secure_aggregation "
+                                                              "(a sum is taken over this round's inputs only)")
     for key in ("crash", "drop"):
         for c in getattr(sc.faults, key):
             if c.client >= part.n_clients:

@@ -29,7 +29,7 @@ import numpy as np
 from ..channel import Encoded, Endpoint, Ledger, LedgerRow, RejectedMessage, codec, handshake_bytes
 from ..fixedpoint import encode_input
 from ..messages import Done, Message, labels_array
-from ..protocol import ClientContext, NoInput, ServerContext, summed_fields
+from ..protocol import ClientContext, NoInput, Replies, ServerContext, summed_fields
 from ..scenario import ChannelCfg, DeviceClass, DevicesCfg, FaultsCfg, NetworkCfg, PartialWorkCfg
 from .faults import DeviceProfiles, FaultPlan, Injector, Network, work_share
 from .records import FaultCounts, Participation, RoundRecord, RunEnd
@@ -44,7 +44,7 @@ _ROUND = struct.Struct("<q")
 # what a server checkpoint holds besides the protocol's server object
 # (the ledger travels apart, as columns: see :meth:`ServerNode.checkpoint`)
 SERVER_STATE = _SERVER_STATE = ("round", "clock", "outgoing", "done", "status", "error", "crashed", "offline", "counts",
-                 "client_errors", "errors", "participation", "compute_s", "timeouts", "evicted")
+                 "client_errors", "errors", "participation", "compute_s", "timeouts", "evicted", "last_replies")
 EVAL_PREDICT = "eval.predict"  # engine-reserved kinds: the evaluation path
 EVAL_LABELS = "eval.labels"
 
@@ -367,6 +367,9 @@ class ServerNode:
                               client_dims=client_dims, trace=trace,
                               exchanges=3 if ch.secure_aggregation and proto.secure_sums else 1)
         self.faults = Injector(self.plan)
+        stale = self.plan.cfg.stale_replies
+        self.stale_max = stale.max_age if stale is not None and proto.uses_stale_replies else 0
+        self.last_replies: dict[int, tuple[int, Message]] = {}  # client -> (round, its last protocol reply)
         self.net = Network(NetworkCfg(**network))
         self.devices = None  # per-client links and compute (scenario devices); None: the network for all
         if devices is not None:
@@ -559,6 +562,21 @@ class ServerNode:
             st.errors[cid] = _cut(why)
             self.client_errors.append({"round": r, "client": cid, "path": "secagg", "error": st.errors[cid]})
 
+    def _stand_in(self, r: int, st: RoundState, not_sampled) -> dict[int, int]:
+        """``faults.stale_replies``: keep this round's replies as each client's last, and hand
+        ``step`` the last reply of every client that did not answer (missing, not asked, or
+        crashed) while it is at most ``stale_max`` rounds old; ``replies.ages`` says how old."""
+        for cid, msg in st.replies.items():
+            self.last_replies[cid] = (r, msg)
+        ages = dict.fromkeys(st.replies, 0)
+        stood_in = {}
+        for cid, (when, msg) in sorted(self.last_replies.items()):
+            if cid not in st.replies and 0 < r - when <= self.stale_max:
+                stood_in[cid] = msg
+                ages[cid] = r - when
+        st.replies = Replies({**st.replies, **stood_in}, ages=ages)
+        return {c: ages[c] for c in stood_in}
+
     def _check_sums(self, r: int, st: RoundState) -> None:
         """Without secure aggregation, the one overflow rule of declared sums
         (:func:`raymvc.fixedpoint.encode_input` over all the run's clients, as a masking client
@@ -738,13 +756,15 @@ class ServerNode:
         elif self.plain_sums:
             self._check_sums(r, st)
         self._tally(r, addressed, st)
+        replied = sorted(st.replies)  # this round's answers (old replies that stand in are not among them)
+        stale = self._stand_in(r, st, not_sampled) if self.stale_max else None
         self._step(r, st, len(addressed), answered, not_sampled)
         rows = self.ledger.rows[ledger_mark:]
         record = RoundRecord(
-            round=r, replied=sorted(st.replies), missing=sorted(st.missing), dropped=st.dropped, late=st.late,
+            round=r, replied=replied, missing=sorted(st.missing), dropped=st.dropped, late=st.late,
             rejected=st.rejected, crashed=st.crashed, client_errors=sorted(st.errors), messages=len(rows),
             wire_bytes=sum(x.wire_bytes for x in rows), payload_bytes=sum(x.payload_bytes for x in rows),
-            partial_work=self._partial(r, addressed, st), not_sampled=not_sampled,
+            partial_work=self._partial(r, addressed, st), not_sampled=not_sampled, stale=stale,
             virtual_start_s=t0, virtual_end_s=self.clock,
             client_s=dict(sorted(st.times.items())) if self.devices is not None else None, secure_sums=sums,
             wall_s=time.perf_counter() - wall,

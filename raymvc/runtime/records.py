@@ -33,6 +33,7 @@ class RoundRecord:
     # with secure aggregation: per declared sum, its kind, contributors, why it failed and
     # whose sum a failed aggregation may still have disclosed to the server
     secure_sums: list[dict[str, Any]] | None = None
+    stale: dict[int, int] | None = None  # faults.stale_replies: whose last reply stood in, and its age
     wall_s: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
     done: bool = False

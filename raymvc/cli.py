@@ -531,6 +531,17 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--json", action="store_true")
     pa.set_defaults(fn=cmd_params)
 
+    _add_sweep_and_plot(sub, scenario_args)
+
+    rp = sub.add_parser("report", help="show a run, compare runs, or show a sweep's aggregate")
+    rp.add_argument("runs", nargs="+", help="run folders and/or sweep folders")
+    rp.add_argument("--json", action="store_true")
+    rp.set_defaults(fn=cmd_report)
+    return p
+
+
+def _add_sweep_and_plot(sub, scenario_args) -> None:
+    """The ``sweep`` and ``plot`` commands of :func:`build_parser`."""
     sw = sub.add_parser("sweep", help="run scenarios over a grid of overrides and seeds; aggregate")
     scenario_args(sw, many=True)
     sw.add_argument("--grid", action="append", metavar="KEY=[V1, V2, ...]",
@@ -563,12 +574,6 @@ def build_parser() -> argparse.ArgumentParser:
                          "silhouette, calinski_harabasz); repeatable; default: ACC, NMI, ARI, MB and the "
                          "label-free scores the sweep has")
     pl.set_defaults(fn=cmd_plot)
-
-    rp = sub.add_parser("report", help="show a run, compare runs, or show a sweep's aggregate")
-    rp.add_argument("runs", nargs="+", help="run folders and/or sweep folders")
-    rp.add_argument("--json", action="store_true")
-    rp.set_defaults(fn=cmd_report)
-    return p
 
 
 def _jobs(text: str) -> int | None:

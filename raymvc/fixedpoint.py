@@ -65,8 +65,9 @@ def split(v: np.ndarray, names: list[str], shapes: list[tuple[int, ...]]) -> dic
     return out
 
 
-def encode_input(x: np.ndarray, weight: float, n: int) -> np.ndarray:
-    """The code of one client's ``(w x, w)``; an entry that is not finite or beyond :func:`bound` is an error."""
+def check_input(x: np.ndarray, weight: float, n: int) -> tuple[np.ndarray, float]:
+    """One client's ``(x, w)`` as float64, if the sum of ``n`` clients can hold it: an entry
+    that is not finite or beyond :func:`bound` is a ValueError (nothing is encoded)."""
     x = np.asarray(x, dtype=np.float64).ravel()
     w = float(weight)
     if not (np.isfinite(x).all() and np.isfinite(w)):
@@ -75,4 +76,10 @@ def encode_input(x: np.ndarray, weight: float, n: int) -> np.ndarray:
     if x.size and float(np.abs(x).max()) > b:
         raise ValueError(f"an input entry exceeds {b:.3g}, the largest the sum holds for weight {w:g} over {n} clients")
     check_ring(w, b, n)
+    return x, w
+
+
+def encode_input(x: np.ndarray, weight: float, n: int) -> np.ndarray:
+    """The code of one client's ``(w x, w)`` (:func:`check_input` first)."""
+    x, w = check_input(x, weight, n)
     return encode_fixed(np.append(w * x, w))

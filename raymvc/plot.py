@@ -112,7 +112,7 @@ def plot_points(agg: list[dict], keys: list[str]) -> list[PlotPoint]:
     for name, r in zip(_line_names(agg, list(keys[1:])), agg):
         finished = sum(int(r.get(k) or 0) for k in FINISHED)
         failed = sum(int(r.get(k) or 0) for k in NOT_FINISHED)
-        names = [*(m for m, _ in PANELS), *(k[:-5] for k in r if k.endswith("_mean") and k[:-5] not in dict(PANELS))]
+        names = dict.fromkeys([*(m for m, _ in PANELS), *(k[:-5] for k in r if k.endswith("_mean"))])
         stats = {m: (num(r.get(f"{m}_mean")), num(r.get(f"{m}_std"))) for m in names}
         points.append(PlotPoint(line=name, x=str(r[xkey]) if xkey else "all", runs=int(r["runs"]),
                                 finished=finished, failed=failed, stats=stats))
@@ -238,6 +238,11 @@ def _style_axis(ax, x_label, xs_text, pos, numeric, logx) -> None:
     ax.grid(True, alpha=0.3)
 
 
+def literal(text: str) -> str:
+    """``text`` as matplotlib draws it literally: a ``$`` (which would start TeX math) escaped."""
+    return str(text).replace("$", r"\$")
+
+
 def draw(points: list[PlotPoint], paths: list[Path], *, x_values: list[str], x_label: str, title: str,
          metrics: list[tuple[str, str]] | None = None, references: list[Reference] = (), dpi: int = 130) -> list[Path]:
     """The one figure of raymvc's sweeps and study pages: a panel with the share of runs
@@ -250,17 +255,6 @@ def draw(points: list[PlotPoint], paths: list[Path], *, x_values: list[str], x_l
     import matplotlib
 
     matplotlib.use("Agg")
-    return _draw(points, paths, x_values=x_values, x_label=x_label, title=title, metrics=metrics,
-                 references=references, dpi=dpi)
-
-
-def literal(text: str) -> str:
-    """``text`` as matplotlib draws it literally: a ``$`` (which would start TeX math) escaped."""
-    return str(text).replace("$", r"\$")
-
-
-def _draw(points: list[PlotPoint], paths: list[Path], *, x_values: list[str], x_label: str, title: str,
-          metrics: list[tuple[str, str]] | None, references: list[Reference], dpi: int) -> list[Path]:
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 

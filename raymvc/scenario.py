@@ -316,12 +316,12 @@ def read_trace(path: Path) -> dict[int, np.ndarray]:
         raise ValueError(f"{path}: more than {MAX_TRACE_BYTES} bytes")
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
     if key not in _TRACES:
-        try:
-            lines = path.read_text().splitlines()
-        except UnicodeDecodeError:
-            raise ValueError(f"{path}: not a text file") from None
-        out = _fast_trace(path, lines)
+        out = _fast_trace(path)
         if out is None:  # something is off: the line-by-line reader names it (or agrees)
+            try:
+                lines = path.read_text().splitlines()
+            except UnicodeDecodeError:
+                raise ValueError(f"{path}: not a text file") from None
             out = {c: np.asarray(v, dtype=np.float64).reshape(-1, 2)
                    for c, v in _read_trace_lines(path, lines).items()}
         for a in out.values():
@@ -331,10 +331,16 @@ def read_trace(path: Path) -> dict[int, np.ndarray]:
     return _TRACES[key]
 
 
-def _fast_trace(path: Path, lines: list[str]) -> dict[int, np.ndarray] | None:
-    """The intervals of a well-formed trace, read by numpy's parser; None if any line is not
-    ``integer,number,number`` with finite start < end (the line reader then names it)."""
-    if not lines or [x.strip() for x in lines[0].split(",")] != ["client", "start_s", "end_s"]:
+def _fast_trace(path: Path) -> dict[int, np.ndarray] | None:
+    """The intervals of a well-formed trace, read by numpy's parser in one pass over the file;
+    None if the header or any line is not ``integer,number,number`` with finite start < end
+    (the line reader then names it)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            header = fh.readline()
+    except (OSError, ValueError):
+        return None
+    if [x.strip() for x in header.split(",")] != ["client", "start_s", "end_s"]:
         return None
     try:
         rows = np.loadtxt(path, delimiter=",", skiprows=1, comments=None, ndmin=1,

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..channel import Encoded, Endpoint, Ledger, LedgerRow, RejectedMessage, codec, handshake_bytes
-from ..fixedpoint import encode_input
+from ..fixedpoint import check_input
 from ..messages import Done, Message, labels_array
 from ..protocol import ClientContext, NoInput, Replies, ServerContext, summed_fields
 from ..scenario import ChannelCfg, DeviceClass, DevicesCfg, FaultsCfg, NetworkCfg, PartialWorkCfg
@@ -562,7 +562,7 @@ class ServerNode:
             st.errors[cid] = _cut(why)
             self.client_errors.append({"round": r, "client": cid, "path": "secagg", "error": st.errors[cid]})
 
-    def _stand_in(self, r: int, st: RoundState, not_sampled) -> dict[int, int]:
+    def _stand_in(self, r: int, st: RoundState) -> dict[int, int]:
         """``faults.stale_replies``: keep this round's replies as each client's last, and hand
         ``step`` the last reply of every client that did not answer (missing, not asked, or
         crashed) while it is at most ``stale_max`` rounds old; ``replies.ages`` says how old."""
@@ -589,7 +589,7 @@ class ServerNode:
                 continue
             try:
                 _names, x, w = summed_fields(st.replies[cid], spec)
-                encode_input(x, w, n)
+                check_input(x, w, n)
             except ValueError as e:
                 del st.replies[cid]
                 st.missing.add(cid)
@@ -757,7 +757,7 @@ class ServerNode:
             self._check_sums(r, st)
         self._tally(r, addressed, st)
         replied = sorted(st.replies)  # this round's answers (old replies that stand in are not among them)
-        stale = self._stand_in(r, st, not_sampled) if self.stale_max else None
+        stale = self._stand_in(r, st) if self.stale_max else None
         self._step(r, st, len(addressed), answered, not_sampled)
         rows = self.ledger.rows[ledger_mark:]
         record = RoundRecord(

@@ -311,6 +311,22 @@ class Study:
     def labels(self) -> dict[str, RunSpec]:
         return {r.id: r for _, _, r in self.entries()}
 
+    @staticmethod
+    def cell_digest(run: RunSpec, point: dict, seed: int) -> str:
+        """What the study file asks of one cell, and nothing of the code that ran it: the
+        run's scenario file as the study names it, its settings with the grid point, the
+        seed. A record row carries it, so a row copied from another study (whatever its
+        ``study`` column says) is not taken for one of this study's cells; two studies that
+        ask for the same cell share it."""
+        import hashlib
+        import json
+
+        from .results import short_value
+
+        doc = {"scenario": Path(run.scenario).as_posix(), "seed": int(seed),
+               "set": {k: short_value(v) for k, v in {**run.set, **point}.items()}}
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
     def default_out(self) -> Path:
         return Path("runs") / "studies" / self.name
 

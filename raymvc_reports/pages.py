@@ -75,7 +75,7 @@ def check_policy(st: Study) -> None:
     if st.spec.readme:
         raise ScenarioError(f"{st.path}: study.tuning: a tuning study has no rows in README's table "
                             "(set readme: false)")
-RECORD_EXTRA = ("code_version", "platform", "labels_sha256", "virtual_s", *COMMIT_FIELDS, "joined", "study")
+RECORD_EXTRA = ("code_version", "platform", "labels_sha256", "virtual_s", *COMMIT_FIELDS, "joined", "cell", "study")
 FACTS = ("code_version", "platform", "labels_sha256", "virtual_s", *COMMIT_FIELDS)  # what a run folder tells
 
 
@@ -96,12 +96,17 @@ class StudyResult:
         self.cells: dict[tuple, list[dict]] = defaultdict(list)
         self.rows: list[dict] = []  # every cell's row, the main folder's first
         self.joined = 0  # cells joined from other machines' folders
+        self.foreign = 0  # rows whose cell digest is not the study's for that cell (left out)
         ids, seeds = set(study.labels()), {str(s) for s in study.seeds()}
+        digests = cell_digests(study)
         seen = set()
         for r in rows:
             if r["scenario"] not in ids or str(r["seed"]) not in seeds:  # a run or seed the file no longer names
                 continue
             key = _row_cell(r, study)
+            if not r.get("cell") or r.get("cell") != digests.get(key):  # another study's cell, or an edited one
+                self.foreign += 1
+                continue
             if key in seen:  # the main folder's cell first, then the first other one's
                 continue
             seen.add(key)
@@ -116,10 +121,11 @@ class StudyResult:
         an earlier ``record`` that neither holds (e.g. a GPU machine's, joined once with
         ``--also``): a rewritten record never loses a cell. A row whose run folder is gone
         keeps the record's code version and labels hash where the fingerprint is the same."""
-        ids = set(study.labels())
+        ids, digests = set(study.labels()), cell_digests(study)
         out = []
         for d, joined in [(sweep_dir, ""), *((e, "1") for e in elsewhere)]:
-            out += [{**r, **_run_facts(d, r), "joined": joined} for r in read_sweep(d)[1] if r["scenario"] in ids]
+            out += [{**r, **_run_facts(d, r), "joined": joined, "cell": digests.get(_row_cell(r, study), "")}
+                    for r in read_sweep(d)[1] if r["scenario"] in ids]
         if record is not None and record.is_file():
             earlier = _read_record(record, study)
             by_cell = {_row_cell(r, study): r for r in earlier}
@@ -212,6 +218,17 @@ def _read_record(path: Path, study: Study) -> list[dict]:
     except SafeReadError as e:
         raise ResultsError(str(e)) from None
     return [r for r in rows if r.get("study") == study.name]
+
+
+def cell_digests(study: Study) -> dict[tuple, str]:
+    """Each cell the study file declares (as :func:`_row_cell` keys it) -> its
+    :meth:`~raymvc.study.Study.cell_digest`."""
+    out = {}
+    for _, _, run in study.entries():
+        for point in study.points():
+            for seed in study.run_seeds(run):
+                out[(run.id, _key(point), str(seed))] = study.cell_digest(run, point, seed)
+    return out
 
 
 def _row_cell(row: dict, study: Study) -> tuple:
@@ -849,6 +866,9 @@ def write_pages(studies_dir: Path, runs_dir: Path, readme: Path | None = None,
             records.append((res, record))
         elif record.is_file():
             res = StudyResult.from_record(st, record)
+        if res is not None and res.foreign:
+            say(f"{record}: {res.foreign} row(s) left out: not cells of {st.name} as its file declares them "
+                "(their cell digest differs)")
         by_paper[st.spec.paper].append((st, res))
     written += [res.write_record(record) for res, record in records]
     for paper, entries in sorted(by_paper.items()):

@@ -302,6 +302,40 @@ def test_data_errors_on_the_command_line(tmp_path, capsys):
     assert err.startswith("warning: ") and "single class" in err and err.count("\n") == 1
 
 
+def test_data_that_would_not_fit_in_memory_is_refused_up_front(tmp_path, capsys, monkeypatch):
+    from raymvc.data import prepare as prep
+
+    drawn = []
+    monkeypatch.setattr(prep, "load_dataset", lambda *a, **k: drawn.append(a) or load_dataset(*a, **k))
+    sc = tmp_path / "s.yaml"
+    sc.write_text("method: kfed\ndata: {dataset: synthetic, synthetic: {n_samples: 10000, n_views: 1, dims: 50}}\n")
+    assert cli.main(["validate", str(sc)]) == 0 and drawn  # enough memory: accepted
+    drawn.clear()
+    # 10000 x 50 float64 values = 4 MB, three copies 12 MB: refused with 5 MB left, before a value is drawn
+    monkeypatch.setattr(prep, "available_memory", lambda: 5_000_000)
+    err = _one_line_error(capsys, ["validate", str(sc)])
+    assert err.startswith(f"error: {sc}: data: needs about 0.01 GB") and "0.01 GB is available" in err
+    assert not drawn
+    # a data file: refused once its size is known, before it is normalised or split
+    _npz(tmp_path, "big", X0=np.zeros((2000, 300)), X1=np.zeros((2000, 200)), y=np.arange(2000) % 3)
+    sc.write_text("method: cefmc\ndata: {path: big.npz}\n")
+    split = []
+    monkeypatch.setattr(prep.parts, "vertical", lambda *a, **k: split.append(1))
+    err = _one_line_error(capsys, ["validate", str(sc)])
+    assert "data: needs about 0.02 GB" in err and not split
+
+
+def test_available_memory_honours_an_address_space_limit(monkeypatch):
+    import resource
+
+    from raymvc.data.prepare import available_memory
+
+    free = available_memory()
+    assert free is None or free > 0
+    monkeypatch.setattr(resource, "getrlimit", lambda what: (1_000_000, resource.RLIM_INFINITY))
+    assert available_memory() == 1_000_000 if free is None else available_memory() == min(free, 1_000_000)
+
+
 def test_missing_views_on_a_horizontal_split_are_an_error():
     with pytest.raises(ScenarioError, match="data.missing.rate: missing views apply to vertical splits"):
         scenario_from_dict({**KFED, "data": {"dataset": "digits", "missing": {"rate": 0.2}}})

@@ -16,7 +16,8 @@ from raymvc.cli import main
 from raymvc.declared import check_committed
 from raymvc.provenance import platform_text
 from raymvc.scenario import ScenarioError
-from raymvc_reports.pages import README_BEGIN, README_END, write_pages
+from raymvc.study import load_study
+from raymvc_reports.pages import README_BEGIN, README_END, _row_cell, cell_digests, write_pages
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -150,6 +151,8 @@ def _record(path: Path, study: str, run: str, seeds: range, accs: list[float], c
              **({"seeds_commit": "uncommitted", "head_commit": "uncommitted"} if commits else {}),
              "joined": "", "study": study}
             for s, a in zip(seeds, accs)]
+    st = load_study(path.parent.parent / f"{study}.yaml")  # the cell digest the page generator checks
+    rows = [{**r, "cell": cell_digests(st).get(_row_cell(r, st), "")} for r in rows]
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))

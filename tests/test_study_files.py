@@ -129,6 +129,15 @@ def test_a_study_takes_no_grid_or_seeds_from_the_command_line(tmp_path, capsys):
     assert "come from the study file" in capsys.readouterr().err
 
 
+def _with_cells(rows: list[dict], study_file) -> list[dict]:
+    """Hand-made record rows with the cell digest that the page generator writes and checks."""
+    from raymvc_reports.pages import _row_cell, cell_digests
+
+    st = load_study(study_file)
+    digests = cell_digests(st)
+    return [{**r, "cell": digests.get(_row_cell(r, st), "")} for r in rows]
+
+
 def _csv(path):
     with open(path, newline="") as fh:
         return list(csv.DictReader(fh))
@@ -468,6 +477,7 @@ def test_a_study_with_modes_counts_seeds_per_mode_on_its_page_and_in_readme(tmp_
              "ari": "0.9", "mb": "1.0", "rounds": "3", "wall": "1.0", "fingerprint": f"f{s}", "run_dir": "",
              "code_version": "v", "platform": "p", "labels_sha256": "h", "joined": "", "study": "bimodal"}
             for s, a in enumerate(accs)]
+    rows = _with_cells(rows, study)
     rec = tmp_path / "studies" / "results" / "bimodal.csv"
     rec.parent.mkdir()
     with rec.open("w", newline="") as f:
@@ -514,6 +524,7 @@ def test_text_from_study_files_and_records_cannot_inject_markup(tmp_path):
                  "acc": "0.9", "nmi": "0.9", "ari": "0.9", "mb": "1", "rounds": "3", "wall": "1", "fingerprint": "f",
                  "run_dir": "", "code_version": evil, "platform": evil, "labels_sha256": "h", "joined": "",
                  "study": name} for s in (0, 1)]
+        rows = _with_cells(rows, studies / f"{name}.yaml")
         with (studies / "results" / f"{name}.csv").open("w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()
@@ -552,6 +563,26 @@ def test_a_record_copied_under_another_name_is_not_that_studys_results(tmp_path)
     write_pages(studies, tmp_path / "runs")
     section = (studies / "cefmc.md").read_text().split("<!-- study: cefmc-lambda -->")[1].split("<!-- study:")[0]
     assert "| 0/0 |" in section and "0.946" not in section
+
+
+def test_a_record_renamed_into_another_study_is_checked_against_its_cells(tmp_path):
+    """Same run ids, same seeds, no grid: only the cell digest tells FedDMVC's rows from FCUIF's."""
+    studies = tmp_path / "studies"
+    shutil.copytree(ROOT / "studies", studies, ignore=shutil.ignore_patterns("figures"))
+    shutil.copytree(ROOT / "scenarios", tmp_path / "scenarios")
+    theirs = _csv(studies / "results" / "feddmvc-second-data.csv")
+    text = (studies / "results" / "feddmvc-second-data.csv").read_text()
+    (studies / "results" / "fcuif-second-data.csv").write_text(text.replace(",feddmvc-second-data\n",
+                                                                             ",fcuif-second-data\n"))
+    said = []
+    write_pages(studies, tmp_path / "runs", log=said.append)
+    section = (studies / "fcuif.md").read_text().split("<!-- study: fcuif-second-data -->")[1].split("<!-- study:")[0]
+    accs = {f"{float(r['acc']):.3f}" for r in theirs}
+    assert "| 0/0 |" in section and not any(a in section for a in accs)
+    assert any(f"{len(theirs)} row(s) left out: not cells of fcuif-second-data" in m for m in said)
+    # the record as written is read: FedDMVC's own page still shows its rows
+    section = (studies / "feddmvc.md").read_text().split("<!-- study: feddmvc-second-data -->")[1]
+    assert "| 3/3 |" in section.split("<!-- study:")[0]
 
 
 def test_validate_a_study_whose_data_cannot_be_obtained_is_one_line(tmp_path, monkeypatch, capsys):

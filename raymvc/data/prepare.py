@@ -62,6 +62,10 @@ def prepare(sc: Scenario, dataset=None):
     proto = get(sc.method)
     _check_secure_aggregation(sc, proto)
     d = sc.data
+    if dataset is None and d.path is None and d.dataset == "synthetic":  # known before a value is drawn
+        s = d.synthetic
+        dims = s.dims if isinstance(s.dims, (list, tuple)) else [s.dims] * s.n_views
+        _check_memory(sc, s.n_samples * sum(int(x) for x in dims) * 8)
     try:
         if dataset is not None:
             ds = select_views(dataset, d.views) if d.views is not None else dataset
@@ -90,6 +94,7 @@ def prepare(sc: Scenario, dataset=None):
         raise scenario_error(sc, "data.n_clusters", f"{ds.name} has no labels; give the number of clusters (data.n_clusters: K)")
     if not ds.has_labels and (d.heterogeneity > 0):
         raise scenario_error(sc, "data.heterogeneity", "a label-skewed split needs labels; this data has none")
+    _check_memory(sc, sum(int(v.nbytes) for v in ds.views))
     ds = normalize(ds, d.normalize)
     kind = d.partition or proto.partition
     if kind != proto.partition:
@@ -120,6 +125,38 @@ def prepare(sc: Scenario, dataset=None):
         raise scenario_error(sc, "data", str(e)) from None
     _check_faults_fit(sc, proto, part)
     return ds, part
+
+
+COPIES = 3  # the data, its normalised copy and the clients' shards live side by side while a run starts
+
+
+def available_memory() -> int | None:
+    """Bytes this process may still allocate: the kernel's ``MemAvailable``, or less under an
+    address-space limit (``ulimit -v``); ``None`` where neither can be read."""
+    import resource
+
+    avail = None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        avail = soft if avail is None else min(avail, soft)
+    return avail
+
+
+def _check_memory(sc: Scenario, data_bytes: int) -> None:
+    """Refuse in one line, before anything large is built, a data set whose copies for a run
+    (:data:`COPIES` of its values) would not fit in the memory left to this process."""
+    need, avail = COPIES * data_bytes, available_memory()
+    if avail is not None and need > avail:
+        raise scenario_error(sc, "data", f"needs about {need / 1e9:.2f} GB of memory ({COPIES} copies of "
+                                         f"{data_bytes / 1e9:.2f} GB of values) but {avail / 1e9:.2f} GB is available")
 
 
 def _check_faults_fit(sc: Scenario, proto, part) -> None:

@@ -145,6 +145,41 @@ def test_missing_reply_keeps_last_graph_and_columns():
     assert server.info["stale_clients"] == []
 
 
+def _silent_after_round_1(absent: str, silent=(0,)):
+    """Rounds 0-1 with every client, then two rounds with ``silent`` gone; the server."""
+    clients, server, _, present = _federation(tol=0.0, max_rounds=10, absent=absent)
+    out = server.start()
+    for r in range(4):
+        replies, missing = _round(clients, out, drop=silent if r >= 2 else ())
+        out = server.step(r, replies, missing)
+    return server, present
+
+
+def test_absent_project_keeps_orphan_columns_out_of_the_embedding():
+    keep, present = _silent_after_round_1("keep")
+    proj, _ = _silent_after_round_1("project")
+    only0 = present[:, 0] & ~present[:, 1:].any(axis=1)
+    assert only0.sum() >= 3
+    assert not keep.orphans().any() and np.array_equal(proj.orphans(), only0)
+    assert np.array_equal(keep.Z, proj.Z)  # the remedy changes the labelling only
+    # columns that only the silent client holds cannot move the others' labels ...
+    base = proj.labels()
+    proj.Z[:, only0] = np.roll(proj.Z[:, only0], 5, axis=0) * 40.0
+    again = proj.labels()
+    assert np.array_equal(again[~only0], base[~only0])
+    # ... while with the paper's labelling they do
+    before = keep.labels()
+    keep.Z[:, only0] = np.roll(keep.Z[:, only0], 5, axis=0) * 40.0
+    assert not np.array_equal(keep.labels()[~only0], before[~only0])
+
+
+def test_absent_project_changes_nothing_without_absent_clients():
+    keep, _ = _silent_after_round_1("keep", silent=())
+    proj, _ = _silent_after_round_1("project", silent=())
+    assert not proj.orphans().any()
+    assert np.array_equal(keep.labels(), proj.labels())
+
+
 def test_client_missing_in_round_0_is_asked_again_and_joins():
     clients, server, _, present = _federation(tol=0.0, max_rounds=3)
     out = server.start()

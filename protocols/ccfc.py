@@ -602,17 +602,20 @@ class CCFCServer(Server):
                                  self.config.server_kmeans_init, sample_weight=w)
             self.C = normalise_rows(C).astype(np.float32)
 
-    def _final(self) -> dict[int, Message]:
+    def _final_message(self) -> Message:
+        """The final model: the averaged weights and the global centroids."""
         if self.C is None:
             raise NoInput("ccfc: no client delivered local centroids")
-        fields: dict = dict(self.weights)
-        fields["C"] = self.C
-        return {c: Message("final", fields) for c in self.ctx.client_ids}
+        return Message("final", {**self.weights, "C": self.C})
+
+    def _final(self) -> dict[int, Message]:
+        msg = self._final_message()
+        return {c: msg for c in self.ctx.client_ids}
 
     def step(self, round: int, replies: Mapping[int, Message], missing: set[int]) -> dict[int, Message] | Done:
         if round >= self.total:  # the final round: acknowledgements only
             self.info = {"acknowledged": sorted(replies), "missing": sorted(missing)}
-            return Done(labels=None, info={"rounds_trained": self.total})
+            return Done(labels=None, info={"rounds_trained": self.total}, final=self._final_message())
         self.info = {}
         used = self.aggregate(replies, round)
         losses = [float(replies[c]["loss"]) for c in used]

@@ -177,17 +177,22 @@ class KFedServer(Server):
             self.info = {"acknowledged": sorted(c for c, m in replies.items() if m.kind == "ack"),
                          "joined": useful, "missing": sorted(missing), "asked_again": ask}
         if not useful:  # nothing new (round >= 1): the clients hold the current centroids
-            return Done(labels=None, info={"global_centroids": int(len(self.C))})
+            return self._done()
         # new centroids for everyone who has summarised (round 0: for everyone not asked again)
         out = {c: Message("global_centroids", C=self.C) for c in self.ctx.client_ids
                if c in self.summaries or (round == 0 and c not in ask)}
         out.update({c: Message("summarise", C=self.C) for c in ask})
         return out
 
+    def _done(self) -> Done:
+        """The end; the global centroids are the final model (``faults.inference_round``)."""
+        return Done(labels=None, info={"global_centroids": int(len(self.C))},
+                    final=Message("global_centroids", C=self.C))
+
     def result(self) -> Done | None:
         if self.C is None:
             return None  # no global centroids yet
-        return Done(labels=None, info={"global_centroids": int(len(self.C))})
+        return self._done()
 
 
 def analytic_bytes(config: Config, facts: RunFacts) -> int:

@@ -138,7 +138,14 @@ class Done:
     whose server holds the consensus; -1 for a sample the server has no label for, e.g.
     no client holding one of its views ever answered), or ``None`` when every client
     labels its own samples; then the engine collects them on the evaluation path.
+
+    ``final``: with ``labels`` None, the message that gives a client what it needs to
+    label its rows (the final model). Where a scenario asks for an inference round
+    (``faults.inference_round``), the engine hands it to every client available after
+    the last round, metered and subject to faults, before it collects the labels; the
+    client takes it in its ``handle`` like any message, and its reply is not read.
     """
 
     labels: np.ndarray | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    final: Message | None = None

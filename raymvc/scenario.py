@@ -397,6 +397,10 @@ class FaultsCfg(_Strict):
     sampling: SamplingCfg | None = None  # clients asked per round (horizontal methods); not a fault
     deadline_s: float | None = Field(default=None, gt=0.0)
     min_clients: int = Field(default=1, ge=1)
+    # after the last round, the server's final model to every client available then (a
+    # round of its own: metered, subject to these faults), for methods whose clients label
+    # their own rows; not a fault (docs/fault-models.md)
+    inference_round: bool = False
 
     @model_validator(mode="after")
     def _one_availability(self) -> FaultsCfg:

@@ -134,3 +134,43 @@ def test_sampling_is_the_same_on_ray_and_in_process(ray_session, tmp_path):
                         "runtime.clients_per_actor=5")
         seen[backend] = [(r["replied"], r["missing"], r["not_sampled"]) for r in rounds]
     assert seen["ray"] == seen["local"]
+
+
+def _kfed_sampled(tmp_path, name: str, *extra: str, backend: str = "local") -> dict:
+    out = tmp_path / name
+    assert main(["run", str(ROOT / "scenarios" / "digits-kfed.yaml"), "--backend", backend, "--set",
+                 "data.n_clients=20", "--set", "faults.sampling={fraction: 0.2}", *extra, "--out", str(out),
+                 "--quiet"]) == 0
+    return json.loads((out / "summary.json").read_text())
+
+
+def test_an_inference_round_hands_the_final_model_to_every_available_client(tmp_path):
+    """Sampled, most clients never hear of the centroids and their rows stay unlabelled; an
+    inference round reaches them all (metered: the MB grow; one round more)."""
+    off = _kfed_sampled(tmp_path, "off")
+    on = _kfed_sampled(tmp_path, "on", "--set", "faults.inference_round=true")
+    assert off["unlabelled_samples"] > 500 and "inference_round" not in off["protocol_info"]
+    info = on["protocol_info"]["inference_round"]
+    assert info == {"round": off["rounds"], "addressed": 20, "reached": 20, "missing": [], "crashed": []}
+    assert on["unlabelled_samples"] == 0 and on["metrics"]["acc"] > off["metrics"]["acc"] + 0.2
+    assert on["rounds"] == off["rounds"] + 1
+    k, d = 10, 64  # 20 copies of the 10 x 64 float64 centroids, on top of the same rounds
+    assert on["communication"]["mb_total"] - off["communication"]["mb_total"] > 20 * k * d * 8 / 1e6
+    # subject to faults: under dropouts some clients miss it, and only theirs stay unlabelled
+    lossy = _kfed_sampled(tmp_path, "lossy", "--set", "faults.inference_round=true",
+                          "--set", "faults.dropout={rate: 0.5}")
+    info = lossy["protocol_info"]["inference_round"]
+    assert 0 < info["reached"] < 20 and len(info["missing"]) == 20 - info["reached"]
+    assert 0 <= lossy["unlabelled_samples"] < off["unlabelled_samples"]
+
+
+def test_the_inference_round_is_the_same_on_ray_and_in_process(ray_session, tmp_path):
+    seen = {}
+    for backend in ("local", "ray"):
+        s = _kfed_sampled(tmp_path, backend, "--set", "faults.inference_round=true", "--set",
+                          "faults.dropout={rate: 0.3}", "--set", "runtime.client_cpus=0.25", "--set",
+                          "runtime.clients_per_actor=5", backend=backend)
+        assert s["backend"] == backend
+        labels = (tmp_path / backend / "labels.csv").read_text()
+        seen[backend] = (s["protocol_info"]["inference_round"], s["unlabelled_samples"], labels)
+    assert seen["ray"] == seen["local"]

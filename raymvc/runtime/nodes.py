@@ -801,6 +801,18 @@ class ServerNode:
                 return list(self.unreported)
 
     # -- the end -----------------------------------------------------------
+    def _inference_round(self, r: int, final: Message) -> dict:
+        """``faults.inference_round``: the server's final model to every client available in
+        round ``r`` (the one after the last), metered with the protocol's traffic and subject
+        to the scenario's faults; replies are not read. Returns what the summary says of it."""
+        alive = [c for c in self.connected if c not in self.crashed]
+        st, self.clock = self._exchange(r, {c: final for c in alive}, "protocol", self.faults)
+        self.crashed.update(st.crashed)
+        self._tally(r, {c: final for c in alive}, st)
+        reached = sorted(set(st.replies) | set(st.acked))
+        return {"round": r, "addressed": len(alive), "reached": len(reached),
+                "missing": sorted(st.missing), "crashed": sorted(st.crashed)}
+
     def _collect_predictions(self) -> dict[int, np.ndarray]:
         """The evaluation path: ask every live client for its own labels (metered apart, no faults)."""
         alive = [c for c in self.connected if c not in self.crashed]
@@ -837,6 +849,9 @@ class ServerNode:
             if done.labels is not None:
                 end.labels = np.asarray(done.labels)
             elif stopped is None and self.status in ("finished", "failed"):
+                if self.plan.cfg.inference_round and done.final is not None:
+                    end.info["inference_round"] = self._inference_round(end.rounds, done.final)
+                    end.virtual_s, end.rounds = self.clock, end.rounds + 1
                 end.predictions = self._collect_predictions()
         # after the evaluation path, whose failures are client errors like any other
         end.client_errors, end.errors = list(self.client_errors), list(self.errors)

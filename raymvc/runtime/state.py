@@ -107,7 +107,7 @@ class _Encoder:
         if isinstance(v, Message):
             return {"msg": v.kind, "fields": self(dict(v.fields), f"{path}.fields")}
         if isinstance(v, Done):
-            return {"done": self({"labels": v.labels, "info": v.info}, path)}
+            return {"done": self({"labels": v.labels, "info": v.info, "final": v.final}, path)}
         if isinstance(v, np.random.Generator):
             return {"npgen": self(v.bit_generator.state, path)}
         return self._torch_or_object(v, path)
@@ -163,7 +163,7 @@ class _Decoder:
             return Message(node["msg"], self(node["fields"]))
         if tag == "done":
             d = self(node["done"])
-            return Done(labels=d["labels"], info=d["info"])
+            return Done(labels=d["labels"], info=d["info"], final=d.get("final"))
         if tag == "npgen":
             state = self(node["npgen"])
             if state.get("bit_generator") not in _BIT_GENERATORS:

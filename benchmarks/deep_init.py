@@ -122,7 +122,10 @@ def main(argv: list[str]) -> int:
     sets = {}
     for kv in argv[2:]:
         key, _, value = kv.partition("=")
-        sets[key] = json.loads(value) if value[:1] in "0123456789[{-tfn\"" else value
+        try:
+            sets[key] = json.loads(value)  # numbers, lists, true/false/null
+        except json.JSONDecodeError:
+            sets[key] = value  # a bare word (torch, xavier)
     out = run(argv[0], int(argv[1]), sets)
     with open(RESULTS, "a") as fh:
         fh.write(json.dumps(out) + "\n")

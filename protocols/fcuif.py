@@ -89,7 +89,7 @@ Departures from the paper
   authors' code compares the accuracy of both branches against ground truth, which a
   clustering method cannot know. Labels are never read here.
 * Anchor: client 0 (see step 2) instead of "the client with the best training result".
-* FedDMVC's departures (mean losses; the option of standardised embeddings). The
+* FedDMVC's losses (Eqs. 1 and 3 as sums, ``loss: sum``) and its option of standardised embeddings. The
   training budget is the paper's by default (Sec. 4.1: 500-500-2000, 500 pretraining and
   300 local epochs, batch 256, Adam 1e-3, R = 3); the shipped scenarios shorten it by
   name (30 + 10 epochs, 256-256-1024, batch 128) and say so in their labels.
@@ -199,6 +199,10 @@ class Config(fd.Config):
     gamma: float = remark(
         fd.Config, "gamma",
         paper("Sec. 4.1.3 (γ = 0.1)", value=0.1))
+    loss: Literal["sum", "mean"] = remark(
+        fd.Config, "loss",
+        paper("Eqs. 1, 3 and 4 (L_r = ||X^m - g(f(X^m))||_F^2 and the KL summed over samples and clusters)",
+              value="sum"))
     ridge: float = remark(
         fd.Config, "ridge",
         project_option("used only with view_patterns: linear, FedDMVC's least squares"))
@@ -241,7 +245,7 @@ def alignment_loss(Fa: torch.Tensor, Fm: torch.Tensor, perm: torch.Tensor, alpha
     shuffled so that row ``j`` is the anchor's row ``perm[j]``)."""
     logits = Fa @ Fm.T / math.sqrt(Fa.shape[1])
     A = torch.softmax(logits, dim=1)
-    fit = ((Fa - A @ Fm) ** 2).mean()  # mean per entry (as FedDMVC's losses)
+    fit = ((Fa - A @ Fm) ** 2).mean()  # mean per entry (Eq. 10 sums; see the docstring)
     # f(A - A_gt): cross-entropy of each row of A against the true column
     target = torch.empty_like(perm)
     target[perm] = torch.arange(len(perm))

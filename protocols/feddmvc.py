@@ -98,10 +98,12 @@ Departures from the paper (each an option; the default is the paper's setting)
   after pretraining (``1 / std`` of its embedding entries; the decoder divides it back
   out). Its measured effect, seed set by seed set, is on the method's page
   (``studies/feddmvc.md``: the ``feddmvc-overlap`` and ``feddmvc-heldout`` studies).
-* Losses: ``L_r`` is the mean squared error per entry and ``KL`` the mean over the
-  batch's samples (the paper writes sums); with sums, ``γ = 0.1`` would weigh
-  reconstruction by the number of features. Adam replaces the paper's unstated
-  optimiser.
+* Losses: Eqs. 1 and 3 sum over samples, Eq. 1 also over a view's features. Per batch
+  both are taken as means over the batch's samples (the ratio of the two sums is kept):
+  ``L_r`` sums a sample's squared errors over its ``D_m`` features, ``KL`` over the
+  clusters (``loss: sum``, the default). The authors' released code averages the squared
+  error over features too (``loss: mean``), which weighs the KL term ``D_m`` times more;
+  the method's page has its measured effect. Adam is the optimiser (not stated here).
 * The training budget is not stated in this paper. The defaults are the ones the same
   authors state for the same autoencoders in FCUIF (its Sec. 4.1, and their released code):
   widths 500-500-2000, 500 pretraining epochs, 300 local epochs a round, batch 256, Adam
@@ -183,6 +185,13 @@ class Config(ProtocolConfig):
         **not_stated("PyTorch's default; the paper names no initialisation"))
     gamma: float = Field(default=0.1, ge=0.0, description="γ, weight of KL(P || Q)",
         **paper("Sec. 4.3, Parameter Analysis (γ = 0.1 for all data sets)", value=0.1))
+    loss: Literal["sum", "mean"] = Field(
+        default="sum", description="scale of the two losses: per sample, the squared error summed over the view's "
+                                   "features and the KL summed over clusters (Eqs. 1 and 3, the paper), or the "
+                                   "squared error averaged over features (the authors' released code, mse_loss), "
+                                   "which weighs the KL term D_m times more",
+        **paper("Eqs. 1, 3 and 4 (L_r = ||X^m - X^^m||_F^2 and the KL summed over samples and clusters)",
+                value="sum"))
     standardize: float = Field(default=0.0, ge=0.0,
                                description="project option: std of the embedding entries after pretraining "
                                            "(one scalar per client; 0 = off, the paper)",
@@ -448,7 +457,8 @@ class FedDMVCClient(Client):
             b = b.to(self.dev)
             xb = self.x[b]
             z, xr = model(xb)
-            loss = ((xr - xb) ** 2).mean()  # L_r (mean per entry)
+            err = (xr - xb) ** 2  # L_r: Eq. 1 sums over a sample's features; `mean` averages them
+            loss = err.sum(1).mean() if cfg.loss == "sum" else err.mean()
             if P is not None and cfg.gamma > 0:
                 q = model.soft_assign(z)
                 pb = P[b]

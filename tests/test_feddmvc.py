@@ -364,3 +364,18 @@ def test_init_xavier_is_the_authors_initialisation():
     default = fd.AutoEncoder(40, (64, 64, 128), 10, 3)
     assert any(float(m.bias.detach().abs().max()) > 0 for m in default.encoder if isinstance(m, torch.nn.Linear))
     assert fd.Config().init == "torch" and fd.Config(init="xavier").init == "xavier"
+
+
+def test_the_paper_losses_sum_over_features_and_the_authors_average():
+    """``loss: sum`` (Eqs. 1 and 3, the default) and ``mean`` (the authors' mse_loss) train the
+    same weights (Adam does not see a constant factor) but report L_r D = 10 times apart, so
+    at the same γ the KL term weighs D times less under the paper's sums."""
+    out = {}
+    for loss in ("sum", "mean"):
+        sc = tiny_scenario(**{"params.loss": loss})
+        _, _, clients, server = parties(sc)
+        replies = deliver(clients, server.start(), 0)
+        out[loss] = (clients[0].last_loss, replies[0]["Z"])
+    assert out["sum"][0] == pytest.approx(10.0 * out["mean"][0], rel=1e-3)
+    assert np.allclose(out["sum"][1], out["mean"][1], atol=1e-3)
+    assert fd.Config().loss == "sum"

@@ -621,6 +621,32 @@ def atlas_ranking(res: StudyResult) -> list[dict]:
     return out
 
 
+ATLAS_VALUE = re.compile(r"\{\{atlas:([a-z0-9-]+):([A-Za-z0-9_.-]+):(mild|harsh|change)\}\}")
+
+
+def fill_atlas_values(text: str, results: list[StudyResult], where: Path) -> str:
+    """A page's notes with every ``{{atlas:KIND:RUN:FIELD}}`` replaced by that run's number in
+    the ranking of ``robustness-KIND`` (FIELD: ``mild`` or ``harsh`` ACC, or the ``change``
+    between them), so prose quotes the tables instead of copying them. A placeholder that
+    names no such kind, run or number is a ScenarioError naming the notes file."""
+    rankings = {res.study.name.removeprefix("robustness-"): {e["run"].id: e for e in atlas_ranking(res)}
+                for res in results if res.rows}
+
+    def value(m: re.Match) -> str:
+        kind, run, field = m.groups()
+        e = rankings.get(kind, {}).get(run)
+        if e is None or e[field] is None:
+            raise ScenarioError(f"{where}: {m.group(0)}: no {field} of run {run!r} in the atlas kind {kind!r} "
+                                f"(kinds: {', '.join(sorted(rankings)) or 'none'})")
+        return f"{e[field]:+.3f}" if field == "change" else f"{e[field]:.3f}"
+
+    out = ATLAS_VALUE.sub(value, text)
+    if "{{atlas:" in out:
+        bad = out[out.index("{{atlas:"):][:60].split("}}")[0]
+        raise ScenarioError(f"{where}: {bad}}}}}: expected {{{{atlas:KIND:RUN:mild|harsh|change}}}}")
+    return out
+
+
 def atlas_overview(results: list[StudyResult], fig_dir: Path, page_dir: Path) -> str:
     """The atlas across its fault kinds: a ranking per kind, a rank matrix, and a figure of
     ACC against MB and against the virtual time of every cell."""
@@ -886,9 +912,10 @@ def write_pages(studies_dir: Path, runs_dir: Path, readme: Path | None = None,
             else:
                 say(f"{page}: no section for {st.name} (no sweep folder, cell record or earlier section)")
         notes = studies_dir / NOTES_DIR / f"{paper}.md"
-        overview = atlas_overview([res for _, res in entries if res is not None], studies_dir / "figures",
-                                  studies_dir) if paper == ATLAS else ""
-        page.write_text(paper_page(paper, sections, notes.read_text() if notes.is_file() else "", overview))
+        present = [res for _, res in entries if res is not None]
+        overview = atlas_overview(present, studies_dir / "figures", studies_dir) if paper == ATLAS else ""
+        text = fill_atlas_values(notes.read_text(), present, notes) if notes.is_file() else ""
+        page.write_text(paper_page(paper, sections, text, overview))
         written.append(page)
     if readme is not None and readme.is_file():
         text = readme.read_text()

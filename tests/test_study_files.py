@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 import statistics
 import sys
@@ -725,3 +726,23 @@ def test_this_repositorys_seed_policy_is_kept_by_its_pages_not_by_the_library(tm
     assert len(r.stderr.strip().splitlines()) == 1 and str(f) in r.stderr
     for path in STUDIES:  # every shipped study keeps the policy
         check_policy(load_study(path))
+
+
+def test_atlas_notes_quote_the_ranking_instead_of_copying_it(tmp_path):
+    """``{{atlas:KIND:RUN:FIELD}}`` in a notes file becomes that run's number in the kind's
+    ranking; a placeholder naming nothing there is one error naming the notes file."""
+    from raymvc_reports.pages import StudyResult, atlas_ranking, fill_atlas_values
+
+    st = load_study(ROOT / "studies" / "robustness-crash.yaml")
+    res = StudyResult.from_record(st, ROOT / "studies" / "results" / "robustness-crash.csv")
+    e = {x["run"].id: x for x in atlas_ranking(res)}["efimvc"]
+    notes = tmp_path / "robustness.md"
+    text = fill_atlas_values("EFIMVC: {{atlas:crash:efimvc:mild}} -> {{atlas:crash:efimvc:harsh}} "
+                             "({{atlas:crash:efimvc:change}})", [res], notes)
+    assert text == f"EFIMVC: {e['mild']:.3f} -> {e['harsh']:.3f} ({e['change']:+.3f})"
+    for bad, words in [("{{atlas:crash:nobody:mild}}", "no mild of run 'nobody' in the atlas kind 'crash'"),
+                       ("{{atlas:flood:efimvc:mild}}", "kind 'flood' (kinds: crash)"),
+                       ("{{atlas:crash:efimvc:best}}", "expected {{atlas:KIND:RUN:mild|harsh|change}}")]:
+        with pytest.raises(ScenarioError, match=re.escape(words)) as err:
+            fill_atlas_values(f"x {bad} y", [res], notes)
+        assert str(notes) in str(err.value)

@@ -45,18 +45,30 @@ def engine_version() -> str:
     return h.hexdigest()[:16]
 
 
-@functools.lru_cache(maxsize=64)
-def method_version(method: str) -> str:
-    """The digest of the modules that define ``method`` (its client, server and config) and
-    of the private helper modules (``_*.py``) beside them."""
+def method_files(method: str) -> list[Path]:
+    """The modules that define ``method`` (its client, server and config, and the classes
+    they derive from beside them: FCUIF's are FedDMVC's) and the private helper modules
+    (``_*.py``) beside them, sorted."""
     from .protocols import get
 
     proto = get(method)
     files: set[Path] = set()
     for cls in (proto.client, proto.server, proto.config):
         path = Path(getattr(sys.modules.get(cls.__module__), "__file__", "") or "")
-        if path.is_file():
-            files |= {path.resolve(), *(f.resolve() for f in path.parent.glob("_*.py") if f.name != "__init__.py")}
+        if not path.is_file():
+            continue
+        files |= {path.resolve(), *(f.resolve() for f in path.parent.glob("_*.py") if f.name != "__init__.py")}
+        for base in cls.__mro__[1:]:  # a base class in a module beside it is part of the method
+            base_path = Path(getattr(sys.modules.get(base.__module__), "__file__", "") or "")
+            if base_path.is_file() and base_path.resolve().parent == path.resolve().parent:
+                files.add(base_path.resolve())
+    return sorted(files)
+
+
+@functools.lru_cache(maxsize=64)
+def method_version(method: str) -> str:
+    """The digest of :func:`method_files`."""
+    files = method_files(method)
     h = hashlib.sha256(method.encode() + b"\0")
     for f in sorted(files):
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")

@@ -106,6 +106,19 @@ def test_a_changed_method_code_runs_the_cells_again(tmp_path, count_runs, monkey
     assert main(argv) == 0 and count_runs == ["tiny_seed0"]
 
 
+def test_a_method_built_on_another_counts_its_code():
+    """FCUIF's client, server and config derive from FedDMVC's: an edit of feddmvc.py is an
+    edit of FCUIF, so its version covers that file (and FedDMVC's does not cover FCUIF's)."""
+    from raymvc.provenance import method_files
+
+    fcuif = {f.name for f in method_files("fcuif")}
+    feddmvc = {f.name for f in method_files("feddmvc")}
+    assert {"fcuif.py", "feddmvc.py", "_torch.py"} <= fcuif
+    assert "feddmvc.py" in feddmvc and "fcuif.py" not in feddmvc
+    assert "protocol.py" not in fcuif  # the engine's base classes are the engine's version
+    assert {f.name for f in method_files("kfed")} & {"feddmvc.py", "fcuif.py"} == set()
+
+
 def test_a_stopped_sweep_starts_nothing_more_and_writes_its_tables(tmp_path, monkeypatch):
     sc, out = _tiny(tmp_path), tmp_path / "S"
     started: list[str] = []

@@ -79,7 +79,7 @@ def search_paths() -> list[str]:
     return list(_SEARCH)
 
 
-def _import_user_module(path: str):
+def import_user_module(path: str):
     """Import ``path``; if it is not importable, from the first of the scenario files' folders
     (:func:`add_search_path`) and the current directory that holds its top-level module.
 
@@ -121,7 +121,7 @@ def get(name: str) -> Protocol:
         return obj if isinstance(obj, Protocol) else _from_module(obj, name)
     if "." in name or name.isidentifier():
         try:
-            module = _import_user_module(name)
+            module = import_user_module(name)
         except ModuleNotFoundError as e:
             if e.name and name.startswith(e.name):
                 raise KeyError(_unknown(name)) from None

@@ -228,8 +228,8 @@ def cmd_list(args) -> int:
     for name, text in [
         ("dropout.rate", "chance that a client misses a round (per client and round; each "
                          "secure-aggregation exchange draws again)"),
-        ("availability", "{model: iid | per_client | markov | diurnal | data | trace, ...}: which clients "
-                         "are there in a round, instead of dropout.rate (docs/fault-models.md)"),
+        ("availability", "{model: NAME, ...}: which clients are there in a round, instead of dropout.rate; "
+                         "the models below, or module.path:ClassName of your own (docs/fault-models.md)"),
         ("disconnect.rate", "fraction of clients offline for the whole run"),
         ("drop", "[{client: C, at_round: R}]: the client misses round R (a scheduled dropout)"),
         ("crash", "[{client: C, at_round: R}]: the client's actor is killed at round R"),
@@ -240,8 +240,17 @@ def cmd_list(args) -> int:
                          "local work (deep methods; raymvc params METHOD says which honour it)"),
         ("sampling", "{fraction: F}: the server asks F of the clients each round, the rest are not_sampled "
                      "(horizontal methods; no fault)"),
+        ("inference_round", "true: after the last round the final model goes to every available client, "
+                            "metered (horizontal methods whose clients label their rows)"),
     ]:
         print(f"  {name:<16} {text}")
+    from .availability import REGISTRY
+
+    print("availability models (faults.availability.model):")
+    for name, cls in REGISTRY.items():
+        keys = ", ".join(k for k in cls.Config.model_fields if k != "model")
+        doc = " ".join((cls.__doc__ or "").replace("``", "").replace(":func:", "").split()).split(". ")[0]
+        print(f"  {name:<16} {doc.rstrip('.')} ({keys})")
     return 0
 
 

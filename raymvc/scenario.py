@@ -37,12 +37,15 @@ import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationError,
     field_validator,
     model_validator,
 )
 
+from . import availability as _availability
 from .text import MAX_ERROR_CHARS, MAX_VALUE_CHARS, one_line, short, short_value  # noqa: F401 (re-exported)
 
 MAX_FILE_BYTES = 1_000_000  # a scenario file
@@ -183,7 +186,7 @@ class ChannelCfg(_Strict):
 
 MAX_SIGMA = 10.0  # a lognormal's sigma: e^(10 x 3) already spans 13 orders of magnitude
 MAX_SECONDS = 1e9  # a delay's mean (about 30 years)
-MAX_ROUNDS_SPAN = 1e9  # a stretch or a day, in rounds
+MAX_ROUNDS_SPAN = _availability.MAX_ROUNDS_SPAN  # a stretch or a day, in rounds
 
 
 class RateCfg(_Strict):
@@ -235,69 +238,43 @@ class DropCfg(_Strict):
     at_round: int = Field(ge=0)
 
 
-class IidAvailability(_Strict):
-    """Each client is unavailable in each round with probability ``rate``: ``faults.dropout.rate``."""
+class OwnAvailability(_Strict):
+    """``faults.availability`` naming a model of one's own (``model: module.path:ClassName``,
+    see :mod:`raymvc.availability`): its parameters are checked by the model's ``Config``."""
 
-    model: Literal["iid"]
-    rate: float = Rate
+    model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
+    model: str
 
-
-class PerClientAvailability(_Strict):
-    """Each client's unavailability probability is drawn once from Beta(alpha, beta),
-    alpha = mean x concentration, beta = (1 - mean) x concentration; then each round is a coin."""
-
-    model: Literal["per_client"]
-    mean: float = Field(gt=0.0, lt=1.0, description="mean unavailability probability over clients")
-    concentration: float = Field(default=10.0, gt=0.0, description="alpha + beta: higher, clients more alike")
-
-
-class MarkovAvailability(_Strict):
-    """An on/off chain per client: on for mean_on rounds, off for mean_off rounds on average
-    (geometric: p(on -> off) = 1 / mean_on, p(off -> on) = 1 / mean_off); round 0 from the
-    stationary distribution."""
-
-    model: Literal["markov"]
-    mean_on: float = Field(ge=1.0, le=MAX_ROUNDS_SPAN, description="mean length of an available stretch, in rounds")
-    mean_off: float = Field(ge=1.0, le=MAX_ROUNDS_SPAN, description="mean length of an unavailable stretch, in rounds")
+    @model_validator(mode="after")
+    def _known(self) -> OwnAvailability:
+        try:
+            cls = _availability.get_model(self.model)
+        except KeyError as e:
+            raise ValueError(str(e).strip("'\"")) from None
+        try:
+            cls.Config(**self.model_dump())
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(x) for x in first["loc"])
+            raise ValueError(f"{where + ': ' if where else ''}{first['msg']}") from None
+        return self
 
 
-class DiurnalAvailability(_Strict):
-    """Availability p(t) = base + amplitude x sin(2 pi (t / period + phase)), clipped to [0, 1],
-    t the round index; each round is a coin at p(t)."""
-
-    model: Literal["diurnal"]
-    period: float = Field(ge=1e-3, le=MAX_ROUNDS_SPAN, description="length of a day, in rounds")
-    base: float = Field(default=0.5, ge=0.0, le=1.0, description="mean availability over the day")
-    amplitude: float = Field(default=0.5, ge=0.0, le=1.0)
-    phase: float | None = Field(default=None, ge=0.0, lt=1.0,
-                                description="share of a day every client is shifted by; null: each client "
-                                            "draws its own, uniform in [0, 1)")
+def _availability_tag(v: Any) -> str | None:
+    """Which model's parameters a ``faults.availability`` mapping holds: a built-in name, or
+    ``own`` for an import path."""
+    m = v.get("model") if isinstance(v, dict) else getattr(v, "model", None)
+    if not isinstance(m, str):
+        return None
+    if m in _availability.REGISTRY:
+        return m
+    return "own" if _availability.is_import_path(m) else None
 
 
-class DataAvailability(_Strict):
-    """Unavailability tied to what a client holds: p_c = rate x (mean size / size_c) ** strength,
-    clipped to [0, 1]; size is the client's number of samples or its view's dimension."""
-
-    model: Literal["data"]
-    by: Literal["samples", "dimension"] = "samples"
-    rate: float = Rate
-    strength: float = Field(default=1.0, ge=0.0, le=100.0, description="0: every client at rate")
-
-
-class TraceAvailability(_Strict):
-    """Availability read from a CSV of ``client,start_s,end_s`` intervals (see :func:`read_trace`)."""
-
-    model: Literal["trace"]
-    path: str = Field(description="the CSV, relative to the scenario file")
-    round_s: float = Field(default=1.0, gt=0.0, description="round r takes place at r x round_s seconds")
-
-
-AVAILABILITY_MODELS = {c.model_fields["model"].annotation.__args__[0]: c for c in (
-    IidAvailability, PerClientAvailability, MarkovAvailability, DiurnalAvailability, DataAvailability,
-    TraceAvailability)}
+AVAILABILITY_MODELS = {**{n: c.Config for n, c in _availability.REGISTRY.items()}, "own": OwnAvailability}
 Availability = Annotated[
-    IidAvailability | PerClientAvailability | MarkovAvailability | DiurnalAvailability | DataAvailability
-    | TraceAvailability, Field(discriminator="model")]
+    typing.Union[tuple(Annotated[c, Tag(n)] for n, c in AVAILABILITY_MODELS.items())],  # noqa: UP007
+    Discriminator(_availability_tag)]
 MAX_TRACE_BYTES = 50_000_000
 
 
@@ -741,9 +718,14 @@ def _format(source: str | None, err: ValidationError, prefix: tuple = (), model=
     loc = [x for i, x in enumerate(loc) if not (i and loc[i - 1] == "availability" and x in AVAILABILITY_MODELS)]
     typ = e["type"]
     if typ in ("union_tag_invalid", "union_tag_not_found"):  # the key that picks the kind (model: ...)
-        loc.append(e["ctx"]["discriminator"].strip("'"))
+        loc.append("model" if e["ctx"]["discriminator"] == "_availability_tag()" else e["ctx"]["discriminator"].strip("'"))
     key = ".".join(loc) or "(top level)"
-    if typ == "union_tag_invalid":
+    if typ == "union_tag_not_found" and e["ctx"]["discriminator"] == "_availability_tag()":
+        m = e["input"].get("model") if isinstance(e["input"], dict) else None
+        msg = ("required key is missing" if m is None else
+               f"unknown value {short(m)} (valid: {', '.join(_availability.REGISTRY)}, or module.path:ClassName "
+               "of your own)")
+    elif typ == "union_tag_invalid":
         msg = f"unknown value {short(e['ctx']['tag'])} (valid: {e['ctx']['expected_tags'].replace(chr(39), '')})"
     elif typ == "union_tag_not_found":
         msg = "required key is missing"

@@ -139,7 +139,7 @@ def test_diurnal_availability_follows_the_day(tmp_path):
     # each client's own phase: grouped by the client's local time, the same day appears
     cfg = FaultsCfg(availability={"model": "diurnal", "period": period, "base": base, "amplitude": amp})
     plan = FaultPlan(cfg, list(range(200)), seed=3)
-    phases = np.array([plan.phase[c] for c in range(200)])
+    phases = np.array([plan.availability.phase[c] for c in range(200)])
     assert phases.min() >= 0 and phases.max() < 1 and phases.std() > 0.2
     grid = ~plan_off(plan, 200, range(200))
     local = (np.arange(200)[:, None] / period + phases[None, :]) % 1.0
@@ -358,3 +358,45 @@ def test_stale_replies_survive_a_resume(tmp_path):
     assert [(r["stale"], r["info"]["aggregated"]) for r in resumed] == [(r["stale"], r["info"]["aggregated"])
                                                                           for r in full]
     assert any(r["stale"] for r in full[6:])
+
+
+# --------------------------------------------------------------------- a model of one's own
+WEEKEND = ROOT / "examples" / "own_availability" / "echo-weekend.yaml"
+
+
+def test_a_model_of_ones_own_runs_the_same_on_ray_and_in_process(ray_session, tmp_path, monkeypatch, capsys):
+    """``model: weekend:Weekend`` from a module beside the scenario file (not on sys.path):
+    the same clients are away in the same rounds on both backends, as the model says."""
+    import sys
+
+    from raymvc import protocols
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(protocols, "_SEARCH", [])
+    monkeypatch.delitem(sys.modules, "weekend", raising=False)
+    seen = {}
+    for backend in ("local", "ray"):
+        out = tmp_path / backend
+        assert main(["run", str(WEEKEND), "--backend", backend, "--set", "runtime.clients_per_actor=5", "--set",
+                     "runtime.client_cpus=0.25", "--out", str(out), "--quiet"]) == 0, capsys.readouterr().err
+        rounds = [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()]
+        seen[backend] = [(r["replied"], r["missing"]) for r in rounds]
+    assert seen["ray"] == seen["local"]
+    away = {r for r, (_, missing) in enumerate(seen["local"]) if missing}
+    assert away == {5, 6, 12, 13} and all(seen["local"][r][1] == [0, 1, 2, 3] for r in away)
+
+
+def test_a_model_of_ones_own_is_checked_like_a_built_in_one(tmp_path, capsys):
+    sc = tmp_path / "s.yaml"
+    text = WEEKEND.read_text().replace("away: 0.4", "away: 1.5")
+    (tmp_path / "weekend.py").write_text((WEEKEND.parent / "weekend.py").read_text())
+    sc.write_text(text)
+    assert main(["validate", str(sc)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "faults.availability" in err and "away: input should be less than or equal to 1" \
+        in err.lower()
+    sc.write_text(WEEKEND.read_text().replace("weekend:Weekend", "nowhere_at_all:Weekend"))
+    assert main(["validate", str(sc)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "importing nowhere_at_all failed" in err

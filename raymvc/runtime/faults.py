@@ -59,11 +59,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import availability
 from ..scenario import DEVICE_QUANTITIES, DelayCfg, DeviceClass, DevicesCfg, FaultsCfg, NetworkCfg, PartialWorkCfg
 
 # stream tags, so the streams never overlap
 _DISCONNECT, _STRAGGLERS, _DROPOUT, _DELAY = 101, 102, 103, 104
-_PER_CLIENT, _PHASE, _MARKOV, _PARTIAL, _SAMPLING = 105, 106, 107, 108, 109
+_PARTIAL, _SAMPLING = 108, 109  # 105-107: the availability models' own (raymvc.availability)
 _DEVICE, _DEVICE_CLASS = 110, 111
 
 
@@ -97,32 +98,6 @@ def _sub(sub: int) -> tuple[int, ...]:
     return (int(sub),) if sub else ()
 
 
-def _merged(intervals) -> tuple[np.ndarray, np.ndarray]:
-    """Half-open intervals ``[start, end)`` sorted and merged where they overlap or touch:
-    (starts, ends), both increasing, so one binary search finds the interval of a time."""
-    if not len(intervals):
-        return np.zeros(0), np.zeros(0)
-    a = np.asarray(intervals, dtype=np.float64).reshape(-1, 2)
-    a = a[np.argsort(a[:, 0], kind="stable")]
-    reach = np.maximum.accumulate(a[:, 1])
-    new = np.ones(len(a), dtype=bool)
-    new[1:] = a[1:, 0] > reach[:-1]  # a gap before it: a new merged interval starts here
-    groups = np.cumsum(new) - 1
-    ends = np.zeros(int(groups[-1]) + 1)
-    np.maximum.at(ends, groups, a[:, 1])
-    return a[new, 0], ends
-
-
-def _size_rate(rate: float, mean: float, size: float, strength: float) -> float:
-    """``min(1, rate x (mean / size) ** strength)``, computed in logs (no overflow); size 0: 1."""
-    if rate <= 0:
-        return 0.0
-    if size <= 0:
-        return 1.0
-    log_p = math.log(rate) + strength * (math.log(mean) - math.log(size))
-    return 1.0 if log_p >= 0.0 else math.exp(log_p)
-
-
 @dataclass
 class FaultPlan:
     """Which clients fail how, decided once from the seed."""
@@ -151,67 +126,20 @@ class FaultPlan:
         for c in self.cfg.crash:
             self.crash_at[c.client] = min(c.at_round, self.crash_at.get(c.client, c.at_round))
         a = self.cfg.availability
-        self.p_client: dict[int, float] = {}  # per_client, data: each client's unavailability
-        self.phase: dict[int, float] = {}  # diurnal: each client's shift, in days
-        self.chain: dict[int, list[bool]] = {}  # markov: each client's states (on) so far, from round 0
-        self._spans: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # trace: each client's merged intervals
-        if a is None:
-            return
-        if a.model == "per_client":
-            ab = (a.mean * a.concentration, (1.0 - a.mean) * a.concentration)
-            self.p_client = {c: float(np.random.default_rng([self.seed, _PER_CLIENT, c]).beta(*ab))
-                             for c in self.client_ids}
-        elif a.model == "diurnal":
-            self.phase = {c: float(np.random.default_rng([self.seed, _PHASE, c]).random()) if a.phase is None
-                          else a.phase for c in self.client_ids}
-        elif a.model == "data":
-            held = self.client_sizes if a.by == "samples" else self.client_dims
-            if not held or any(c not in held for c in self.client_ids):
-                raise ValueError(f"availability model data by {a.by} needs every client's "
-                                 f"{'size' if a.by == 'samples' else 'dimension'}")
-            mean = float(np.mean([held[c] for c in self.client_ids]))
-            self.p_client = {c: _size_rate(a.rate, mean, held[c], a.strength) for c in self.client_ids}
+        self.availability = None if a is None else availability.build(a, availability.Context(
+            self.seed, list(self.client_ids), self.client_sizes, self.client_dims, self.trace))
+
+    @property
+    def p_client(self) -> dict[int, float]:
+        """Each client's fixed unavailability (models per_client and data; empty otherwise)."""
+        return dict(getattr(self.availability, "p_client", {}))
 
     def unavailable(self, round: int, client: int) -> float:
-        """The probability that ``client`` is unavailable in ``round`` (0 or 1 for markov and trace)."""
-        a = self.cfg.availability
-        if a is None:
+        """The probability that ``client`` is unavailable in ``round``: the availability
+        model's (0 or 1 for markov and trace), else ``faults.dropout.rate``."""
+        if self.availability is None:
             return self.cfg.dropout.rate
-        if a.model == "iid":
-            return a.rate
-        if a.model in ("per_client", "data"):
-            return self.p_client[client]
-        if a.model == "diurnal":
-            day = math.fmod(round / a.period + self.phase[client], 1.0)  # in [0, 1): sin never sees a huge angle
-            on = a.base + a.amplitude * math.sin(2.0 * math.pi * day)
-            return 1.0 - min(1.0, max(0.0, on))
-        if a.model == "markov":
-            return 0.0 if self._markov_on(round, client) else 1.0
-        t = round * a.round_s  # trace
-        return 0.0 if self._on_trace(client, t) else 1.0
-
-    def _on_trace(self, client: int, t: float) -> bool:
-        """Whether ``t`` lies in one of ``client``'s trace intervals: a binary search in its
-        merged, sorted intervals (built once per client)."""
-        spans = self._spans.get(client)
-        if spans is None:
-            spans = self._spans[client] = _merged((self.trace or {}).get(client, ()))
-        starts, ends = spans
-        i = int(np.searchsorted(starts, t, side="right")) - 1
-        return i >= 0 and t < ends[i]
-
-    def _markov_on(self, round: int, client: int) -> bool:
-        a = self.cfg.availability
-        states = self.chain.setdefault(client, [])
-        while len(states) <= round:
-            u = np.random.default_rng([self.seed, _MARKOV, client, len(states)]).random()
-            if not states:  # the stationary distribution
-                states.append(bool(u < 1.0 / (1.0 + a.mean_off / a.mean_on)))  # mean_on / (on + off), no overflow
-            elif states[-1]:
-                states.append(bool(u >= 1.0 / a.mean_on))
-            else:
-                states.append(bool(u < 1.0 / a.mean_off))
-        return states[round]
+        return self.availability.unavailable(round, client)
 
     def dropped(self, round: int, client: int, sub: int = 0) -> bool:
         if sub == 0 and (round, client) in self.drop_at:

@@ -69,12 +69,11 @@ def run_one(method: str, n: int, backend: str, out: Path) -> dict:
     with open(out / "messages.csv", newline="") as fh:  # the inference round's bytes, from the ledger
         inf_mb = sum(int(m["wire_bytes"]) for m in csv.DictReader(fh)
                      if m["path"] == "protocol" and int(m["round"]) == inf.get("round", -2)) / 1e6
-    train = rounds  # the protocol's rounds (the inference round has no record of its own)
-    per_round_mb = (ledger_mb - inf_mb) / max(len(train), 1)
+    per_round_mb = (ledger_mb - inf_mb) / max(len(rounds), 1)  # the inference round has no record of its own
     labelled = 1.0 - s["unlabelled_samples"] / s["n_samples"]
     ml = s.get("metrics_labelled") or s["metrics"]
     return {"method": method, "n": n, "backend": backend, "status": s["status"], "rounds": s["rounds"],
-            "s_per_round": sum(r["wall_s"] for r in train) / max(len(train), 1), "mb_total": ledger_mb,
+            "s_per_round": sum(r["wall_s"] for r in rounds) / max(len(rounds), 1), "mb_total": ledger_mb,
             "mb_per_round": per_round_mb, "mb_inference": inf_mb, "reached": inf.get("reached"),
             "addressed": inf.get("addressed"),
             "labelled": labelled, "acc": s["metrics"]["acc"], "acc_labelled": ml["acc"], "wall": wall,

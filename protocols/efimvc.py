@@ -644,6 +644,16 @@ class EFIMVCServer(Server):
         out.update({c: Message("guide", Z=self.Z[:, self.idx[c]].copy(), P=self.P[c].copy()) for c in self.members})
         return out
 
+    def _svd(self, fit: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(Z, U, s, Vt)``: the SVD of ``Z^T`` over the columns ``fit`` (a mask; all by
+        default), ``Z`` first centred on those columns' mean with ``embedding: centered``."""
+        Z = self.Z
+        cols = slice(None) if fit is None else fit
+        if self.config.embedding == "centered":
+            Z = Z - Z[:, cols].mean(axis=1, keepdims=True)
+        U, s, Vt = np.linalg.svd(Z[:, cols].T, full_matrices=False)
+        return Z, U, s, Vt
+
     def embedding(self) -> np.ndarray:
         """Top-k left singular vectors of ``Z^T`` (``n x k``), rows L2-normalised.
 
@@ -651,11 +661,7 @@ class EFIMVCServer(Server):
         k directions are the principal directions of the samples' anchor distributions
         rather than one direction spent on their common mean.
         """
-        Z = self.Z
-        if self.config.embedding == "centered":
-            Z = Z - Z.mean(axis=1, keepdims=True)
-        U, _, _ = np.linalg.svd(Z.T, full_matrices=False)
-        return normalise_rows(U[:, : self.k])
+        return normalise_rows(self._svd()[1][:, : self.k])
 
     def orphans(self) -> np.ndarray:
         """Samples that only absent clients hold (``absent: project``; none with ``keep``)."""
@@ -683,10 +689,7 @@ class EFIMVCServer(Server):
                     random_state=seed_from(self.ctx.rng_for("final_kmeans", 0)))
         if not orphans.any() or orphans.all():
             return km.fit_predict(self.embedding())
-        Z = self.Z
-        if self.config.embedding == "centered":
-            Z = Z - Z[:, ~orphans].mean(axis=1, keepdims=True)
-        U, s, Vt = np.linalg.svd(Z[:, ~orphans].T, full_matrices=False)
+        Z, U, s, Vt = self._svd(~orphans)
         out = np.empty(self.n, dtype=np.int64)
         out[~orphans] = km.fit_predict(normalise_rows(U[:, : self.k]))
         proj = Z[:, orphans].T @ Vt[: self.k].T / np.maximum(s[: self.k], 1e-300)

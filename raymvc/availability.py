@@ -27,9 +27,13 @@ _PER_CLIENT, _PHASE, _MARKOV = 105, 106, 107
 
 
 class ModelConfig(BaseModel):
-    """Base of a model's parameters: unknown keys and non-finite numbers are refused."""
+    """Base of a model's parameters (and of every section of a scenario): unknown keys and
+    non-finite numbers are refused."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+Rate = Field(default=0.0, ge=0.0, le=1.0)
 
 
 @dataclass
@@ -63,9 +67,6 @@ REGISTRY: dict[str, type[AvailabilityModel]] = {}
 def register(cls: type[AvailabilityModel]) -> type[AvailabilityModel]:
     REGISTRY[cls.name] = cls
     return cls
-
-
-Rate = Field(default=0.0, ge=0.0, le=1.0)
 
 
 @register

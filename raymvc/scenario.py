@@ -97,11 +97,8 @@ def safe_yaml_load(text: str) -> Any:
         loader.dispose()
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
-
-
-Rate = Field(default=0.0, ge=0.0, le=1.0)
+_Strict = _availability.ModelConfig  # unknown keys and non-finite numbers refused
+Rate = _availability.Rate
 
 
 class MissingCfg(_Strict):
@@ -116,12 +113,20 @@ class SyntheticCfg(_Strict):
     n_clusters: int = Field(default=5, ge=2)
     noise: float = Field(default=1.0, ge=0.0)
 
+    def dim_list(self) -> list[int]:
+        """Each view's dimension."""
+        return [self.dims] * self.n_views if isinstance(self.dims, int) else list(self.dims)
+
+    def n_values(self) -> int:
+        """How many numbers the data set holds (samples x total dims)."""
+        return self.n_samples * sum(self.dim_list())
+
     @model_validator(mode="after")
     def _bounded(self) -> SyntheticCfg:
-        dims = [self.dims] * self.n_views if isinstance(self.dims, int) else list(self.dims)
+        dims = self.dim_list()
         if any(d < 1 for d in dims):
             raise ValueError(f"dims must be >= 1, got {short(self.dims)}")
-        values = self.n_samples * sum(dims)
+        values = self.n_values()
         if values > MAX_SYNTHETIC_VALUES:
             raise ValueError(f"n_samples x total dims = {self.n_samples} x {sum(dims)} = {values:.3g} values, "
                              f"more than the limit of {MAX_SYNTHETIC_VALUES:.0e}")

@@ -63,9 +63,7 @@ def prepare(sc: Scenario, dataset=None):
     _check_secure_aggregation(sc, proto)
     d = sc.data
     if dataset is None and d.path is None and d.dataset == "synthetic":  # known before a value is drawn
-        s = d.synthetic
-        dims = s.dims if isinstance(s.dims, (list, tuple)) else [s.dims] * s.n_views
-        _check_memory(sc, s.n_samples * sum(int(x) for x in dims) * 8)
+        _check_memory(sc, d.synthetic.n_values() * 8)
     try:
         if dataset is not None:
             ds = select_views(dataset, d.views) if d.views is not None else dataset

@@ -805,12 +805,11 @@ class ServerNode:
         """``faults.inference_round``: the server's final model to every client available in
         round ``r`` (the one after the last), metered with the protocol's traffic and subject
         to the scenario's faults; replies are not read. Returns what the summary says of it."""
-        alive = [c for c in self.connected if c not in self.crashed]
-        st, self.clock = self._exchange(r, {c: final for c in alive}, "protocol", self.faults)
+        out = {c: final for c in self.connected if c not in self.crashed}  # encoded once (same content)
+        st, self.clock = self._exchange(r, out, "protocol", self.faults)
         self.crashed.update(st.crashed)
-        self._tally(r, {c: final for c in alive}, st)
-        reached = sorted(set(st.replies) | set(st.acked))
-        return {"round": r, "addressed": len(alive), "reached": len(reached),
+        self._tally(r, out, st)
+        return {"round": r, "addressed": len(out), "reached": len(set(st.replies) | st.acked),
                 "missing": sorted(st.missing), "crashed": sorted(st.crashed)}
 
     def _collect_predictions(self) -> dict[int, np.ndarray]:

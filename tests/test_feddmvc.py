@@ -349,7 +349,7 @@ def test_server_norm_runs_end_to_end_and_is_deterministic(tmp_path):
 
 def test_init_xavier_is_the_authors_initialisation():
     """``init: xavier``: every linear layer Xavier-uniform with ReLU's gain and zero biases
-    (the authors' code); the default keeps PyTorch's, whose biases are not zero."""
+    (the authors' code, the default); ``init: torch`` keeps PyTorch's, whose biases are not zero."""
     import math
 
     import torch
@@ -361,9 +361,9 @@ def test_init_xavier_is_the_authors_initialisation():
     for m in linears:
         fan_out, fan_in = m.weight.shape
         assert float(m.weight.detach().abs().max()) <= math.sqrt(2.0) * math.sqrt(6.0 / (fan_in + fan_out)) + 1e-6
-    default = fd.AutoEncoder(40, (64, 64, 128), 10, 3)
-    assert any(float(m.bias.detach().abs().max()) > 0 for m in default.encoder if isinstance(m, torch.nn.Linear))
-    assert fd.Config().init == "torch" and fd.Config(init="xavier").init == "xavier"
+    plain = fd.AutoEncoder(40, (64, 64, 128), 10, 3, init="torch")
+    assert any(float(m.bias.detach().abs().max()) > 0 for m in plain.encoder if isinstance(m, torch.nn.Linear))
+    assert fd.Config().init == "xavier" and fd.Config(init="torch").init == "torch"
 
 
 def test_the_paper_losses_sum_over_features_and_the_authors_average():

@@ -17,7 +17,9 @@ lay it out, with the edits made to their files). For each setting and seed the s
 
 and keeps each run's scores and wall time in ``benchmarks/authors/results.json`` (a run already
 there is not run again). The page ``benchmarks/authors_side_by_side.md`` is rebuilt from that file.
-Seeds 700-702 were declared (with the second-data studies) before any run; nothing is chosen here.
+Seeds 700-702 were declared (with the second-data studies) before any run; seeds 703-704, for five
+seeds in every HW setting, were declared here (``DECLARED_SEEDS``) before any run of theirs or ours
+on them. Nothing is chosen here.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from raymvc.scenario import load_scenario  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "authors" / "results.json"
 PAGE = REPO / "benchmarks" / "authors_side_by_side.md"
-DECLARED_SEEDS = (700, 701, 702)
+DECLARED_SEEDS = (700, 701, 702, 703, 704)  # 703-704: HW settings only
 
 # setting id -> (label, scenario, --set overrides, driver flags)
 SETTINGS: dict[str, tuple[str, str, dict, list[str]]] = {
@@ -127,6 +129,8 @@ def _mean_std(xs: list[float]) -> str:
     return f"{a.mean():.3f} ± {a.std(ddof=1):.3f}" if len(a) > 1 else f"{a[0]:.3f}"
 
 
+# ours with one setting changed, each a column of the table
+VARIANTS = {"torch": {"params.init": "torch"}, "l1": {"params.server_norm": "l1"}}
 METHOD_SETTINGS = {"feddmvc": ("fully", "partial", "pf-fully", "nm-fully"), "fcuif": ("a", "b", "c", "pf-b", "nm-b")}
 
 
@@ -135,8 +139,9 @@ def _secs(xs: list[float]) -> str:
 
 
 def table(results: dict, settings: tuple[str, ...] | None = None) -> str:
-    rows = ["| setting | seeds | ours ACC | ours NMI | ours s a run | ours + `server_norm: l1` ACC | theirs ACC | "
-            "theirs NMI | theirs s a run | ACC per seed (ours / l1 / theirs) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| setting | seeds | ours ACC | ours NMI | ours s a run | ours + `init: torch` ACC | "
+            "ours + `server_norm: l1` ACC | theirs ACC | theirs NMI | theirs s a run | "
+            "ACC per seed (ours / torch / theirs) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for setting, (label, *_rest) in SETTINGS.items():
         if settings is not None and setting not in settings:
             continue
@@ -144,17 +149,18 @@ def table(results: dict, settings: tuple[str, ...] | None = None) -> str:
         if not seeds:
             continue
         get = {(impl, v): [results.get(key(impl, setting, s, v)) for s in seeds]
-               for impl, v in (("ours", ""), ("ours", "l1"), ("theirs", ""))}
+               for impl, v in (("ours", ""), ("ours", "torch"), ("ours", "l1"), ("theirs", ""))}
 
         def col(impl, v, m, get=get):
             return [r[m] for r in get[(impl, v)] if r]
 
         per_seed = " · ".join(
-            f"{s}: " + " / ".join(f"{r['acc']:.3f}" if r else "-" for r in (get[("ours", "")][i], get[("ours", "l1")][i],
+            f"{s}: " + " / ".join(f"{r['acc']:.3f}" if r else "-" for r in (get[("ours", "")][i], get[("ours", "torch")][i],
                                                                            get[("theirs", "")][i]))
             for i, s in enumerate(seeds))
         rows.append(f"| {label} | {','.join(map(str, seeds))} | {_mean_std(col('ours', '', 'acc'))} | "
                     f"{_mean_std(col('ours', '', 'nmi'))} | {_secs(col('ours', '', 'wall_s'))} | "
+                    f"{_mean_std(col('ours', 'torch', 'acc'))} | "
                     f"{_mean_std(col('ours', 'l1', 'acc'))} | {_mean_std(col('theirs', '', 'acc'))} | "
                     f"{_mean_std(col('theirs', '', 'nmi'))} | {_secs(col('theirs', '', 'wall_s'))} | "
                     f"{per_seed} |")
@@ -190,21 +196,24 @@ def main() -> None:
     ap.add_argument("--harness", type=Path, help="folder with the authors' code and driver.py")
     ap.add_argument("--settings", default="fully,b", help=f"comma-separated, of {', '.join(SETTINGS)}")
     ap.add_argument("--seeds", default="700-702")
-    ap.add_argument("--only", choices=("ours", "theirs", "ours-l1"), action="append",
-                    help="run only these (repeatable); default ours, ours-l1 and theirs")
+    ap.add_argument("--only", choices=("ours", *(f"ours-{v}" for v in VARIANTS), "theirs"), action="append",
+                    help="run only these (repeatable); default ours and theirs")
     ap.add_argument("--table", action="store_true", help="only rebuild the page from the saved results")
     args = ap.parse_args()
     results = load()
     if not args.table:
-        kinds = args.only or ["ours", "ours-l1", "theirs"]
+        kinds = args.only or ["ours", "theirs"]
         if "theirs" in kinds and not (args.harness and (args.harness / "driver.py").is_file()):
             sys.exit("error: --harness: a folder with driver.py is needed to run the authors' code")
         for setting in args.settings.split(","):
             if setting not in SETTINGS:
                 sys.exit(f"error: --settings: unknown setting {setting!r}")
             for seed in parse_seeds(args.seeds):
+                hw = SETTINGS[setting][1].startswith("scenarios/hw-")
+                if seed not in DECLARED_SEEDS or (seed > 702 and not hw):
+                    sys.exit(f"error: --seeds: {seed} was not declared for {setting} (DECLARED_SEEDS)")
                 for kind in kinds:
-                    impl, variant = ("ours", "l1") if kind == "ours-l1" else (kind, "")
+                    impl, _, variant = kind.partition("-")
                     k = key(impl, setting, seed, variant)
                     if k in results:
                         continue
@@ -212,7 +221,7 @@ def main() -> None:
                     if impl == "theirs":
                         results[k] = run_theirs(args.harness.resolve(), setting, seed)
                     else:
-                        results[k] = run_ours(setting, seed, {"params.server_norm": "l1"} if variant else {})
+                        results[k] = run_ours(setting, seed, VARIANTS.get(variant, {}))
                     print(f"[side-by-side] {k}: ACC {results[k]['acc']:.3f}, {results[k]['wall_s']:.0f} s", flush=True)
                     save(results)
     write_page(results)

@@ -445,6 +445,25 @@ class EFIMVCClient(Client):
 
 
 # ---------------------------------------------------------------------------
+def anchor_svd(Z: np.ndarray, embedding: str, fit: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(Z, U, s, Vt)``: the SVD of ``Z^T`` over the columns ``fit`` (a mask; all by default),
+    ``Z`` first centred on those columns' mean with ``embedding: centered``."""
+    cols = slice(None) if fit is None else fit
+    if embedding == "centered":
+        Z = Z - Z[:, cols].mean(axis=1, keepdims=True)
+    U, s, Vt = np.linalg.svd(Z[:, cols].T, full_matrices=False)
+    return Z, U, s, Vt
+
+
+def _rows_held(n: int, idx: Mapping[int, np.ndarray], clients) -> np.ndarray:
+    """Which of the ``n`` samples any of ``clients`` holds."""
+    out = np.zeros(n, dtype=bool)
+    for c in clients:
+        out[idx[c]] = True
+    return out
+
+
 class EFIMVCServer(Server):
     """Fuses the clients' anchor graphs into Z (m x n) with alignments P_v (m x m)."""
 
@@ -644,16 +663,6 @@ class EFIMVCServer(Server):
         out.update({c: Message("guide", Z=self.Z[:, self.idx[c]].copy(), P=self.P[c].copy()) for c in self.members})
         return out
 
-    def _svd(self, fit: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``(Z, U, s, Vt)``: the SVD of ``Z^T`` over the columns ``fit`` (a mask; all by
-        default), ``Z`` first centred on those columns' mean with ``embedding: centered``."""
-        Z = self.Z
-        cols = slice(None) if fit is None else fit
-        if self.config.embedding == "centered":
-            Z = Z - Z[:, cols].mean(axis=1, keepdims=True)
-        U, s, Vt = np.linalg.svd(Z[:, cols].T, full_matrices=False)
-        return Z, U, s, Vt
-
     def embedding(self) -> np.ndarray:
         """Top-k left singular vectors of ``Z^T`` (``n x k``), rows L2-normalised.
 
@@ -661,19 +670,14 @@ class EFIMVCServer(Server):
         k directions are the principal directions of the samples' anchor distributions
         rather than one direction spent on their common mean.
         """
-        return normalise_rows(self._svd()[1][:, : self.k])
+        return normalise_rows(anchor_svd(self.Z, self.config.embedding)[1][:, : self.k])
 
     def orphans(self) -> np.ndarray:
         """Samples that only absent clients hold (``absent: project``; none with ``keep``)."""
-        out = np.zeros(self.n, dtype=bool)
         if self.config.absent == "keep":
-            return out
-        held = np.zeros(self.n, dtype=bool)
-        for c in self.members:
-            held[self.idx[c]] = True
-            if self.silent.get(c, 0) < self.config.absent_after:
-                out[self.idx[c]] = True  # held by a client that still answers
-        return held & ~out
+            return np.zeros(self.n, dtype=bool)
+        answering = [c for c in self.members if self.silent.get(c, 0) < self.config.absent_after]
+        return _rows_held(self.n, self.idx, self.members) & ~_rows_held(self.n, self.idx, answering)
 
     def labels(self) -> np.ndarray:
         """k-means (``final_kmeans_init`` restarts) on :meth:`embedding`.
@@ -689,7 +693,7 @@ class EFIMVCServer(Server):
                     random_state=seed_from(self.ctx.rng_for("final_kmeans", 0)))
         if not orphans.any() or orphans.all():
             return km.fit_predict(self.embedding())
-        Z, U, s, Vt = self._svd(~orphans)
+        Z, U, s, Vt = anchor_svd(self.Z, self.config.embedding, ~orphans)
         out = np.empty(self.n, dtype=np.int64)
         out[~orphans] = km.fit_predict(normalise_rows(U[:, : self.k]))
         proj = Z[:, orphans].T @ Vt[: self.k].T / np.maximum(s[: self.k], 1e-300)

@@ -139,3 +139,33 @@ def test_method_docstrings_carry_no_scores():
     folder = Path(protocols.__file__).resolve().parent
     score = re.compile(r"\b(ACC|NMI|ARI)\b[^.\n]{0,12}\b0\.\d{2,}")
     assert [p.name for p in folder.glob("*.py") if score.search(p.read_text())] == []
+
+
+def _defs(paths, kinds):
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, kinds):
+                yield path, node, node.end_lineno - node.lineno + 1
+
+
+def test_classes_and_engine_functions_stay_readable():
+    """No class over 250 lines in the package or the methods, no function over 60 lines in
+    the engine (``raymvc/runtime``): the server is its shell, exchange and round workflow."""
+    files = [*(p for p in PKG.rglob("*.py") if "protocols" not in p.relative_to(PKG).parts),
+             *(PKG.parent / "protocols").glob("*.py")]
+    assert any(p.name == "efimvc.py" for p in files)  # the methods are read too
+    big = [f"{p.name}:{n.name} ({size} lines)" for p, n, size in _defs(files, ast.ClassDef) if size > 250]
+    assert not big
+    long = [f"{p.name}:{n.name} ({size} lines)" for p, n, size in
+            _defs(PKG.joinpath("runtime").glob("*.py"), (ast.FunctionDef, ast.AsyncFunctionDef)) if size > 60]
+    assert not long
+
+
+def test_no_private_name_crosses_a_module():
+    """``from m import _x`` of a module's private name (shared private modules such as
+    ``protocols/_torch.py`` are imported whole or by their public names)."""
+    files = [*PKG.rglob("*.py"), *(PKG.parent / "protocols").glob("*.py")]
+    crossing = [f"{p.name}: {node.module}.{a.name}" for p in files for node in ast.walk(ast.parse(p.read_text()))
+                if isinstance(node, ast.ImportFrom) and node.module
+                for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not crossing

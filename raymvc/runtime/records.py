@@ -71,6 +71,36 @@ class Participation:
 
 
 @dataclass
+class ServerState:
+    """What the server keeps of a run from round to round, and exactly what its checkpoint
+    holds of it (the ledger travels apart, as columns). The exchange and the round workflow
+    share one instance; nothing else of theirs needs saving."""
+
+    offline: set[int]  # never connected: disconnected, or unreachable at set-up
+    participation: dict[int, Participation]
+    round: int = 0
+    clock: float = 0.0  # virtual seconds
+    outgoing: dict[int, Any] = field(default_factory=dict)  # the protocol's messages for the next round
+    done: Any = None  # the protocol's Done, once it ended the run
+    status: str = "running"
+    error: str | None = None
+    crashed: set[int] = field(default_factory=set)
+    counts: FaultCounts = field(default_factory=FaultCounts)
+    client_errors: list[dict[str, Any]] = field(default_factory=list)  # every failure, in order
+    errors: list[dict[str, Any]] = field(default_factory=list)  # the server's own code raised
+    compute_s: float = 0.0
+    timeouts: dict[int, int] = field(default_factory=dict)  # consecutive wall-clock timeouts per client
+    evicted: list[int] = field(default_factory=list)
+    last_replies: dict[int, tuple[int, Any]] = field(default_factory=dict)  # client -> (round, its last reply)
+
+    def ended(self) -> bool:
+        return self.status in ("finished", "failed", "error")
+
+
+SERVER_STATE = tuple(ServerState.__dataclass_fields__)
+
+
+@dataclass
 class RunEnd:
     """What the server node hands back when a run ends, however it ends."""
 

@@ -79,7 +79,7 @@ from __future__ import annotations
 
 import secrets
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -310,6 +310,37 @@ def _share_cts(m: Message) -> list[tuple[int, bytes]] | None:
     return [(d, bytes(row)) for d, row in zip(to, ct)]
 
 
+def _reveal(m: Message) -> tuple[int, list[list[tuple[int, np.ndarray]]], list[int]] | None:
+    """A reveal's aggregation number, its (self-mask, mask-key) shares by client id and the
+    senders whose shares did not decrypt; ``None`` if it is malformed."""
+    k = _int_scalar(m.get("k"))
+    parts = []
+    for ids, sh in (("b_ids", "b_sh"), ("s_ids", "s_sh")):
+        got = _int_list(m.get(ids))
+        rows = _rows_of(m.get(sh), len(got), SHARE_BYTES) if got is not None else None
+        parts.append(None if rows is None else list(zip(got, rows)))
+    bad = _int_list(m.get("bad", np.zeros(0, dtype=np.int64)))
+    return None if k is None or None in parts or bad is None else (k, parts, bad)
+
+
+def linked_parts(group: Mapping[int, Iterable[int]], alive: set[int]) -> int:
+    """How many parts ``alive`` forms when two clients are linked by a pairwise mask (same group)."""
+    seen, parts = set(), 0
+    for start in sorted(alive):
+        if start in seen:
+            continue
+        parts += 1
+        todo = [start]
+        seen.add(start)
+        while todo:
+            c = todo.pop()
+            for j in group.get(c, ()):
+                if j in alive and j not in seen:
+                    seen.add(j)
+                    todo.append(j)
+    return parts
+
+
 @dataclass(frozen=True)
 class SecAggParams:
     """Encoding parameters, the same on every party.
@@ -357,6 +388,94 @@ class Outcome:
     disclosed: list[int] = field(default_factory=list)
 
 
+class Mailbox:
+    """The share ciphertexts the server relays, by recipient: ``(sender, what, counter) ->
+    ciphertext``, each sealed for its recipient (the server cannot open one)."""
+
+    def __init__(self):
+        self.boxes: dict[int, dict[tuple[int, int, int], bytes]] = {}
+
+    def post(self, src: int, what: int, ctr: int, cts: Iterable[tuple[int, bytes]], to: Container[int]) -> None:
+        """Keep ``src``'s ciphertexts for the recipients in ``to`` (the others are dropped)."""
+        for dst, ct in cts:
+            if dst in to:
+                self.boxes.setdefault(dst, {})[(src, what, ctr)] = ct
+
+    def discard(self, which: Callable[[tuple[int, int, int]], bool], dsts: Iterable[int] | None = None) -> None:
+        """Drop the ciphertexts whose key ``which`` picks, for ``dsts`` (default: every recipient)."""
+        for dst in list(self.boxes) if dsts is None else dsts:
+            box = self.boxes.get(dst, {})
+            for key in [key for key in box if which(key)]:
+                del box[key]
+
+    def waiting(self, dst: int) -> dict[tuple[int, int, int], bytes]:
+        return self.boxes.get(dst, {})
+
+
+def threshold(params: SecAggParams, g: int) -> int:
+    """Shares needed to rebuild a secret, for groups of at least ``g`` clients: the parameter's
+    (or a fraction of ``g``, plus one), never 1 where a group has company (a lone survivor's
+    self-mask seed and its peers' revealed keys would otherwise unmask its input)."""
+    if not g:
+        return 1
+    t = params.threshold or int(params.fraction * g) + 1
+    return max(min(2, g), min(t, g))
+
+
+def _common_length(lengths: list[int]) -> tuple[int | None, int]:
+    """The vector length most masked inputs have and how many have it; ``(None, -1)`` on a tie."""
+    counts = {n: lengths.count(n) for n in set(lengths)}
+    best = max(counts.values(), default=0)
+    if sum(v == best for v in counts.values()) > 1:
+        return None, -1
+    return next((n for n, v in counts.items() if v == best), None), best
+
+
+def _masked_input(m: Message, ring_bits: int) -> tuple[int | None, np.ndarray | None, list | None]:
+    """A masked input's aggregation number, vector and share ciphertexts; ``k`` is ``None`` if it is malformed."""
+    k, y, cts = _int_scalar(m.get("k")), np.asarray(m.get("y")), _share_cts(m)
+    if k is None or y.ndim != 1 or y.dtype != ring_dtype(ring_bits) or cts is None:
+        return None, None, None
+    return k, y, cts
+
+
+def _unmask_request(k: int, grp: list[int], alive: set[int], lost: set[int], box: dict) -> Message:
+    """The unmask request of aggregation ``k`` to one survivor: who of its group survived and who
+    dropped, and the share ciphertexts that wait for it."""
+    rel = sorted(box.items())
+    return Message(UNMASK, k=k, U=_ids(j for j in grp if j in alive), D=_ids(j for j in grp if j in lost),
+                   src=np.asarray([r[0][0] for r in rel], dtype=np.int64),
+                   what=np.asarray([r[0][1] for r in rel], dtype=np.uint8),
+                   ctr=np.asarray([r[0][2] for r in rel], dtype=np.int64), ct=_rows([r[1] for r in rel], CT_BYTES))
+
+
+def unmask_sum(y: Mapping[int, np.ndarray], k: int, bits: int, group: Mapping[int, list[int]],
+               active_pk: Mapping[int, bytes], b: Mapping[int, int], s_sk: Mapping[int, X25519PrivateKey]) -> np.ndarray:
+    """Aggregation ``k``'s sum in the ring: the survivors' masked inputs ``y`` summed, less each
+    survivor's self-mask (from its rebuilt seed ``b``) and the pairwise masks it shares with each
+    dropped client of its group (from that client's rebuilt mask key ``s_sk``)."""
+    L = len(next(iter(y.values())))
+    acc = np.zeros(L, dtype=ring_dtype(bits))
+    for c in b:
+        acc += y[c]
+        acc -= prg(self_seed(b[c], k), L, bits)
+    for j, sk in s_sk.items():
+        for i in (i for i in b if i in group[j]):  # y_i holds sign(i, j) PRG(s_ij)
+            mask = prg(pairwise_seed(sk, active_pk[i], i, j, k), L, bits)
+            if _sign_mask(i, j) > 0:
+                acc -= mask
+            else:
+                acc += mask
+    return acc
+
+
+def _roster(ids: list[int], c_pk: Mapping[int, bytes], s_pk: Mapping[int, bytes], epoch: Mapping[int, int],
+            t: int) -> Message:
+    """The roster message of one group: its members' two public keys and key epochs, and the threshold."""
+    return Message(ROSTER, ids=_ids(ids), c_pk=_rows([c_pk[c] for c in ids], 32), s_pk=_rows([s_pk[c] for c in ids], 32),
+                   epoch=np.asarray([epoch[c] for c in ids], dtype=np.int64), t=t)
+
+
 class SecAggServer:
     """The server's side: relays ciphertexts, unmasks the sum, never sees one input."""
 
@@ -376,7 +495,7 @@ class SecAggServer:
         self.exposed: set[int] = set()  # roster members that must re-key before taking part again
         self.t = 0
         self.k = 0
-        self.pending: dict[int, dict[tuple[int, int, int], bytes]] = {}  # dst -> (src, what, ctr) -> ct
+        self.pending = Mailbox()
         self.active: list[int] = []
         self.active_pk: dict[int, bytes] = {}
         self.survivors: list[int] = []
@@ -433,10 +552,7 @@ class SecAggServer:
         whole = len(self.group.get(cid, ())) == len(self.roster)
         if whole and self._roster_cache is not None:
             return self._roster_cache
-        ids = self.group[cid]
-        msg = Message(ROSTER, ids=_ids(ids), c_pk=_rows([self.c_pk[c] for c in ids], 32),
-                      s_pk=_rows([self.s_pk[c] for c in ids], 32),
-                      epoch=np.asarray([self.epoch[c] for c in ids], dtype=np.int64), t=self.t)
+        msg = _roster(self.group[cid], self.c_pk, self.s_pk, self.epoch, self.t)
         if whole:
             self._roster_cache = msg
         return msg
@@ -477,11 +593,7 @@ class SecAggServer:
                 self.c_pk[c], self.s_pk[c], self.epoch[c] = c_pk, s_pk, 0
         self.roster = sorted(self.c_pk)
         self.group = neighbourhoods(self.roster, self.params.neighbours, self.seed)
-        g = min((len(v) for v in self.group.values()), default=0)
-        self.t = self.params.threshold or int(self.params.fraction * g) + 1
-        # never 1 where a group has company: a lone survivor's b and its peers' revealed keys
-        # would otherwise unmask its input
-        self.t = max(min(2, g), min(self.t, g)) if g else 1
+        self.t = threshold(self.params, min((len(v) for v in self.group.values()), default=0))
         self.phase = "share"
         return Outcome(send={c: self._roster_msg(c) for c in self.roster})
 
@@ -511,13 +623,9 @@ class SecAggServer:
                     continue
                 self.s_pk[c] = s_pk
                 self.epoch[c] = epoch
-                for dst in self.group.get(c, list(self.pending)):  # shares of the old key: of no use now
-                    box = self.pending.get(dst, {})
-                    for key in [key for key in box if key[0] == c and key[1] == _S]:
-                        del box[key]
-            for dst, ct in cts:
-                if dst in self.c_pk:
-                    self.pending.setdefault(dst, {})[(c, _S, self.epoch[c])] = ct
+                # shares of the old key: of no use now
+                self.pending.discard(lambda key, c=c: key[0] == c and key[1] == _S, self.group.get(c))
+            self.pending.post(c, _S, self.epoch[c], cts, self.c_pk)
             self.members.add(c)
             self.exposed.discard(c)
 
@@ -527,29 +635,25 @@ class SecAggServer:
         for c, m in sorted(replies.items()):
             if m.kind != MASKED or c not in self.active_pk:
                 continue
-            k, y, cts = _int_scalar(m.get("k")), np.asarray(m.get("y")), _share_cts(m)
-            if k is None or y.ndim != 1 or y.dtype != ring_dtype(self.params.ring_bits) or cts is None:
+            k, y, cts = _masked_input(m, self.params.ring_bits)
+            if k is None:
                 self._blame(c, f"its masked input is not a 1-D vector of the ring with integer k and "
                                f"{CT_BYTES}-byte share ciphertexts; left out of aggregation {self.k}")
                 continue
             if k == self.k:
                 inputs[c] = (y, cts)
-        lengths = [len(y) for y, _ in inputs.values()]
-        counts = {n: lengths.count(n) for n in set(lengths)}
-        best = max(counts.values(), default=0)
-        if sum(v == best for v in counts.values()) > 1:  # no length most clients agree on
+        L, best = _common_length([len(y) for y, _ in inputs.values()])
+        if best < 0:  # no length most clients agree on
             self.dropped = sorted(set(self.active) - set(inputs))
-            return self._fail(f"masked inputs of {sorted(counts)} entries, no length most of them share")
-        L = next((n for n, v in counts.items() if v == best), None)
+            return self._fail(f"masked inputs of {sorted({len(y) for y, _ in inputs.values()})} entries, "
+                              f"no length most of them share")
         for c, (y, cts) in inputs.items():
             if len(y) != L:
                 self._blame(c, f"its masked input has {len(y)} entries where {best} of {len(inputs)} clients sent {L}; "
                                f"left out of aggregation {self.k}")
                 continue
             self.y[c] = y
-            for dst, ct in cts:
-                if dst in self.active_pk:
-                    self.pending.setdefault(dst, {})[(c, _B, self.k)] = ct
+            self.pending.post(c, _B, self.k, cts, self.active_pk)
         self.survivors = sorted(self.y)
         self.dropped = sorted(set(self.active) - set(self.y))
         if len(self.survivors) < self.t:
@@ -558,39 +662,14 @@ class SecAggServer:
         short = [j for j in self.survivors + self.dropped if len(alive.intersection(self.group[j])) < self.t]
         if short:  # some needed secret cannot be rebuilt: ask for no share at all
             return self._fail(f"fewer than {self.t} survivors in the groups of clients {sorted(short)}")
-        parts = self._components(alive)
+        parts = linked_parts(self.group, alive)
         if parts > 1:  # unmasked, each part's own sum would come out: refuse (SecAgg+ only)
             return self._fail(f"the survivors fall into {parts} groups without masks between them")
         self.phase = "unmask"
         self.exposed |= set(self.dropped)  # their mask keys are about to be rebuilt
-        out, lost = {}, set(self.dropped)
-        for c in self.survivors:
-            rel = sorted(self.pending.get(c, {}).items())
-            grp = self.group[c]
-            out[c] = Message(UNMASK, k=self.k, U=_ids(j for j in grp if j in alive),
-                             D=_ids(j for j in grp if j in lost),
-                             src=np.asarray([r[0][0] for r in rel], dtype=np.int64),
-                             what=np.asarray([r[0][1] for r in rel], dtype=np.uint8),
-                             ctr=np.asarray([r[0][2] for r in rel], dtype=np.int64),
-                             ct=_rows([r[1] for r in rel], CT_BYTES))
-        return Outcome(send=out)
-
-    def _components(self, alive: set[int]) -> int:
-        """How many parts the survivors form when two are linked by a pairwise mask (same group)."""
-        seen, parts = set(), 0
-        for start in sorted(alive):
-            if start in seen:
-                continue
-            parts += 1
-            todo = [start]
-            seen.add(start)
-            while todo:
-                c = todo.pop()
-                for j in self.group.get(c, ()):
-                    if j in alive and j not in seen:
-                        seen.add(j)
-                        todo.append(j)
-        return parts
+        lost = set(self.dropped)
+        return Outcome(send={c: _unmask_request(self.k, self.group[c], alive, lost, self.pending.waiting(c))
+                             for c in self.survivors})
 
     def reset(self) -> None:
         """End an aggregation left half-way (its party raised): the next one starts afresh."""
@@ -602,13 +681,12 @@ class SecAggServer:
         # clients' mask keys) are on their way: late ones would still unmask the survivors' sum
         disclosed = list(self.survivors) if self.phase == "unmask" else []
         self.phase = "idle"
-        self._prune()
+        self.pending.discard(self._ended_self_share)
         return Outcome(ended=True, failed=why, contributors=[], dropped=list(self.dropped), disclosed=disclosed)
 
-    def _prune(self) -> None:
-        for box in self.pending.values():  # self-mask shares of ended aggregations are useless
-            for key in [key for key in box if key[1] == _B and key[2] <= self.k]:
-                del box[key]
+    def _ended_self_share(self, key: tuple[int, int, int]) -> bool:
+        """A self-mask share of an ended aggregation: of no use any more."""
+        return key[1] == _B and key[2] <= self.k
 
     def _on_reveal(self, replies: Mapping[int, Message]) -> Outcome:
         b_sh: dict[int, dict[int, int]] = {j: {} for j in self.survivors}
@@ -616,24 +694,17 @@ class SecAggServer:
         for c, m in sorted(replies.items()):
             if m.kind != REVEAL or c not in self.survivors:
                 continue
-            k = _int_scalar(m.get("k"))
-            parts = []
-            for ids, sh in (("b_ids", "b_sh"), ("s_ids", "s_sh")):
-                got = _int_list(m.get(ids))
-                rows = _rows_of(m.get(sh), len(got), SHARE_BYTES) if got is not None else None
-                parts.append(None if rows is None else list(zip(got, rows)))
-            bad = _int_list(m.get("bad", np.zeros(0, dtype=np.int64)))
-            if k is None or None in parts or bad is None:
+            parsed = _reveal(m)
+            if parsed is None:
                 self._blame(c, f"its reveal is not an integer k with {SHARE_BYTES}-byte shares by client id")
                 continue
+            k, parts, bad = parsed
             if k != self.k:
                 continue
             for src in bad:  # its share ciphertexts to c did not open: the sender's fault, not c's
                 if src in self.c_pk and src != c:
                     self._blame(src, f"its encrypted shares for client {c} did not decrypt")
-            box = self.pending.get(c, {})
-            for key in [key for key in box if key[1] == _S]:  # delivered: the client keeps them
-                del box[key]
+            self.pending.discard(lambda key: key[1] == _S, [c])  # delivered: the client keeps them
             for pairs, into in zip(parts, (b_sh, s_sh)):
                 for j, row in pairs:
                     if j in into:
@@ -641,23 +712,12 @@ class SecAggServer:
         short = [j for j, sh in {**b_sh, **s_sh}.items() if len(sh) < self.t]
         if short:
             return self._fail(f"fewer than {self.t} shares for clients {sorted(short)}")
-        p = self.params
-        L = len(next(iter(self.y.values())))
-        acc = np.zeros(L, dtype=ring_dtype(p.ring_bits))
-        for c in self.survivors:
-            acc += self.y[c]
-            acc -= prg(self_seed(shamir_reconstruct(b_sh[c], self.t), self.k), L, p.ring_bits)
-        for j in self.dropped:
-            sk = _sk_from_int(shamir_reconstruct(s_sh[j], self.t))
-            for i in (i for i in self.survivors if i in self.group[j]):  # y_i holds sign(i, j) PRG(s_ij)
-                mask = prg(pairwise_seed(sk, self.active_pk[i], i, j, self.k), L, p.ring_bits)
-                if _sign_mask(i, j) > 0:
-                    acc -= mask
-                else:
-                    acc += mask
+        acc = unmask_sum(self.y, self.k, self.params.ring_bits, self.group, self.active_pk,
+                         {c: shamir_reconstruct(b_sh[c], self.t) for c in self.survivors},
+                         {j: _sk_from_int(shamir_reconstruct(s_sh[j], self.t)) for j in self.dropped})
         self.phase = "idle"
-        self._prune()
-        vals = decode_fixed(acc, p.frac_bits, p.ring_bits)
+        self.pending.discard(self._ended_self_share)
+        vals = decode_fixed(acc, self.params.frac_bits, self.params.ring_bits)
         return Outcome(ended=True, total=vals[:-1], weight=float(vals[-1]), contributors=list(self.survivors),
                        dropped=list(self.dropped))
 

@@ -21,9 +21,10 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from . import streams
+from .streams import stream
+
 MAX_ROUNDS_SPAN = 1e9  # a stretch or a day, in rounds
-# stream tags of the models' own draws (the plan's other streams use 101-111)
-_PER_CLIENT, _PHASE, _MARKOV = 105, 106, 107
 
 
 class ModelConfig(BaseModel):
@@ -107,7 +108,7 @@ class PerClient(_PerClientTable):
     def __init__(self, cfg, ctx: Context):
         super().__init__(cfg, ctx)
         ab = (cfg.mean * cfg.concentration, (1.0 - cfg.mean) * cfg.concentration)
-        self.p_client = {c: float(np.random.default_rng([ctx.seed, _PER_CLIENT, c]).beta(*ab)) for c in ctx.client_ids}
+        self.p_client = {c: float(stream(ctx.seed, streams.PER_CLIENT, c).beta(*ab)) for c in ctx.client_ids}
 
 
 @register
@@ -136,7 +137,7 @@ class Markov(AvailabilityModel):
         a = self.cfg
         states = self.chain.setdefault(client, [])
         while len(states) <= round:
-            u = np.random.default_rng([self.ctx.seed, _MARKOV, client, len(states)]).random()
+            u = stream(self.ctx.seed, streams.MARKOV, client, len(states)).random()
             if not states:  # the stationary distribution
                 states.append(bool(u < 1.0 / (1.0 + a.mean_off / a.mean_on)))  # mean_on / (on + off), no overflow
             elif states[-1]:
@@ -164,7 +165,7 @@ class Diurnal(AvailabilityModel):
 
     def __init__(self, cfg, ctx: Context):
         super().__init__(cfg, ctx)
-        self.phase = {c: float(np.random.default_rng([ctx.seed, _PHASE, c]).random()) if cfg.phase is None
+        self.phase = {c: float(stream(ctx.seed, streams.PHASE, c).random()) if cfg.phase is None
                       else cfg.phase for c in ctx.client_ids}  # each client's shift, in days
 
     def unavailable(self, round: int, client: int) -> float:

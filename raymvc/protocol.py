@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import math
 import re
-import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -41,8 +40,10 @@ from typing import Any, TypeVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from . import streams
 from .fixedpoint import decode_fixed, encode_input, split
 from .messages import Done, Message
+from .streams import stream
 
 
 class ProtocolConfig(BaseModel):
@@ -156,11 +157,10 @@ def derive_rng(seed: int, *tags: int | str) -> np.random.Generator:
     """A generator seeded by ``(seed, *tags)``; string tags enter as their CRC-32.
 
     Two calls with the same arguments give the same stream, whatever was drawn
-    elsewhere before: this is how the engine seeds fault decisions and how protocols
-    get per-round streams (``ctx.rng_for``).
-    """
-    return np.random.default_rng([int(seed), *(zlib.crc32(t.encode()) if isinstance(t, str) else int(t)
-                                               for t in tags)])
+    elsewhere before. The run's own streams (:mod:`raymvc.streams`, one table of tags)
+    are this with a tag of that table first; a method gets per-round streams from
+    ``ctx.rng_for``."""
+    return stream(seed, *tags)
 
 
 def seed_from(rng: np.random.Generator) -> int:
@@ -169,9 +169,6 @@ def seed_from(rng: np.random.Generator) -> int:
 
 
 T = TypeVar("T")
-
-# stream roles, so client, server and engine streams never coincide
-_CLIENT_STREAM, _SERVER_STREAM = 2, 3
 
 
 def work_steps(work: float, total: int) -> int:
@@ -226,7 +223,7 @@ class ClientContext:
     def rng_for(self, tag: str, round: int | None = None) -> np.random.Generator:
         """A fresh generator for ``tag`` in ``round`` (default: the current round)."""
         r = self.round if round is None else round
-        return derive_rng(self.seed, _CLIENT_STREAM, self.client_id, r, tag)
+        return stream(self.seed, streams.CLIENT, self.client_id, r, tag)
 
 
 @dataclass
@@ -246,7 +243,7 @@ class ServerContext:
 
     def rng_for(self, tag: str, round: int) -> np.random.Generator:
         """A fresh generator for ``tag`` in ``round``, independent of all other draws."""
-        return derive_rng(self.seed, _SERVER_STREAM, round, tag)
+        return stream(self.seed, streams.SERVER, round, tag)
 
 
 class NoInput(RuntimeError):

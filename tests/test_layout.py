@@ -169,3 +169,19 @@ def test_no_private_name_crosses_a_module():
                 if isinstance(node, ast.ImportFrom) and node.module
                 for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
     assert not crossing
+
+
+def test_every_run_stream_has_its_own_tag_in_one_table():
+    """Two consumers never share a random stream: every tag of ``raymvc.streams`` differs, and
+    no module of the package seeds a generator from the run's seed outside that table."""
+    import re
+
+    from raymvc import streams
+
+    assert len(set(streams.TAGS.values())) == len(streams.TAGS) >= 15
+    seeded = re.compile(r"default_rng\(\s*\[")  # default_rng([seed, tag, ...]): a stream of its own
+    outside = [p.name for p in PKG.rglob("*.py") if p.name != "streams.py" and seeded.search(p.read_text())]
+    assert not outside
+    # a stream is the same generator whatever else was drawn, and keys tell streams apart
+    a, b = streams.stream(7, streams.DROPOUT, 3, 1), streams.stream(7, streams.DROPOUT, 3, 1)
+    assert a.random() == b.random() != streams.stream(7, streams.DELAY, 3, 1).random()

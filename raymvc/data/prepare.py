@@ -5,9 +5,9 @@ method and the faults -- everything a run needs before any party starts, with no
 
 from __future__ import annotations
 
-import numpy as np
-
+from .. import streams
 from ..scenario import ChannelCfg, Scenario, ScenarioError
+from ..streams import stream
 from . import normalize
 from . import partition as parts
 from .datasets import load_dataset
@@ -97,7 +97,7 @@ def prepare(sc: Scenario, dataset=None):
     kind = d.partition or proto.partition
     if kind != proto.partition:
         raise scenario_error(sc, "data.partition", f"method {sc.method} needs a {proto.partition} split, got {kind}")
-    rng = np.random.default_rng([sc.seed, 1])
+    rng = stream(sc.seed, streams.SPLIT)
     try:
         if kind == "vertical":
             if d.n_clients is not None and d.n_clients != ds.n_views:

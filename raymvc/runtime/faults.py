@@ -1,7 +1,7 @@
 """Seeded fault plan, the one place faults are injected, and the virtual network model.
 
 Every random fault decision comes from the scenario seed through its own stream
-(``default_rng([seed, tag, round, client])``), so whether client 3 drops out of round
+(``stream(seed, tag, round, client)``, :mod:`raymvc.streams`), so whether client 3 drops out of round
 7 does not depend on how many other draws happened before: runs are reproducible and
 the Ray and in-process backends see the same faults.
 
@@ -59,13 +59,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import availability
+from .. import availability, streams
 from ..scenario import DEVICE_QUANTITIES, DelayCfg, DeviceClass, DevicesCfg, FaultsCfg, NetworkCfg, PartialWorkCfg
-
-# stream tags, so the streams never overlap
-_DISCONNECT, _STRAGGLERS, _DROPOUT, _DELAY = 101, 102, 103, 104
-_PARTIAL, _SAMPLING = 108, 109  # 105-107: the availability models' own (raymvc.availability)
-_DEVICE, _DEVICE_CLASS = 110, 111
+from ..streams import stream
 
 
 def _draw_delay(cfg: DelayCfg, rng: np.random.Generator) -> float:
@@ -89,7 +85,7 @@ def work_share(cfg: PartialWorkCfg | dict | None, seed: int, round: int, client:
         cfg = PartialWorkCfg(**cfg)
     if cfg.fraction <= 0 or cfg.work >= 1:
         return 1.0
-    u = np.random.default_rng([int(seed), _PARTIAL, int(client), int(round)]).random()
+    u = stream(seed, streams.PARTIAL, client, round).random()
     return float(cfg.work) if u < cfg.fraction else 1.0
 
 
@@ -114,10 +110,10 @@ class FaultPlan:
         n = len(self.client_ids)
         ids = np.array(self.client_ids)
         n_off = int(round(self.cfg.disconnect.rate * n))
-        rng = np.random.default_rng([self.seed, _DISCONNECT])
+        rng = stream(self.seed, streams.DISCONNECT)
         self.disconnected: set[int] = set(int(c) for c in rng.choice(ids, n_off, replace=False)) if n_off else set()
         n_slow = int(round(self.cfg.stragglers.fraction * n))
-        rng = np.random.default_rng([self.seed, _STRAGGLERS])
+        rng = stream(self.seed, streams.STRAGGLERS)
         self.stragglers: set[int] = set(int(c) for c in rng.choice(ids, n_slow, replace=False)) if n_slow else set()
         frac = self.cfg.sampling.fraction if self.cfg.sampling is not None else 1.0
         self.n_sampled = max(1, int(round(frac * n))) if n else 0  # clients asked per round (sampling)
@@ -149,13 +145,13 @@ class FaultPlan:
             return False
         if self.exchanges > 1 and p < 1:  # each exchange its share: the round still loses a client with p
             p = 1.0 - (1.0 - p) ** (1.0 / self.exchanges)
-        return bool(np.random.default_rng([self.seed, _DROPOUT, round, client, *_sub(sub)]).random() < p)
+        return bool(stream(self.seed, streams.DROPOUT, round, client, *_sub(sub)).random() < p)
 
     def delay(self, round: int, client: int, sub: int = 0) -> float:
         if client not in self.stragglers:
             return 0.0
         return _draw_delay(self.cfg.stragglers.delay_s,
-                           np.random.default_rng([self.seed, _DELAY, round, client, *_sub(sub)]))
+                           stream(self.seed, streams.DELAY, round, client, *_sub(sub)))
 
     def sampled(self, round: int) -> set[int] | None:
         """The clients asked in ``round`` under ``faults.sampling`` (``None``: all of them):
@@ -163,7 +159,7 @@ class FaultPlan:
         s = self.cfg.sampling
         if s is None or s.fraction >= 1.0 or not self.client_ids:
             return None
-        rng = np.random.default_rng([self.seed, _SAMPLING, round])
+        rng = stream(self.seed, streams.SAMPLING, round)
         return set(int(c) for c in rng.choice(sorted(self.client_ids), self.n_sampled, replace=False))
 
     def work(self, round: int, client: int) -> float:
@@ -278,7 +274,7 @@ class DeviceProfiles:
                     if v is None:
                         v = default[name]
                     elif not isinstance(v, (int, float)):  # a DeviceDraw
-                        v = _draw_delay(v, np.random.default_rng([self.seed, _DEVICE, c, q]))
+                        v = _draw_delay(v, stream(self.seed, streams.DEVICE, c, q))
                         if name != "latency_ms":  # a uniform draw of exactly 0 would stop the clock
                             v = max(v, 1e-9)
                     values[name] = None if v is None else float(v)
@@ -294,7 +290,7 @@ class DeviceProfiles:
         by_remainder = sorted(range(len(shares)), key=lambda i: -(shares[i][1] * n - counts[i]))
         for i in by_remainder[: n - sum(counts)]:
             counts[i] += 1
-        order = [int(c) for c in np.random.default_rng([self.seed, _DEVICE_CLASS]).permutation(ids)]
+        order = [int(c) for c in stream(self.seed, streams.DEVICE_CLASS).permutation(ids)]
         out, at = {}, 0
         for (name, _), k in zip(shares, counts):
             d = self.classes[name]

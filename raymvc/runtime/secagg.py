@@ -96,9 +96,11 @@ from cryptography.hazmat.primitives.serialization import (
     PublicFormat,
 )
 
+from raymvc import streams
 from raymvc.fixedpoint import bound as fixed_bound
 from raymvc.fixedpoint import check_ring, decode_fixed, encode_fixed, ring_dtype
 from raymvc.messages import Message
+from raymvc.streams import stream
 
 ADVERTISE, KEYS = "secagg.advertise", "secagg.keys"
 ROSTER, SHARES = "secagg.roster", "secagg.shares"
@@ -251,7 +253,7 @@ def neighbourhoods(ids: Iterable[int], k: int, seed: int = 0) -> dict[int, list[
     h = (int(k) + 1) // 2
     if k <= 0 or 2 * h >= n - 1:
         return {c: list(ids) for c in ids}
-    order = [ids[i] for i in np.random.default_rng([int(seed), 0x5EC]).permutation(n)]
+    order = [ids[i] for i in stream(seed, streams.SECAGG_GROUPS).permutation(n)]
     nb: dict[int, set[int]] = {c: {c} for c in ids}
     for i, c in enumerate(order):
         for d in range(1, h + 1):

@@ -624,6 +624,40 @@ def atlas_ranking(res: StudyResult) -> list[dict]:
 ATLAS_VALUE = re.compile(r"\{\{atlas:([a-z0-9-]+):([A-Za-z0-9_.-]+):(mild|harsh|change)\}\}")
 
 
+ATLAS_ORDER = re.compile(r"\{\{atlas-order:([^{}]*)\}\}")
+
+
+def check_atlas_order(m: re.Match, rankings: dict[str, dict[str, dict]], where: Path) -> str:
+    """``{{atlas-order:KIND/RUN>KIND/RUN>...}}``: a sentence's ordering claim, checked against
+    the tables and rendered as nothing. Each item's drop (ACC at the mildest point less ACC at
+    the harshest) must be at least the next one's; ``KIND/*`` stands for every other run of
+    that kind (so ``iid/ccfc>iid/*`` says CCFC drops furthest under i.i.d. dropouts). A claim
+    the tables contradict, or one naming nothing there, is a ScenarioError naming the notes
+    file, so the page cannot be written with it."""
+    named = [item.split("/", 1) for item in m.group(1).split(">")]
+    if len(named) < 2 or any(len(x) != 2 or not all(x) for x in named):
+        raise ScenarioError(f"{where}: {m.group(0)}: expected {{{{atlas-order:KIND/RUN>KIND/RUN>...}}}}")
+    levels = []
+    for kind, run in named:
+        table = rankings.get(kind)
+        if table is None:
+            raise ScenarioError(f"{where}: {m.group(0)}: no atlas kind {kind!r}")
+        runs = [r for r in table if (kind, r) not in map(tuple, named)] if run == "*" else [run]
+        drops = []
+        for r in runs:
+            change = table.get(r, {}).get("change")
+            if change is None:
+                raise ScenarioError(f"{where}: {m.group(0)}: no change of run {r!r} in the atlas kind {kind!r}")
+            drops.append((-change, f"{kind}/{r}"))
+        levels.append(drops)
+    for upper, lower in zip(levels, levels[1:]):
+        low_up, high_low = min(upper), max(lower)
+        if low_up[0] < high_low[0]:
+            raise ScenarioError(f"{where}: {m.group(0)}: the tables say otherwise: {low_up[1]} drops "
+                                f"{low_up[0]:.3f}, {high_low[1]} {high_low[0]:.3f}")
+    return ""
+
+
 def fill_atlas_values(text: str, results: list[StudyResult], where: Path) -> str:
     """A page's notes with every ``{{atlas:KIND:RUN:FIELD}}`` replaced by that run's number in
     the ranking of ``robustness-KIND`` (FIELD: ``mild`` or ``harsh`` ACC, or the ``change``
@@ -640,7 +674,7 @@ def fill_atlas_values(text: str, results: list[StudyResult], where: Path) -> str
                                 f"(kinds: {', '.join(sorted(rankings)) or 'none'})")
         return f"{e[field]:+.3f}" if field == "change" else f"{e[field]:.3f}"
 
-    out = ATLAS_VALUE.sub(value, text)
+    out = ATLAS_ORDER.sub(lambda m: check_atlas_order(m, rankings, where), ATLAS_VALUE.sub(value, text))
     if "{{atlas:" in out:
         bad = out[out.index("{{atlas:"):][:60].split("}}")[0]
         raise ScenarioError(f"{where}: {bad}}}}}: expected {{{{atlas:KIND:RUN:mild|harsh|change}}}}")

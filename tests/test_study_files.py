@@ -746,3 +746,32 @@ def test_atlas_notes_quote_the_ranking_instead_of_copying_it(tmp_path):
         with pytest.raises(ScenarioError, match=re.escape(words)) as err:
             fill_atlas_values(f"x {bad} y", [res], notes)
         assert str(notes) in str(err.value)
+
+
+def test_an_ordering_claim_of_the_atlas_notes_is_checked_against_its_tables(tmp_path):
+    """``{{atlas-order:KIND/RUN>KIND/RUN...}}`` renders nothing when the drops fall in that
+    order (``KIND/*``: every other run) and stops the page, naming the notes file, when the
+    tables say otherwise; the shipped notes' claims hold for the committed records."""
+    from raymvc_reports.pages import StudyResult, atlas_ranking, fill_atlas_values
+
+    st = load_study(ROOT / "studies" / "robustness-crash.yaml")
+    res = StudyResult.from_record(st, ROOT / "studies" / "results" / "robustness-crash.csv")
+    drops = sorted(((-e["change"], e["run"].id) for e in atlas_ranking(res) if e["change"] is not None), reverse=True)
+    worst, runner_up = drops[0][1], drops[1][1]
+    notes = tmp_path / "robustness.md"
+    claim = f"{{{{atlas-order:crash/{worst}>crash/*}}}}"
+    assert fill_atlas_values(f"A{claim}B", [res], notes) == "AB"
+    assert fill_atlas_values(f"{{{{atlas-order:crash/{worst}>crash/{runner_up}}}}}", [res], notes) == ""
+    for bad, words in [(f"{{{{atlas-order:crash/{runner_up}>crash/{worst}}}}}", "the tables say otherwise"),
+                       (f"{{{{atlas-order:crash/{runner_up}>crash/*}}}}", "the tables say otherwise"),
+                       ("{{atlas-order:flood/x>crash/*}}", "no atlas kind 'flood'"),
+                       ("{{atlas-order:crash/nobody>crash/*}}", "no change of run 'nobody'"),
+                       ("{{atlas-order:crash/efimvc}}", "expected {{atlas-order:KIND/RUN>KIND/RUN>...}}")]:
+        with pytest.raises(ScenarioError, match=re.escape(words)) as err:
+            fill_atlas_values(f"x {bad} y", [res], notes)
+        assert str(notes) in str(err.value)
+    shipped = ROOT / "studies" / "notes" / "robustness.md"
+    kinds = [load_study(p) for p in sorted((ROOT / "studies").glob("robustness-*.yaml"))]
+    results = [StudyResult.from_record(k, ROOT / "studies" / "results" / f"{k.name}.csv") for k in kinds]
+    text = fill_atlas_values(shipped.read_text(), results, shipped)
+    assert "{{" not in text and "atlas-order" in shipped.read_text()

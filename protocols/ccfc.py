@@ -225,6 +225,18 @@ class Config(ProtocolConfig):
                                                  "say"))
     weighted_centroids: bool = Field(default=False, description="weight local centroids by cluster size on the server",
                                      **paper("Alg. 1, line 19 (KM over the local centroids, unweighted)", value=False))
+    centroids_from: Literal["round", "latest"] = Field(
+        default="round", description="local centroids the server's k-means runs over: the round's replies (the "
+                                     "paper), or every client's latest, an absent client's kept from its last reply "
+                                     "for at most centroid_max_age rounds (a remedy for dropouts)",
+        **project_option("round (Alg. 1, line 19: the centroids received)"))
+    stable_ids: bool = Field(
+        default=False, description="keep each global cluster's index from round to round (each round's centroids "
+                                   "matched to the last round's, Hungarian on cosine similarity), so clients that "
+                                   "missed the latest rounds label with the same indices (a remedy for dropouts)",
+        **project_option("off: Alg. 1, line 19 runs KM afresh each round"))
+    centroid_max_age: int = Field(default=5, ge=1, description="with centroids_from: latest, the oldest kept "
+                                                              "centroids, in rounds", **project_option())
     deterministic: bool = Field(default=True, description="torch.use_deterministic_algorithms during every call",
                                 **project_option("on, so a run repeats bit for bit"))
     norm: Literal["batch", "group"] = Field(default="batch", description="normalisation in the conv backbone",
@@ -545,6 +557,17 @@ class CCFCClient(Client):
             return assign(embed(self.global_model, self.x), self.C).numpy().astype(np.int64)
 
 
+def match_rows(C: np.ndarray, prev: np.ndarray) -> np.ndarray:
+    """The order of ``C``'s rows that puts each under the row of ``prev`` it is most similar to
+    (unit rows: the assignment that maximises the summed cosine similarity)."""
+    from scipy.optimize import linear_sum_assignment
+
+    rows, cols = linear_sum_assignment(-(prev.astype(np.float64) @ C.astype(np.float64).T))
+    order = np.empty(len(C), dtype=np.int64)
+    order[rows] = cols
+    return order
+
+
 class CCFCServer(Server):
     def __init__(self, config: Config, ctx: ServerContext):
         super().__init__(config, ctx)
@@ -552,6 +575,7 @@ class CCFCServer(Server):
         self.weights = state_to_arrays(self.model)  # "w.<name>" -> array
         self.C: np.ndarray | None = None
         self.total = config.warmup_rounds + config.cluster_rounds
+        self.latest: dict[int, tuple[int, Message]] = {}  # centroids_from: latest -- client -> (round, its reply)
 
     def _phase(self, step: int) -> str:
         """The phase of training step ``step`` (0-based)."""
@@ -590,7 +614,13 @@ class CCFCServer(Server):
         return s.contributors
 
     def _global_centroids(self, ups: Mapping[int, Message], step: int) -> None:
-        """k-means over every local centroid received (none received: the centroids stay)."""
+        """k-means over every local centroid received (none received: the centroids stay); with
+        ``centroids_from: latest`` also over the last ones of each client absent this round, while
+        they are at most ``centroid_max_age`` rounds old."""
+        if self.config.centroids_from == "latest":
+            self.latest.update({c: (step, m) for c, m in ups.items() if "centroids" in m})
+            kept = {c: m for c, (when, m) in self.latest.items() if step - when <= self.config.centroid_max_age}
+            ups = {**kept, **ups}
         cents = [np.asarray(m["centroids"], dtype=np.float64) for c, m in sorted(ups.items()) if "centroids" in m]
         if cents:
             P = np.vstack(cents)
@@ -600,7 +630,10 @@ class CCFCServer(Server):
                                     for _, m in sorted(ups.items()) if "centroids" in m])
             C, _ = kmeans_capped(P, self.ctx.n_clusters, self.ctx.rng_for("global_kmeans", step),
                                  self.config.server_kmeans_init, sample_weight=w)
-            self.C = normalise_rows(C).astype(np.float32)
+            C = normalise_rows(C).astype(np.float32)
+            if self.config.stable_ids and self.C is not None and self.C.shape == C.shape:
+                C = C[match_rows(C, self.C)]
+            self.C = C
 
     def _final_message(self) -> Message:
         """The final model: the averaged weights and the global centroids."""

@@ -628,3 +628,50 @@ def test_mnist_scenarios_name_the_fetched_data_set():
     ds, _ = prepare(load_scenario(REPO / "scenarios" / "mnist-kfed.yaml"))
     assert ds.name == "mnist10k" and ds.views[0].shape == (10000, 784)
     assert npz_digest(MNIST) == npz_digest(next(Path(os.environ["RAYMVC_DATA"]).glob("mnist10k/mnist10k.npz")))
+
+
+def _centroid_replies(centres: dict[int, np.ndarray]) -> dict[int, Message]:
+    return {c: Message("update", centroids=v.astype(np.float32), n=len(v)) for c, v in centres.items()}
+
+
+def _covers(C: np.ndarray, truth: np.ndarray) -> bool:
+    """Every true centre has a row of ``C`` pointing its way."""
+    return bool(((truth / np.linalg.norm(truth, axis=1, keepdims=True)) @ C.T).max(axis=1).min() > 0.99)
+
+
+def test_stable_ids_keep_each_global_clusters_index_from_round_to_round():
+    """``stable_ids``: each round's global centroids are matched to the last round's, so a
+    client holding older centroids labels with the same indices; without it the server's
+    fresh k-means may number the same clusters otherwise (it does here, at these seeds)."""
+    truth = np.random.default_rng(3).standard_normal((K, 16))
+    local = {0: truth[:5] + 0.01, 1: truth[5:] - 0.01}
+    C = {}
+    for stable in (False, True):
+        srv = ccfc.CCFCServer(ccfc.Config(**TINY, stable_ids=stable), ServerContext(client_ids=[0, 1], n_clusters=K, seed=0))
+        rounds = []
+        for step in range(4):
+            srv._global_centroids(_centroid_replies(local), step)
+            rounds.append(srv.C.copy())
+        C[stable] = rounds
+    assert any(not np.allclose(C[False][0], r, atol=1e-3) for r in C[False][1:])  # renumbered without it
+    assert all(np.allclose(C[True][0], r, atol=1e-3) for r in C[True][1:])  # the same numbering with it
+    assert all(_covers(r, truth) for r in C[True])
+
+
+def test_centroids_from_latest_keeps_an_absent_clients_clusters_for_a_while():
+    """``centroids_from: latest``: the k-means runs over every client's last local centroids
+    while they are at most ``centroid_max_age`` rounds old; the paper's ``round`` uses only
+    the round's replies, so clusters only an absent client holds are lost."""
+    truth = np.random.default_rng(4).standard_normal((K, 16))
+    local = {0: truth[:5], 1: truth[5:]}
+    got = {}
+    for how in ("round", "latest"):
+        srv = ccfc.CCFCServer(ccfc.Config(**TINY, centroids_from=how, centroid_max_age=2),
+                              ServerContext(client_ids=[0, 1], n_clusters=K, seed=0))
+        srv._global_centroids(_centroid_replies(local), 0)
+        got[how] = [_covers(srv.C, truth)]
+        for step in (1, 2, 3):  # client 1 is absent from now on
+            srv._global_centroids(_centroid_replies({0: local[0]}), step)
+            got[how].append(_covers(srv.C, truth))
+    assert got["round"] == [True, False, False, False]
+    assert got["latest"] == [True, True, True, False]  # kept at ages 1 and 2, dropped at 3

@@ -442,7 +442,7 @@ class FCUIFServer(fd.FedDMVCServer):
         H, hard = {}, {}
         for c in mem:
             Qc = np.zeros((self.N, k))
-            order = self._column_order(c, anchor)  # self.rows(c) are the slots here
+            order = self.column_order(c, anchor)  # self.rows(c) are the slots here
             Qc[self.ids[c]] = self.Q[c][:, order]
             H[c] = Qc @ C
             hard[c] = Qc.argmax(axis=1)
@@ -468,7 +468,7 @@ class FCUIFServer(fd.FedDMVCServer):
         cfg = self.config
         rng = self.ctx.rng_for("prototypes", round)
         runs = [KMeans(n_clusters=self.k, n_init=1, random_state=seed_from(rng)).fit(Zc) for _ in range(cfg.kmeans_init)]
-        init = self._warm_start(Zc, base)
+        init = self.warm_start(Zc, base)
         if init is not None:
             runs.append(KMeans(n_clusters=self.k, init=init, n_init=1).fit(Zc))
         present = np.ones((len(Zc), len(self.members)), dtype=bool)
@@ -476,7 +476,7 @@ class FCUIFServer(fd.FedDMVCServer):
         scores = [view_score(km.labels_, Zc, present, cfg.latent_dim, cfg.criterion, seed) for km in runs]
         best = runs[int(np.argmax(scores))]
         self.info["prototype_score"] = float(max(scores))
-        return self._renumber(best.cluster_centers_, best.labels_, base)
+        return self.renumber(best.cluster_centers_, best.labels_, base)
 
     # -- step 3: view-specific patterns W_I ----------------------------------------------
     def impute_view(self, j, QC, Zj, trusted, hole, round):

@@ -603,7 +603,7 @@ class FedDMVCServer(Server):
         Q = np.zeros((N, k))
         for j, c in enumerate(mem):
             rows = self.rows(c)
-            Q[rows] += self.Q[c][:, self._column_order(c, anchor)]
+            Q[rows] += self.Q[c][:, self.column_order(c, anchor)]
         Q[covered] /= H[covered].sum(axis=1, keepdims=True)
         # steps 3-4, Eqs. (9)-(10): W_m from the trusted complete rows, impute the missing z_i^m
         for j in range(M if cfg.extension != "none" else 0):
@@ -635,14 +635,14 @@ class FedDMVCServer(Server):
         k = self.k
         km = KMeans(n_clusters=k, n_init=self.config.kmeans_init,
                     random_state=seed_from(self.ctx.rng_for("prototypes", round))).fit(Zc)
-        init = self._warm_start(Zc, base) if self.config.prototype_restart == "fresh_or_warm" else None
+        init = self.warm_start(Zc, base) if self.config.prototype_restart == "fresh_or_warm" else None
         if init is not None:  # also from the previous labels' means; the lower k-means objective wins
             warm = KMeans(n_clusters=k, init=init, n_init=1).fit(Zc)
             if warm.inertia_ <= km.inertia_:
                 km = warm
-        return self._renumber(km.cluster_centers_, km.labels_, base)
+        return self.renumber(km.cluster_centers_, km.labels_, base)
 
-    def _renumber(self, C: np.ndarray, labels: np.ndarray, base: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def renumber(self, C: np.ndarray, labels: np.ndarray, base: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Keep cluster j = last round's cluster j (Hungarian method on the base rows)."""
         if self.y is not None:
             prev = self.y[base]
@@ -653,7 +653,7 @@ class FedDMVCServer(Server):
                 C, labels = C[order], np.argsort(order)[labels]
         return C, labels
 
-    def _column_order(self, c: int, anchor: np.ndarray) -> np.ndarray:
+    def column_order(self, c: int, anchor: np.ndarray) -> np.ndarray:
         """Eq. (6): the order of ``Q_c``'s columns that matches the anchor labels (identity without overlap)."""
         ok = anchor[self.rows(c)] >= 0
         if not ok.any():
@@ -677,7 +677,7 @@ class FedDMVCServer(Server):
         """Eq. (14): ``y = argmax_j p_ij``."""
         return P.argmax(axis=1)
 
-    def _warm_start(self, Zc: np.ndarray, base: np.ndarray) -> np.ndarray | None:
+    def warm_start(self, Zc: np.ndarray, base: np.ndarray) -> np.ndarray | None:
         """Means of ``Zc`` grouped by the previous labels (None in round 0 or if a cluster is empty)."""
         if self.y is None:
             return None

@@ -298,8 +298,8 @@ def test_paper_alignment_puts_c_in_the_first_clients_order():
 def test_paper_prototypes_are_fresh_k_means_each_round(restart, warm_calls, monkeypatch):
     clients, server, out = _after_round0(**{"params.prototype_restart": restart})
     calls = []
-    original = fd.FedDMVCServer._warm_start
-    monkeypatch.setattr(fd.FedDMVCServer, "_warm_start", lambda self, *a: calls.append(1) or original(self, *a))
+    original = fd.FedDMVCServer.warm_start
+    monkeypatch.setattr(fd.FedDMVCServer, "warm_start", lambda self, *a: calls.append(1) or original(self, *a))
     server.step(1, deliver(clients, out, 1), set())
     assert len(calls) == warm_calls
 

@@ -637,12 +637,12 @@ def check_atlas_order(m: re.Match, rankings: dict[str, dict[str, dict]], where: 
     named = [item.split("/", 1) for item in m.group(1).split(">")]
     if len(named) < 2 or any(len(x) != 2 or not all(x) for x in named):
         raise ScenarioError(f"{where}: {m.group(0)}: expected {{{{atlas-order:KIND/RUN>KIND/RUN>...}}}}")
-    levels = []
+    levels, mentioned = [], {(kind, run) for kind, run in named}
     for kind, run in named:
         table = rankings.get(kind)
         if table is None:
             raise ScenarioError(f"{where}: {m.group(0)}: no atlas kind {kind!r}")
-        runs = [r for r in table if (kind, r) not in map(tuple, named)] if run == "*" else [run]
+        runs = [r for r in table if (kind, r) not in mentioned] if run == "*" else [run]
         drops = []
         for r in runs:
             change = table.get(r, {}).get("change")

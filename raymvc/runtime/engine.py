@@ -33,7 +33,8 @@ from ..status import FINISHED, Status
 from ..summary import RunSummary
 from . import checkpoint
 from .cluster import ClusterError, actors_needed, current_node, init_ray
-from .nodes import ClientNode, ClientPool, ServerNode, one_line, party_error
+from .failures import one_line, party_error
+from .nodes import ClientNode, ClientPool, ServerNode
 from .placement import Seats, could_hold, reserve
 from .records import RoundRecord, RunEnd
 from .secagg import KINDS as SECAGG_KINDS

@@ -40,7 +40,7 @@ from .threads import pin_threads
 from .transport import Interruption, LocalTransport, make_transport
 
 __all__ = ["SERVER", "SERVER_STATE", "ClientNode", "ClientPool", "ServerNode", "broadcast_key", "client_party",
-           "decode_ledger", "encode_ledger", "one_line", "party_error"]
+           "decode_ledger", "encode_ledger"]
 
 PROTOCOL_INPUTS = ("config", "shard", "ctx")  # rebuilt from the scenario, never checkpointed
 _ROUND = struct.Struct("<q")
@@ -305,7 +305,7 @@ class ServerNode:
         self.server = proto.server(proto.config(**params), ctx)
         stale = self.plan.cfg.stale_replies
         self.rounds = RoundWorkflow(
-            self.server, self.exchange, self.plan, client_ids=self.client_ids, threads=threads,
+            self.server, self.exchange, client_ids=self.client_ids, threads=threads,
             secure=ServerLayer(proto.secure_sums, client_ids, seed, ch.secagg_neighbours, ch.secagg_threshold)
             if secure else None, secure_sums=proto.secure_sums,
             stale_max=stale.max_age if stale is not None and proto.uses_stale_replies else 0)

@@ -32,11 +32,12 @@ EVAL_LABELS = "eval.labels"
 class RoundWorkflow:
     """One protocol server's rounds over one exchange; ``state`` is shared with the exchange."""
 
-    def __init__(self, server, exchange: Exchange, plan: FaultPlan, *, secure: ServerLayer | None,
+    def __init__(self, server, exchange: Exchange, *, secure: ServerLayer | None,
                  secure_sums: tuple, stale_max: int, client_ids: list[int], threads: int):
-        self.server, self.exchange, self.plan = server, exchange, plan
+        self.server, self.exchange = server, exchange
+        self.plan: FaultPlan = exchange.plan
         self.state: ServerState = exchange.state
-        self.faults = Injector(plan)
+        self.faults = Injector(self.plan)
         self.secure = secure
         # without secure aggregation, the declared sums' inputs pass the same overflow rule (see _check_sums)
         self.plain_sums = {s.kind: s for s in secure_sums or ()} if secure is None else {}

@@ -20,6 +20,7 @@ from raymvc.messages import Message  # noqa: E402
 from raymvc.protocol import ServerContext  # noqa: E402
 from raymvc.runtime import prepare, run_scenario  # noqa: E402
 from raymvc.runtime.nodes import ClientNode, ServerNode  # noqa: E402
+from raymvc.runtime.spec import RunSpec  # noqa: E402
 from raymvc.scenario import load_scenario, scenario_from_dict  # noqa: E402
 
 # a model small enough for a test: one round on digits takes a few tens of milliseconds
@@ -53,12 +54,9 @@ def scenario(**over):
 def run_nodes(sc):
     """Drive a ServerNode and ClientNodes in-process; returns (RunEnd, partition)."""
     ds, part = prepare(sc)
-    ids = list(range(part.n_clients))
-    ch = sc.channel.model_dump()
-    clients = {c: ClientNode(c, sc.method, sc.params, part.shards[c], n_clients=part.n_clients,
-                             n_clusters=ds.n_clusters, channel=ch, seed=sc.seed) for c in ids}
-    server = ServerNode(sc.method, sc.params, clients, client_ids=ids, n_clusters=ds.n_clusters, n_samples=None,
-                        channel=ch, faults=sc.faults.model_dump(), network=sc.network.model_dump(), seed=sc.seed)
+    spec = RunSpec.build(sc, part, ds)
+    clients = {c: ClientNode(c, spec, part.shards[c]) for c in range(part.n_clients)}
+    server = ServerNode(spec, clients)
     server.connect()
     server.begin()
     while not server.run_round().done:

@@ -18,7 +18,7 @@ from raymvc.protocol import ClientContext, work_steps
 from raymvc.protocols import get
 from raymvc.runtime import prepare
 from raymvc.runtime.faults import FaultPlan, work_share
-from raymvc.scenario import FaultsCfg, scenario_from_dict
+from raymvc.scenario import FaultsCfg, PartialWorkCfg, scenario_from_dict
 
 PARTIAL = {"fraction": 0.4, "work": 0.5}
 
@@ -81,11 +81,11 @@ def test_the_draw_is_seeded_per_client_and_round_with_the_given_share():
     grid = np.array([[a.work(r, c) for c in ids] for r in range(200)])
     assert set(np.unique(grid)) == {0.5, 1.0}
     # the same whatever the client order or what was asked before; work_share is the plan's
-    assert all(b.work(r, c) == grid[r, c] == work_share(PARTIAL, 7, r, c) for r in (199, 0, 57) for c in ids)
+    assert all(b.work(r, c) == grid[r, c] == work_share(PartialWorkCfg(**PARTIAL), 7, r, c) for r in (199, 0, 57) for c in ids)
     assert abs((grid < 1).mean() - 0.4) < 0.03
     assert not np.array_equal(grid, [[FaultPlan(faults, ids, seed=8).work(r, c) for c in ids] for r in range(200)])
     # off: no partial work at all, and no stream drawn
-    for cfg in (None, {"fraction": 0.0, "work": 0.5}, {"fraction": 1.0, "work": 1.0}):
+    for cfg in (None, PartialWorkCfg(fraction=0.0, work=0.5), PartialWorkCfg(fraction=1.0, work=1.0)):
         assert work_share(cfg, 7, 3, 1) == 1.0
     assert FaultPlan(FaultsCfg(partial_work={"fraction": 1.0, "work": 0.25}), ids, 0).work(5, 3) == 0.25
 

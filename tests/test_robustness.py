@@ -296,6 +296,8 @@ def _pool(monkeypatch, behave):
     from raymvc.channel import Endpoint
     from raymvc.data.types import Shard
     from raymvc.runtime.nodes import SERVER, ClientPool, client_party
+    from raymvc.runtime.spec import RunSpec
+    from raymvc.scenario import ChannelCfg, FaultsCfg, NetworkCfg
 
     real = fedavg_echo.EchoClient.handle
 
@@ -305,8 +307,9 @@ def _pool(monkeypatch, behave):
 
     monkeypatch.setattr(fedavg_echo.EchoClient, "handle", handle)
     shards = {c: Shard(views=[np.zeros((3, 2))]) for c in (0, 1)}
-    pool = ClientPool(shards, "raymvc.bench.fedavg_echo", {"floats": 4}, n_clients=2, n_clusters=2,
-                      channel={}, seed=0)
+    spec = RunSpec(method="raymvc.bench.fedavg_echo", params={"floats": 4}, n_clients=2, n_clusters=2, seed=0,
+                   channel=ChannelCfg(), faults=FaultsCfg(), network=NetworkCfg())
+    pool = ClientPool(shards, spec)
     server = Endpoint(SERVER)
     keys = pool.hello_all(None)
     for c in keys:

@@ -39,6 +39,7 @@ from .placement import Seats, could_hold, reserve
 from .records import RoundRecord, RunEnd
 from .secagg import KINDS as SECAGG_KINDS
 from .signals import on_stop_signals
+from .spec import RunSpec
 from .threads import release_threads
 from .transport import Interruption, RayPools, party_lost
 from .warm import Crew, WarmActors, crew_key
@@ -56,24 +57,13 @@ def _spawn(sc: Scenario, part, ds, seats=None, crew: Crew | None = None) -> tupl
     fresh actors start in a new reservation."""
     rt = sc.runtime
     ids = list(range(part.n_clients))
-    search = tuple(search_paths())  # where the driver looks for a method's module
-    common = dict(n_clients=part.n_clients, n_clusters=ds.n_clusters, channel=sc.channel.model_dump(),
-                  seed=sc.seed, threads=rt.threads, search=search,
-                  partial_work=sc.faults.partial_work.model_dump() if sc.faults.partial_work else None)
-    srv_kw = dict(client_ids=ids, n_clusters=ds.n_clusters,
-                  n_samples=part.n_samples if part.kind == "vertical" else None,
-                  channel=sc.channel.model_dump(), faults=sc.faults.model_dump(), network=sc.network.model_dump(),
-                  seed=sc.seed, reply_timeout_s=rt.reply_timeout_s, threads=rt.threads, evict_after=rt.evict_after,
-                  client_sizes={c: part.shards[c].rows_held for c in ids},
-                  client_dims={c: int(part.shards[c].views[0].shape[1]) for c in ids},
-                  trace=sc.availability_trace(), search=search,
-                  devices=sc.devices.model_dump() if sc.devices is not None else None,
-                  device_classes={k: v.model_dump() for k, v in (sc.device_classes() or {}).items()} or None)
+    spec = RunSpec.build(sc, part, ds, search=tuple(search_paths()))  # where the driver looks for modules
     if rt.backend == "local":
-        clients = {c: ClientNode(c, sc.method, sc.params, part.shards[c], **common) for c in ids}
-        return ServerNode(sc.method, sc.params, clients, **srv_kw), []
+        clients = {c: ClientNode(c, spec, part.shards[c]) for c in ids}
+        return ServerNode(spec, clients), []
     import ray
 
+    spec = ray.put(spec)  # pickled once; every actor gets the same object (Ray resolves the reference)
     per = rt.clients_per_actor
     groups = [ids[i:i + per] for i in range(0, len(ids), per)]
     owner = {c: p for p, g in enumerate(groups) for c in g}
@@ -82,14 +72,14 @@ def _spawn(sc: Scenario, part, ds, seats=None, crew: Crew | None = None) -> tupl
         try:
             kept = [p for p in range(len(groups)) if p in crew.pools]
             idle = [p for p in crew.pools if p >= len(groups)]  # emptied: no earlier run's clients stay
-            new = _start_pools(sc, part, groups, crew.seats, common, [p for p in range(len(groups)) if p not in crew.pools])
+            new = _start_pools(sc, part, groups, crew.seats, spec, [p for p in range(len(groups)) if p not in crew.pools])
             crew.pools.update(new)
             crew.started_now = len(new)
             ray.get([crew.pools[p].reset.remote({c: part.shards[c] for c in groups[p]} if p < len(groups) else {},
-                                                sc.method, sc.params, **common) for p in kept + idle],
+                                                spec) for p in kept + idle],
                     timeout=rt.reply_timeout_s)
             pools = RayPools(handles={p: crew.pools[p] for p in range(len(groups))}, owner=owner, sizes=sizes)
-            ray.get(crew.server.reset.remote(sc.method, sc.params, pools, **srv_kw), timeout=rt.reply_timeout_s)
+            ray.get(crew.server.reset.remote(spec, pools), timeout=rt.reply_timeout_s)
             return crew.server, [crew]
         except Exception:  # an actor died between runs (a lost node), or does not answer: start afresh
             crew.stop()
@@ -97,22 +87,23 @@ def _spawn(sc: Scenario, part, ds, seats=None, crew: Crew | None = None) -> tupl
             crew.node = current_node()
     seats = seats or reserve(sc, part.n_clients)  # the server first, beside the driver if it has room
     ServerActor = ray.remote(num_cpus=rt.server_cpus, num_gpus=rt.server_gpus, max_restarts=0)(ServerNode)
-    pools = RayPools(handles=_start_pools(sc, part, groups, seats, common, range(len(groups))), owner=owner,
+    pools = RayPools(handles=_start_pools(sc, part, groups, seats, spec, range(len(groups))), owner=owner,
                      sizes=sizes)
-    server = ServerActor.options(scheduling_strategy=seats.server()).remote(sc.method, sc.params, pools, **srv_kw)
+    server = ServerActor.options(scheduling_strategy=seats.server()).remote(spec, pools)
     if crew is not None:
         crew.server, crew.pools, crew.started_now = server, dict(pools.handles), len(groups) + 1
         return server, [crew]
     return server, [server, *pools.handles.values(), seats]
 
 
-def _start_pools(sc: Scenario, part, groups: list[list[int]], seats, common: dict, which) -> dict:
-    """Client actors (pools) ``which`` of ``groups``, each in its reserved seat."""
+def _start_pools(sc: Scenario, part, groups: list[list[int]], seats, spec, which) -> dict:
+    """Client actors (pools) ``which`` of ``groups``, each in its reserved seat; ``spec``: the
+    run's :class:`RunSpec` in Ray's object store."""
     import ray
 
     PoolActor = ray.remote(num_cpus=seats.client_cpus, num_gpus=sc.runtime.client_gpus, max_restarts=0)(ClientPool)
     return {p: PoolActor.options(scheduling_strategy=seats.pool(p)).remote(
-        {c: part.shards[c] for c in groups[p]}, sc.method, sc.params, **common) for p in which}
+        {c: part.shards[c] for c in groups[p]}, spec) for p in which}
 
 
 # the driver asks the server for rounds until this much wall time has passed (at least one

@@ -76,13 +76,11 @@ def _draw_delay(cfg: DelayCfg, rng: np.random.Generator) -> float:
     return float(rng.lognormal(mu, cfg.sigma))
 
 
-def work_share(cfg: PartialWorkCfg | dict | None, seed: int, round: int, client: int) -> float:
+def work_share(cfg: PartialWorkCfg | None, seed: int, round: int, client: int) -> float:
     """The share of its local work ``client`` does in ``round``: ``cfg.work`` with probability
     ``cfg.fraction`` (a coin from the stream ``(seed, tag, client, round)``), else 1."""
     if cfg is None:
         return 1.0
-    if isinstance(cfg, dict):
-        cfg = PartialWorkCfg(**cfg)
     if cfg.fraction <= 0 or cfg.work >= 1:
         return 1.0
     u = stream(seed, streams.PARTIAL, client, round).random()

@@ -28,13 +28,13 @@ import numpy as np
 from ..channel import Endpoint, Ledger, RejectedMessage, codec
 from ..messages import Message, labels_array
 from ..protocol import ClientContext, ServerContext
-from ..scenario import ChannelCfg, DeviceClass, DevicesCfg, FaultsCfg, NetworkCfg, PartialWorkCfg
 from .exchange import SERVER, Exchange, broadcast_key, client_party
 from .failures import cut_line, one_line, party_error, traceback_text
 from .faults import DeviceProfiles, FaultPlan, Network, work_share
 from .records import SERVER_STATE, Participation, RoundRecord, RunEnd, ServerState
 from .rounds import EVAL_LABELS, EVAL_PREDICT, RoundWorkflow
 from .secure import ClientLayer, ServerLayer
+from .spec import RunSpec
 from .state import StateError, dump_state, load_state
 from .threads import pin_threads
 from .transport import Interruption, LocalTransport, make_transport
@@ -77,27 +77,25 @@ def _reply_name(reply: object) -> str:
 class ClientNode:
     """One client: its private shard, the protocol's client object, its endpoint."""
 
-    def __init__(self, cid: int, method: str, params: dict, shard, *, n_clients: int, n_clusters: int,
-                 channel: dict, seed: int, threads: int = 1, search: tuple[str, ...] = (),
-                 partial_work: dict | None = None):
+    def __init__(self, cid: int, spec: RunSpec, shard):
         from ..protocols import add_search_path, get
 
-        for folder in search:  # where the driver found the method's module
+        for folder in spec.search:  # where the driver found the method's module
             add_search_path(folder)
 
         self.cid = cid
-        self.seed = seed
-        self.partial_work = PartialWorkCfg(**partial_work) if partial_work else None  # faults.partial_work
-        self.threads = threads
-        pin_threads(threads)
-        ch = ChannelCfg(**channel)
-        proto = get(method)
-        ctx = ClientContext(client_id=cid, n_clients=n_clients, n_clusters=n_clusters, seed=seed,
+        self.seed = spec.seed
+        self.partial_work = spec.partial_work  # faults.partial_work
+        self.threads = spec.threads
+        pin_threads(spec.threads)
+        ch = spec.channel
+        proto = get(spec.method)
+        ctx = ClientContext(client_id=cid, n_clients=spec.n_clients, n_clusters=spec.n_clusters, seed=spec.seed,
                             float_dtype=ch.float_dtype)
-        self.client = proto.client(proto.config(**params), shard, ctx)
+        self.client = proto.client(proto.config(**spec.params), shard, ctx)
         self.secure = None  # the secure-aggregation layer, when on and the method declares a sum
         if ch.secure_aggregation and proto.secure_sums:
-            self.secure = ClientLayer(cid, proto.secure_sums, n_clients, ch.secagg_neighbours)
+            self.secure = ClientLayer(cid, proto.secure_sums, spec.n_clients, ch.secagg_neighbours)
         self.endpoint = Endpoint(client_party(cid), encryption=ch.encryption,
                                  compression=ch.compression, float_dtype=ch.float_dtype,
                                  max_message_bytes=ch.max_message_bytes())
@@ -201,19 +199,19 @@ class ClientPool:
     at once until the abandoned call returns.
     """
 
-    def __init__(self, shards: dict[int, object], method: str, params: dict, **common):
-        self.nodes = {cid: ClientNode(cid, method, params, shard, **common) for cid, shard in shards.items()}
+    def __init__(self, shards: dict[int, object], spec: RunSpec):
+        self.nodes = {cid: ClientNode(cid, spec, shard) for cid, shard in shards.items()}
         self.dead: set[int] = set()
         self.busy: dict[int, _Job] = {}  # clients whose call overran its deadline and still runs
         self.worker: _Worker | None = None
 
-    def reset(self, shards: dict[int, object], method: str, params: dict, **common) -> None:
+    def reset(self, shards: dict[int, object], spec: RunSpec) -> None:
         """Host a new run's clients (warm actors, :mod:`raymvc.runtime.warm`): built exactly as
         a fresh pool's, the earlier run's clients dropped."""
         if self.worker is not None:
             self.worker.jobs.put(None)  # its thread ends
         self.__dict__.clear()  # not even an attribute set after construction survives
-        self.__init__(shards, method, params, **common)
+        self.__init__(shards, spec)
 
     def reusable(self) -> bool:
         """Whether a new run may reset this pool: no call of this run still running."""
@@ -272,51 +270,47 @@ class ServerNode:
     does what an actor does between them: connect, checkpoint and restore, say where it
     runs, hand rounds to the driver in batches, and end the run."""
 
-    def __init__(self, method: str, params: dict, clients: dict, *, client_ids: list[int], n_clusters: int,
-                 n_samples: int | None, channel: dict, faults: dict, network: dict, seed: int,
-                 reply_timeout_s: float = 600.0, threads: int = 1, client_sizes: dict[int, int] | None = None,
-                 evict_after: int = 3, search: tuple[str, ...] = (), client_dims: dict[int, int] | None = None,
-                 trace: dict[int, list[tuple[float, float]]] | None = None, devices: dict | None = None,
-                 device_classes: dict[str, dict] | None = None):
+    def __init__(self, spec: RunSpec, clients: dict):
         from ..protocols import add_search_path, get
 
-        for folder in search:
+        for folder in spec.search:
             add_search_path(folder)
-        self.threads = threads
-        pin_threads(threads)
-        proto = get(method)
-        ch = ChannelCfg(**channel)
+        self.threads = spec.threads
+        pin_threads(spec.threads)
+        proto = get(spec.method)
+        ch = spec.channel
         secure = ch.secure_aggregation and bool(proto.secure_sums)
-        self.plan = FaultPlan(FaultsCfg(**faults), list(client_ids), seed, client_sizes=client_sizes,
-                              client_dims=client_dims, trace=trace, exchanges=3 if secure else 1)
-        net = Network(NetworkCfg(**network))
+        ids = spec.client_ids
+        self.plan = FaultPlan(spec.faults, ids, spec.seed, client_sizes=dict(spec.client_sizes),
+                              client_dims=dict(spec.client_dims), trace=spec.trace, exchanges=3 if secure else 1)
+        net = Network(spec.network)
         profiles = None  # per-client links and compute (scenario devices); None: the network for all
-        if devices is not None:
-            classes = {k: DeviceClass(**v) for k, v in device_classes.items()} if device_classes else None
-            profiles = DeviceProfiles(DevicesCfg(**devices), list(client_ids), seed, net.cfg, classes=classes,
-                                      client_sizes=client_sizes)
-        self.client_ids = list(client_ids)
+        if spec.devices is not None:
+            profiles = DeviceProfiles(spec.devices, ids, spec.seed, net.cfg, classes=spec.device_classes,
+                                      client_sizes=dict(spec.client_sizes))
+        self.client_ids = ids
         self.state = ServerState(offline=set(self.plan.disconnected),
                                  participation={c: Participation() for c in self.client_ids})
-        self.transport = make_transport(clients, reply_timeout_s)
-        self.exchange = Exchange(self.transport, ch, self.plan, net, profiles, self.state, evict_after)
-        ctx = ServerContext(client_ids=list(client_ids), n_clusters=n_clusters, seed=seed, n_samples=n_samples,
-                            client_sizes=dict(client_sizes or {}), float_dtype=ch.float_dtype)
-        self.server = proto.server(proto.config(**params), ctx)
+        self.transport = make_transport(clients, spec.reply_timeout_s)
+        self.exchange = Exchange(self.transport, ch, self.plan, net, profiles, self.state, spec.evict_after)
+        ctx = ServerContext(client_ids=list(ids), n_clusters=spec.n_clusters, seed=spec.seed,
+                            n_samples=spec.n_samples, client_sizes=dict(spec.client_sizes),
+                            float_dtype=ch.float_dtype)
+        self.server = proto.server(proto.config(**spec.params), ctx)
         stale = self.plan.cfg.stale_replies
         self.rounds = RoundWorkflow(
-            self.server, self.exchange, client_ids=self.client_ids, threads=threads,
-            secure=ServerLayer(proto.secure_sums, client_ids, seed, ch.secagg_neighbours, ch.secagg_threshold)
+            self.server, self.exchange, client_ids=self.client_ids, threads=spec.threads,
+            secure=ServerLayer(proto.secure_sums, ids, spec.seed, ch.secagg_neighbours, ch.secagg_threshold)
             if secure else None, secure_sums=proto.secure_sums,
             stale_max=stale.max_age if stale is not None and proto.uses_stale_replies else 0)
         self.unreported: list[RoundRecord] = []  # the rounds of the latest run_rounds call
         self.deferred: Exception | None = None  # raised by the next run_rounds call
 
-    def reset(self, method: str, params: dict, clients: dict, **kw) -> None:
+    def reset(self, spec: RunSpec, clients: dict) -> None:
         """Serve a new run (warm actors, :mod:`raymvc.runtime.warm`): built exactly as a fresh
         server, nothing of the earlier run kept."""
         self.__dict__.clear()
-        self.__init__(method, params, clients, **kw)
+        self.__init__(spec, clients)
 
     def reusable(self) -> bool:
         return True

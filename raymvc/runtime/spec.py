@@ -1,0 +1,74 @@
+"""One run's parties, as the engine hands them over: :class:`RunSpec`.
+
+The engine builds a :class:`RunSpec` once from the validated scenario and the prepared split
+(:meth:`RunSpec.build`) and gives the same object to the server and to every client (in
+process, or pickled to the Ray actors). The actors read it as it is: its configs are the
+scenario's validated pydantic objects, never dumped to dicts and checked again. A method's
+``params`` stay a mapping, because the method's own ``Config`` (``proto.config``) is what
+gives them meaning, on the side that imports the method.
+
+A model of one's own named in ``faults.availability`` travels as the scenario's
+:class:`~raymvc.scenario.OwnAvailability` (its name and parameters): the model's module is
+imported where it acts, after the party has added the scenario's search paths, so the spec
+unpickles in an actor that cannot import that module yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..scenario import ChannelCfg, DeviceClass, DevicesCfg, FaultsCfg, NetworkCfg, PartialWorkCfg, Scenario
+
+__all__ = ["RunSpec"]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything a party is built from (besides a client's shard and the transport)."""
+
+    method: str
+    params: Mapping[str, Any]  # the method's parameters; its Config checks them
+    n_clients: int
+    n_clusters: int
+    seed: int
+    channel: ChannelCfg
+    faults: FaultsCfg
+    network: NetworkCfg
+    threads: int = 1
+    search: tuple[str, ...] = ()  # where the driver found the method's (or a model's) module
+    n_samples: int | None = None  # vertical splits: the rows every client indexes
+    reply_timeout_s: float = 600.0
+    evict_after: int = 3
+    client_sizes: Mapping[int, int] = field(default_factory=dict)  # rows each client holds
+    client_dims: Mapping[int, int] = field(default_factory=dict)  # the width of each client's first view
+    trace: Mapping[int, list[tuple[float, float]]] | None = None  # an availability trace's intervals
+    devices: DevicesCfg | None = None
+    device_classes: Mapping[str, DeviceClass] | None = None
+
+    @property
+    def client_ids(self) -> list[int]:
+        return list(range(self.n_clients))
+
+    @property
+    def partial_work(self) -> PartialWorkCfg | None:
+        return self.faults.partial_work
+
+    @classmethod
+    def build(cls, sc: Scenario, part, ds, search: tuple[str, ...] = ()) -> RunSpec:
+        """The spec of a run of ``sc`` on the split ``part`` of ``ds``."""
+        def own(cfg):  # a copy: the spec does not change with the scenario object
+            return None if cfg is None else cfg.model_copy(deep=True)
+
+        rt = sc.runtime
+        ids = range(part.n_clients)
+        return cls(method=sc.method, params=dict(sc.params), n_clients=part.n_clients, n_clusters=ds.n_clusters,
+                   seed=sc.seed, channel=own(sc.channel), faults=own(sc.faults), network=own(sc.network),
+                   threads=rt.threads,
+                   search=tuple(search), n_samples=part.n_samples if part.kind == "vertical" else None,
+                   reply_timeout_s=rt.reply_timeout_s, evict_after=rt.evict_after,
+                   client_sizes={c: part.shards[c].rows_held for c in ids},
+                   client_dims={c: int(part.shards[c].views[0].shape[1]) for c in ids},
+                   trace=sc.availability_trace(), devices=own(sc.devices),
+                   device_classes={k: own(v) for k, v in (sc.device_classes() or {}).items()} or None)

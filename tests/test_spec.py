@@ -1,0 +1,56 @@
+"""The run spec: built once from the validated scenario, handed to every party as it is."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+from pathlib import Path
+
+import pytest
+
+from raymvc import scenario as scenario_mod
+from raymvc.runtime import prepare
+from raymvc.runtime.nodes import ClientNode, ServerNode
+from raymvc.runtime.spec import RunSpec
+from raymvc.scenario import load_scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _spec(overrides=None):
+    sc = load_scenario(ROOT / "scenarios" / "digits-kfed.yaml", overrides=overrides or {})
+    ds, part = prepare(sc)
+    return sc, part, RunSpec.build(sc, part, ds)
+
+
+def test_the_spec_holds_the_scenarios_validated_configs_and_is_frozen():
+    sc, part, spec = _spec({"faults.dropout.rate": 0.25, "faults.partial_work": {"fraction": 0.5, "work": 0.5},
+                            "channel.encryption": "aes-gcm"})
+    assert isinstance(spec.faults, scenario_mod.FaultsCfg) and spec.faults.dropout.rate == 0.25
+    assert isinstance(spec.channel, scenario_mod.ChannelCfg) and spec.channel.encryption == "aes-gcm"
+    assert spec.partial_work == sc.faults.partial_work
+    assert spec.client_ids == list(range(part.n_clients)) and spec.method == sc.method
+    assert spec.client_sizes == {c: part.shards[c].rows_held for c in spec.client_ids}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.seed = 1
+    sc.faults.dropout.rate = 0.5  # the spec is a copy: changing the scenario afterwards changes no run
+    assert spec.faults.dropout.rate == 0.25
+    back = pickle.loads(pickle.dumps(spec))  # what an actor receives
+    assert back == spec and isinstance(back.network, scenario_mod.NetworkCfg)
+
+
+def test_parties_build_from_the_spec_without_validating_a_config_again(monkeypatch):
+    """The configs crossed as typed objects: no party rebuilds one from a dict."""
+    sc, part, spec = _spec({"faults.dropout.rate": 0.25})
+    for name in ("ChannelCfg", "FaultsCfg", "NetworkCfg", "PartialWorkCfg", "DevicesCfg", "DeviceClass"):
+        cls = getattr(scenario_mod, name)
+
+        def refuse(self, *a, _name=name, **k):
+            raise AssertionError(f"{_name} validated again inside a party")
+
+        monkeypatch.setattr(cls, "__init__", refuse)
+    clients = {c: ClientNode(c, spec, part.shards[c]) for c in spec.client_ids}
+    server = ServerNode(spec, clients)
+    server.connect()
+    server.begin()
+    assert server.plan.cfg is spec.faults and server.exchange is not None

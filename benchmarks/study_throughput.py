@@ -64,7 +64,7 @@ FLOOR_IMPORTS = ("numpy", "scipy.linalg", "sklearn.cluster", "sklearn.metrics") 
 
 def actors_started(out: Path) -> int:
     """Actors a Ray sweep started, over all its runs (from each run's summary.json)."""
-    from raymvc.results import read_summary
+    from raymvc.results.folder import read_summary
 
     return sum(int(read_summary(f.parent).get("placement", {}).get("actors_started") or 0)
                for f in out.glob("*/summary.json"))

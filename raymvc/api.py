@@ -30,12 +30,12 @@ from typing import Any
 
 import numpy as np
 
-from .results import csv_value
-from .runfolder import RunFolder
+from .results.folder import csv_value
+from .results.runfolder import RunFolder
+from .results.status import Status
+from .results.summary import RunSummary
 from .runtime.records import RoundRecord
 from .scenario import Scenario, as_overrides, load_scenario, merge_overrides, scenario_from_dict
-from .status import Status
-from .summary import RunSummary
 
 
 @dataclass
@@ -101,12 +101,12 @@ class Messages:
 class RunResult:
     """One run's results, as ``raymvc run`` writes them.
 
-    ``status``: a :class:`~raymvc.status.Status` -- ``completed``, ``degraded``
+    ``status``: a :class:`~raymvc.results.status.Status` -- ``completed``, ``degraded``
     (injected faults only), ``failed``, ``error`` (a party's code raised) or
     ``interrupted``. ``metrics``: the scores (``None`` when the run produced no labels).
     ``labels``: one cluster per sample, ``-1`` where no label came back. ``rounds``: the
     round records (``rounds.jsonl``). ``ledger``: every message. ``summary``: a
-    :class:`~raymvc.summary.RunSummary` (typed fields, and a read-only mapping over the
+    :class:`~raymvc.results.summary.RunSummary` (typed fields, and a read-only mapping over the
     whole ``summary.json``).
     """
 
@@ -167,7 +167,7 @@ def run(scenario: str | Path | Mapping | Scenario, *, data: MultiViewData | None
     raises :class:`~raymvc.scenario.ScenarioError` (or ``ValueError`` for ``data``).
     """
     from .data.prepare import prepare
-    from .results import default_out_dir
+    from .results.folder import default_out_dir
     from .runtime import run_scenario
 
     sets = merge_overrides(as_overrides(overrides), {"runtime.backend": backend} if backend else {})
@@ -234,7 +234,7 @@ def sweep(scenarios: str | Path | Sequence[str | Path], *, grid: Mapping[str, Se
     committed unchanged (its seeds come before its runs); ``allow_uncommitted`` waives
     that, and its cells then record ``uncommitted`` (``raymvc sweep --allow-uncommitted``).
     """
-    from .studies import SweepRequest, run_sweep
+    from .study.sweep import SweepRequest, run_sweep
 
     picked = ((only,) if isinstance(only, str) else tuple(only)) if only else ()
     req = SweepRequest.build(scenarios, grid=grid, seeds=seeds, overrides=as_overrides(overrides),

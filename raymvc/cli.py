@@ -69,8 +69,8 @@ def _load_and_prepare(args):
 
 def cmd_run(args) -> int:
     from .progress import RunProgress
-    from .results import format_summary
-    from .runfolder import RunFolder
+    from .results.folder import format_summary
+    from .results.runfolder import RunFolder
     from .runtime import run_scenario
     from .runtime.engine import ClusterError
 
@@ -99,7 +99,7 @@ def cmd_run(args) -> int:
         kw = {"progress": rp.text, "on_round": rp.round}
         what = "starting Ray, " if sc.runtime.backend == "ray" else ""
         rp.text(f"[{sc.name}] {what}{prepared[1].n_clients} clients, {sc.method} on {prepared[0].name} ...")
-    from .results import ResultsError, check_out_dir
+    from .results.folder import ResultsError, check_out_dir
 
     try:
         out = args.out or _default_run_dir(sc.name, merge_overrides(_sets(args), {"seed": args.seed} if args.seed else {}))
@@ -141,8 +141,8 @@ def _drop_if_empty(out, made: bool) -> None:
 
 def _default_run_dir(name: str, overrides: dict) -> Path:
     """``runs/<name>[_<key><value>...]-<time>``: the overrides show in the folder name."""
-    from .results import default_out_dir, short_value
-    from .studies import short_key, slug
+    from .results.folder import default_out_dir, short_value
+    from .study.sweep import short_key, slug
 
     bits = []
     for key, value in overrides.items():
@@ -152,7 +152,7 @@ def _default_run_dir(name: str, overrides: dict) -> Path:
 
 
 def cmd_validate(args) -> int:
-    from .study import is_study_file, load_study
+    from .study.files import is_study_file, load_study
 
     if is_study_file(args.scenario):
         try:
@@ -341,10 +341,10 @@ def cmd_params(args) -> int:
 
 
 def sweep_request(args):
-    """``raymvc sweep``'s flags as a :class:`raymvc.studies.SweepRequest` (the strings of
+    """``raymvc sweep``'s flags as a :class:`raymvc.study.sweep.SweepRequest` (the strings of
     ``--grid`` and ``--seeds`` parsed here, once)."""
-    from .studies import SweepRequest, parse_grid, parse_seeds
-    from .study import is_study_file
+    from .study.files import is_study_file
+    from .study.sweep import SweepRequest, parse_grid, parse_seeds
 
     if args.seeds is not None and args.seed is not None:
         raise ScenarioError("--seeds and --seed: give one of them")
@@ -366,9 +366,9 @@ def sweep_request(args):
 
 
 def cmd_sweep(args) -> int:
-    from .results import ResultsError, check_out_dir
+    from .results.folder import ResultsError, check_out_dir
     from .runtime.engine import ClusterError
-    from .studies import run_sweep
+    from .study.sweep import run_sweep
 
     try:
         if args.out:
@@ -381,7 +381,7 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_plot(args) -> int:
-    from .plot import plot_sweep
+    from .study.plot import plot_sweep
 
     d = Path(args.sweep_dir)
     if not (d / "sweep.csv").is_file():
@@ -398,9 +398,9 @@ def cmd_plot(args) -> int:
 def cmd_report(args) -> int:
     import csv
 
-    from .results import ResultsError
-    from .runfolder import RunFolder
-    from .studies import read_sweep
+    from .results.folder import ResultsError
+    from .results.runfolder import RunFolder
+    from .study.sweep import read_sweep
 
     runs, sweeps = [], []
     for d in args.runs:
@@ -438,9 +438,9 @@ def cmd_report(args) -> int:
 
 
 def _print_report(args, runs, summaries, sweeps, sweep_data) -> int:
-    from .results import differing_keys, flatten, format_summary, short_value
-    from .runfolder import RunFolder
-    from .studies import format_aggregate
+    from .results.folder import differing_keys, flatten, format_summary, short_value
+    from .results.runfolder import RunFolder
+    from .study.sweep import format_aggregate
 
     scen = [RunFolder(p).scenario() for p in runs]
     diff = differing_keys(scen) if len(runs) > 1 else []

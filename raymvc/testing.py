@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .runfolder import RunFolder
+from .results.runfolder import RunFolder
 
 
 def _scenario(name: str, proto, **values):

@@ -20,15 +20,15 @@ from collections import defaultdict
 from pathlib import Path
 
 from raymvc.declared import COMMIT_FIELDS, NOT_RECORDED, UNCOMMITTED, checkout_root, commit_status, last_commit
-from raymvc.plot import literal
-from raymvc.provenance import platform_text
-from raymvc.results import ResultsError, read_file, short_value, write_file
-from raymvc.runfolder import RunFolder
+from raymvc.results.folder import ResultsError, read_file, short_value, write_file
+from raymvc.results.provenance import platform_text
+from raymvc.results.runfolder import RunFolder
+from raymvc.results.status import FINISHED
 from raymvc.safeio import SafeReadError, confined, csv_rows
 from raymvc.scenario import ScenarioError
-from raymvc.status import FINISHED
-from raymvc.studies import MAX_SWEEP_CSV, mean_std, num, read_sweep, short_key
-from raymvc.study import METRIC_NAMES, Study, load_study
+from raymvc.study.files import METRIC_NAMES, Study, load_study
+from raymvc.study.plot import literal
+from raymvc.study.sweep import MAX_SWEEP_CSV, mean_std, num, read_sweep, short_key
 
 NAMES = {"acc": "ACC", "nmi": "NMI", "ari": "ARI", "mb": "MB"}
 DIGITS = {"acc": 3, "nmi": 3, "ari": 3, "mb": 3}
@@ -222,7 +222,7 @@ def _read_record(path: Path, study: Study) -> list[dict]:
 
 def cell_digests(study: Study) -> dict[tuple, str]:
     """Each cell the study file declares (as :func:`_row_cell` keys it) -> its
-    :meth:`~raymvc.study.Study.cell_digest`."""
+    :meth:`~raymvc.study.files.Study.cell_digest`."""
     out = {}
     for _, _, run in study.entries():
         for point in study.points():
@@ -516,10 +516,10 @@ def _leading_comment(path: Path) -> str:
 
 
 def draw_figure(res: StudyResult, path: Path) -> Path | None:
-    """The study's figure, drawn as ``raymvc plot`` draws a sweep (:func:`raymvc.plot.draw`):
+    """The study's figure, drawn as ``raymvc plot`` draws a sweep (:func:`raymvc.study.plot.draw`):
     each metric against the first grid key (other keys at their first value), one line per
     run, failed runs counted in the first panel, the paper's numbers as crosses."""
-    from raymvc.plot import PlotPoint, Reference, draw
+    from raymvc.study.plot import PlotPoint, Reference, draw
 
     spec = res.study.spec
     xkey = spec.x or next(iter(spec.grid))

@@ -48,7 +48,7 @@ def test_run_returns_what_the_run_folder_holds(tmp_path):
 
 def test_overrides_travel_as_values_from_the_command_line_to_the_cells(tmp_path):
     from raymvc.cli import build_parser, sweep_request
-    from raymvc.studies import plan
+    from raymvc.study.sweep import plan
 
     args = build_parser().parse_args(["sweep", str(HW), "--set", "params.beta=0.5", "--set", "name=hw 2",
                                       "--set", "faults.dropout={rate: 0.1}", "--set", "faults.dropout.rate=0.2",

@@ -114,8 +114,8 @@ def test_every_command_on_the_pages_parses_and_its_scenario_loads(page, cmd, tmp
 
     from raymvc.cli import build_parser
     from raymvc.scenario import load_scenario
-    from raymvc.studies import parse_grid
-    from raymvc.study import is_study_file, load_study
+    from raymvc.study.files import is_study_file, load_study
+    from raymvc.study.sweep import parse_grid
 
     argv = shlex.split(cmd)[1:]
     if argv == ["--version"]:

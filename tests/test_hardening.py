@@ -20,7 +20,7 @@ from raymvc.data import DataError, horizontal, load_dataset, missing_mask
 from raymvc.data.datasets import DataWarning, synthetic
 from raymvc.data.types import MultiViewDataset
 from raymvc.messages import Message
-from raymvc.results import ResultsError, check_out_dir, default_out_dir, read_summary
+from raymvc.results.folder import ResultsError, check_out_dir, default_out_dir, read_summary
 from raymvc.scenario import (
     MAX_ERROR_CHARS,
     ChannelCfg,

@@ -94,8 +94,8 @@ def test_the_version_is_the_installed_one():
 
 
 def test_a_run_returns_a_typed_summary(tmp_path):
-    from raymvc.status import Status
-    from raymvc.summary import RunSummary
+    from raymvc.results.status import Status
+    from raymvc.results.summary import RunSummary
 
     res = raymvc.run({"name": "tiny", "method": "kfed", "params": {"kmeans_init": 1},
                       "data": {"dataset": "synthetic", "partition": "horizontal", "n_clients": 3,
@@ -112,7 +112,7 @@ def test_a_run_returns_a_typed_summary(tmp_path):
 
 def test_one_status_vocabulary():
     """No module spells the finished statuses or the list of all as its own tuple: they come
-    from raymvc.status."""
+    from raymvc.results.status."""
     import re
 
     pattern = re.compile(r"\"completed\",\s*\"degraded\"")
@@ -185,3 +185,15 @@ def test_every_run_stream_has_its_own_tag_in_one_table():
     # a stream is the same generator whatever else was drawn, and keys tell streams apart
     a, b = streams.stream(7, streams.DROPOUT, 3, 1), streams.stream(7, streams.DROPOUT, 3, 1)
     assert a.random() == b.random() != streams.stream(7, streams.DELAY, 3, 1).random()
+
+
+def test_the_top_level_is_grouped_into_rooms():
+    """The study layer and what a run leaves each live in a package of their own; the top
+    level keeps the few modules every room shares."""
+    top = sorted(p.stem for p in PKG.glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= 15, top
+    rooms = {"study": {"files", "sweep", "grid", "plot"},
+             "results": {"folder", "runfolder", "summary", "status", "provenance"}}
+    for room, members in rooms.items():
+        assert {p.stem for p in (PKG / room).glob("*.py")} >= members
+        assert not set(top) & members  # no module left behind under its old name

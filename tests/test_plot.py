@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import raymvc
-from raymvc.plot import plot_points, plot_sweep, sweep_points
-from raymvc.studies import RUN_FIELDS, aggregate
+from raymvc.study.plot import plot_points, plot_sweep, sweep_points
+from raymvc.study.sweep import RUN_FIELDS, aggregate
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "faults.dropout.rate"
@@ -91,7 +91,7 @@ def test_min_clients_sweep_plots_all_three_points(tmp_path):
 def test_categorical_ticks_that_share_a_long_prefix_stay_distinct(tmp_path, monkeypatch, values, shown):
     import matplotlib.figure
 
-    from raymvc.plot import draw
+    from raymvc.study.plot import draw
     pts = plot_points(aggregate([{**_row(0, 0, "completed", 0.5), KEY: v} for v in values], [KEY]), [KEY])
     seen: list[list[str]] = []
     real = matplotlib.figure.Figure.savefig
@@ -117,7 +117,7 @@ def test_dollar_signs_in_labels_and_grid_values_are_drawn_as_text(tmp_path):
     _write_sweep(d, rows + [_row(0.1, 0, "completed", 0.6)])
     for path in plot_sweep(d):
         assert path.stat().st_size > 1000
-    from raymvc.plot import draw
+    from raymvc.study.plot import draw
 
     pts = plot_points(aggregate(rows, [KEY]), [KEY])
     (path,) = draw(pts, [tmp_path / "f.png"], x_values=["$^$"], x_label="$x_{", title="CeFMC $\\frac{1$ x")

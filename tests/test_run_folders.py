@@ -21,12 +21,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from raymvc import results
 from raymvc.channel import codec
 from raymvc.channel.meter import Ledger, LedgerRow
 from raymvc.cli import main
 from raymvc.messages import Message
-from raymvc.results import LOCK, MARKER, OutputFolder, ResultsError, RunWriter, folder_kind
+from raymvc.results import folder as results
+from raymvc.results.folder import LOCK, MARKER, OutputFolder, ResultsError, RunWriter, folder_kind
 from raymvc.runtime import checkpoint, run_scenario
 from raymvc.runtime.state import StateError, dump_state, load_state
 from raymvc.scenario import ScenarioError, load_scenario
@@ -93,7 +93,7 @@ def test_overwrite_removes_only_the_files_a_run_writes(tmp_path):
 # --------------------------------------------------------------------------- one run or sweep per folder
 HOLD = """
 import sys
-from raymvc.results import OutputFolder
+from raymvc.results.folder import OutputFolder
 with OutputFolder(sys.argv[1], sys.argv[2]):
     print("held", flush=True)
     sys.stdin.read()  # until the test closes our stdin
@@ -538,8 +538,8 @@ def test_run_folder_reads_back_what_the_run_wrote(tmp_path):
     import ast
 
     import raymvc
-    from raymvc.runfolder import RunFolder
-    from raymvc.summary import RunSummary
+    from raymvc.results.runfolder import RunFolder
+    from raymvc.results.summary import RunSummary
 
     s = run_scenario(load_scenario(QUICK, {"runtime.backend": "local", "params.max_rounds": 3}), tmp_path / "r",
                      progress=lambda line: None)
@@ -591,11 +591,11 @@ def test_run_folder_reads_back_what_the_run_wrote(tmp_path):
     (tmp_path / "r" / run.ROUNDS).write_text("[" * 100_000 + "]" * 100_000 + "\n")
     with pytest.raises(ResultsError, match="corrupt line 1"):
         run.rounds()
-    # the file names live in raymvc.results alone: every other module goes through RunFolder
+    # the file names live in raymvc.results.folder alone: every other module goes through RunFolder
     names = {run.SUMMARY, run.ROUNDS, run.MESSAGES, run.SCENARIO, run.LABELS, run.ERRORS}
     pkg = Path(raymvc.__file__).resolve().parent
     for path in [*pkg.rglob("*.py"), *(REPO / "raymvc_reports").rglob("*.py")]:
-        if path.name == "results.py" and path.parent == pkg:
+        if path.name == "folder.py" and path.parent == pkg / "results":
             continue
         literal = [n.value for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Constant)]
         assert not names.intersection(literal), path

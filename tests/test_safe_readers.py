@@ -95,7 +95,7 @@ def test_page_facts_are_read_only_inside_the_sweep(swept, tmp_path):
 
 
 def test_a_short_row_in_a_record_is_one_error(tmp_path):
-    from raymvc.results import ResultsError
+    from raymvc.results.folder import ResultsError
 
     record = tmp_path / "r.csv"
     record.write_text("study,scenario,seed,status\nx,a,0,completed\nx,a\n")

@@ -14,9 +14,9 @@ from test_study_files import SCENARIO  # k-FED on synthetic blobs: a run takes a
 
 from raymvc.cli import main
 from raymvc.declared import check_committed
-from raymvc.provenance import platform_text
+from raymvc.results.provenance import platform_text
 from raymvc.scenario import ScenarioError
-from raymvc.study import load_study
+from raymvc.study.files import load_study
 from raymvc_reports.pages import README_BEGIN, README_END, _row_cell, cell_digests, write_pages
 
 ROOT = Path(__file__).resolve().parent.parent

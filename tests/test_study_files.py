@@ -14,7 +14,7 @@ import pytest
 
 from raymvc.cli import main
 from raymvc.scenario import ScenarioError
-from raymvc.study import is_study_file, load_study
+from raymvc.study.files import is_study_file, load_study
 from raymvc_reports.pages import README_BEGIN, README_END, write_pages
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -371,7 +371,7 @@ TWO_SPREADS = STUDY.replace("  spread: {run: paper, set: {runtime.threads: 2}}\n
 def test_spreads_swept_apart_join_one_page(tmp_path, monkeypatch, capsys):
     """Two spreads; the CUDA one is skipped where torch sees none, --only sweeps a subset (as
     on another machine), and the page takes cells from both folders."""
-    import raymvc.studies as studies_mod
+    import raymvc.study.sweep as studies_mod
 
     monkeypatch.setattr(studies_mod, "_has_cuda", lambda: False)
     (tmp_path / "tiny.yaml").write_text(SCENARIO)
@@ -666,7 +666,7 @@ study:
 
 
 def test_a_study_figure_is_the_sweep_figure_with_failures_counted_and_the_papers_numbers(tmp_path, monkeypatch):
-    import raymvc.plot
+    import raymvc.study.plot
 
     (tmp_path / "tiny.yaml").write_text(SCENARIO)
     studies = tmp_path / "studies"
@@ -684,8 +684,8 @@ def test_a_study_figure_is_the_sweep_figure_with_failures_counted_and_the_papers
         w.writeheader()
         w.writerows(rows)
     seen = []
-    real = raymvc.plot.draw
-    monkeypatch.setattr(raymvc.plot, "draw", lambda points, paths, **kw: seen.append((points, kw)) or real(
+    real = raymvc.study.plot.draw
+    monkeypatch.setattr(raymvc.study.plot, "draw", lambda points, paths, **kw: seen.append((points, kw)) or real(
         points, paths, **kw))
     write_pages(studies, tmp_path / "runs" / "studies")
     (points, kw), = seen

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-import raymvc.studies as sweep_mod
+import raymvc.study.sweep as sweep_mod
 from raymvc.cli import main
 from raymvc.scenario import ScenarioError
-from raymvc.studies import aggregate, parse_grid, parse_seeds
+from raymvc.study.sweep import aggregate, parse_grid, parse_seeds
 
 TINY = """
 name: {name}
@@ -232,7 +232,7 @@ def test_a_second_signal_stops_the_cells_under_way_at_once(tmp_path):
     interrupted and the loop returns. Driven by events, not by time."""
     from concurrent.futures import Future
 
-    from raymvc.studies import Outcome, _drain, _SweepStop, plan
+    from raymvc.study.sweep import Outcome, _drain, _SweepStop, plan
 
     sc = tiny(tmp_path)
     cells = plan([str(sc)], [], [0, 1], {}, tmp_path / "sw")
@@ -288,7 +288,7 @@ def test_every_score_a_run_reports_reaches_the_sweep(tmp_path, capsys):
     assert rows[0]["acc"] == ""
     agg = read_csv(out / "aggregate.csv")
     assert float(agg[0]["metric.silhouette_mean"]) > 0.5
-    from raymvc.plot import plot_sweep, sweep_points
+    from raymvc.study.plot import plot_sweep, sweep_points
 
     assert sweep_points(out)[0].stats["metric.silhouette"][0] > 0.5
     import matplotlib

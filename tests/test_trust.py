@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import raymvc.studies as sweep_mod
+import raymvc.study.sweep as sweep_mod
 from raymvc.cli import main
 from raymvc.messages import Done
 from raymvc.protocols import kfed
-from raymvc.results import format_summary
+from raymvc.results.folder import format_summary
 from raymvc.runtime import run_scenario
 from raymvc.scenario import load_scenario
 
@@ -96,7 +96,7 @@ def test_editing_the_yaml_runs_the_cells_again(tmp_path, count_runs):
 
 
 def test_a_changed_method_code_runs_the_cells_again(tmp_path, count_runs, monkeypatch):
-    from raymvc import provenance
+    from raymvc.results import provenance
 
     sc, out = _tiny(tmp_path), tmp_path / "S"
     argv = ["sweep", str(sc), "--seeds", "0", "--out", str(out), "--quiet"]
@@ -109,7 +109,7 @@ def test_a_changed_method_code_runs_the_cells_again(tmp_path, count_runs, monkey
 def test_a_method_built_on_another_counts_its_code():
     """FCUIF's client, server and config derive from FedDMVC's: an edit of feddmvc.py is an
     edit of FCUIF, so its version covers that file (and FedDMVC's does not cover FCUIF's)."""
-    from raymvc.provenance import method_files
+    from raymvc.results.provenance import method_files
 
     fcuif = {f.name for f in method_files("fcuif")}
     feddmvc = {f.name for f in method_files("feddmvc")}

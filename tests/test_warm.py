@@ -70,7 +70,7 @@ def test_runs_side_by_side_on_ray_match_the_runs_one_at_a_time(tmp_path, capsys)
 
 def test_how_many_runs_a_cluster_holds(tmp_path, ray_session):
     from raymvc.scenario import load_scenario
-    from raymvc.studies import footprint, plan, ray_slots
+    from raymvc.study.sweep import footprint, plan, ray_slots
 
     sc = load_scenario(QUICK, ["runtime.client_cpus=auto"])
     assert footprint(sc, 6) == 6 * 1.0 + 0.5  # auto counts a whole CPU per actor

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # raymvc_reports lives in the checkout, not in the installed package
 
-from raymvc.results import ResultsError  # noqa: E402
+from raymvc.results.folder import ResultsError  # noqa: E402
 from raymvc.scenario import ScenarioError  # noqa: E402
 from raymvc_reports.pages import write_pages  # noqa: E402
 

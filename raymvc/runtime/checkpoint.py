@@ -26,7 +26,7 @@ import json
 import re
 from pathlib import Path
 
-from ..results import ROUNDS_FILE, ResultsError, read_file, remove_entry, sha256_file, write_file
+from ..results.folder import ROUNDS_FILE, ResultsError, read_file, remove_entry, sha256_file, write_file
 from ..safeio import SafeReadError, json_loads
 
 POINTER = "checkpoint.json"
@@ -41,7 +41,7 @@ class CheckpointError(ValueError):
 
 def identity(fingerprint: str, version: str) -> dict:
     """What a resume must find unchanged: the run's fingerprint (the resolved scenario, the data
-    and trace files, the code: :func:`raymvc.provenance.fingerprint`) and the code version alone
+    and trace files, the code: :func:`raymvc.results.provenance.fingerprint`) and the code version alone
     (so the refusal can say which of the two moved)."""
     return {"fingerprint": fingerprint, "code_version": version}
 

@@ -24,13 +24,13 @@ from ..channel import Ledger
 from ..data.prepare import prepare  # noqa: F401 (the engine's entry point as before)
 from ..metrics import clustering_scores, label_free_scores, preload
 from ..protocols import get, search_paths
-from ..provenance import code_version, fingerprint, platform_info
-from ..results import OutputFolder, ResultsError, RunWriter, default_out_dir, format_summary
-from ..runfolder import RunFolder
+from ..results.folder import OutputFolder, ResultsError, RunWriter, default_out_dir, format_summary
+from ..results.provenance import code_version, fingerprint, platform_info
+from ..results.runfolder import RunFolder
+from ..results.status import FINISHED, Status
+from ..results.summary import RunSummary
 from ..scenario import Scenario, ScenarioError
 from ..scenario import one_line as one_line_text
-from ..status import FINISHED, Status
-from ..summary import RunSummary
 from . import checkpoint
 from .cluster import ClusterError, actors_needed, current_node, init_ray
 from .failures import one_line, party_error
@@ -317,7 +317,7 @@ class _Run:
 
 
 def _out_dir(sc: Scenario, out_dir, overwrite: bool, resume: bool = False) -> OutputFolder:
-    """The run folder, held for the run (see :class:`~raymvc.results.OutputFolder`); one-line errors."""
+    """The run folder, held for the run (see :class:`~raymvc.results.folder.OutputFolder`); one-line errors."""
     out = Path(out_dir) if out_dir else default_out_dir(sc.name)
     try:
         return OutputFolder(out, "run", overwrite=overwrite, resume=resume)
@@ -355,7 +355,7 @@ def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: C
                  prepared=None, on_round: Callable[[dict], None] | None = None, overwrite: bool = False,
                  resume: bool = False, warm: WarmActors | None = None,
                  stop_requested: Callable[[], str | None] | None = None, study: dict | None = None) -> RunSummary:
-    """Run one scenario end to end and return its :class:`~raymvc.summary.RunSummary` (a
+    """Run one scenario end to end and return its :class:`~raymvc.results.summary.RunSummary` (a
     read-only mapping over ``summary.json``, which is also written to disk).
 
     ``on_round(record)``, if given, receives every round's record instead of the

@@ -24,7 +24,7 @@ import hashlib
 import sys
 from pathlib import Path
 
-_ENGINE = Path(__file__).resolve().parent
+_ENGINE = Path(__file__).resolve().parents[1]  # the raymvc package
 
 
 def _digest_files(files: list[Path], root: Path, h) -> None:
@@ -49,7 +49,7 @@ def method_files(method: str) -> list[Path]:
     """The modules that define ``method`` (its client, server and config, and the classes
     they derive from beside them: FCUIF's are FedDMVC's) and the private helper modules
     (``_*.py``) beside them, sorted."""
-    from .protocols import get
+    from ..protocols import get
 
     proto = get(method)
     files: set[Path] = set()

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import yaml
 
-from .scenario import safe_yaml_load
-from .status import FINISHED, NOT_FINISHED
-from .studies import num, read_sweep, short_key
+from ..results.status import FINISHED, NOT_FINISHED
+from ..scenario import safe_yaml_load
+from .sweep import num, read_sweep, short_key
 
 PANELS = (("acc", "ACC"), ("nmi", "NMI"), ("ari", "ARI"), ("mb", "MB (protocol traffic)"))
 # drawn by default too when a sweep has them (unlabelled data has no ACC): the label-free scores
@@ -103,7 +103,7 @@ def _line_names(agg: list[dict], other: list[str]) -> list[str]:
 def plot_points(agg: list[dict], keys: list[str]) -> list[PlotPoint]:
     """The numbers the plot draws: one point per aggregate row (line, grid point), in order.
 
-    ``agg`` is :func:`raymvc.studies.aggregate`'s output (or ``aggregate.csv``'s rows) over
+    ``agg`` is :func:`raymvc.study.sweep.aggregate`'s output (or ``aggregate.csv``'s rows) over
     the grid ``keys``; the first key is the x axis. A grid point whose runs all failed is
     kept, with ``finished == 0`` and no means.
     """

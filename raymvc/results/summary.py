@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .results import SUMMARY_FILE, ResultsError, read_summary
+from .folder import SUMMARY_FILE, ResultsError, read_summary
 from .status import FINAL, FINISHED, Status, status_of
 
 
 @dataclass(frozen=True)
 class RunSummary(Mapping):
-    """One run's summary. ``status`` is a :class:`~raymvc.status.Status`; ``metrics`` the
+    """One run's summary. ``status`` is a :class:`~raymvc.results.status.Status`; ``metrics`` the
     scores (``None`` without labels); ``mb`` the protocol's traffic in MB; ``wall_s`` the
     run's wall time; ``faults`` the fault counts; ``errors`` one line per time some party's
     code raised."""
@@ -57,7 +57,7 @@ class RunSummary(Mapping):
 
     @classmethod
     def load(cls, run_dir: str | Path) -> RunSummary:
-        """The summary of a run folder; :class:`~raymvc.results.ResultsError` if it is missing or corrupt."""
+        """The summary of a run folder; :class:`~raymvc.results.folder.ResultsError` if it is missing or corrupt."""
         d = read_summary(run_dir)
         try:
             return cls.from_dict(d)
@@ -105,7 +105,7 @@ def _number(v: Any) -> bool:
 
 
 # what the readers of a summary rely on: (keys, what each must be, its test); a nested key
-# is named by its dotted path, as :func:`~raymvc.results.flatten` writes it
+# is named by its dotted path, as :func:`~raymvc.results.folder.flatten` writes it
 _SHAPE = (
     (("seed", "rounds"), "an integer", _integer),
     (("metrics", "communication", "timing", "faults", "platform", "cell"), "a mapping",

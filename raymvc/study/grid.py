@@ -1,6 +1,6 @@
 """A sweep's grid and seeds as the user writes them: parsed, bounded, named.
 
-Shared by ``raymvc sweep`` (:mod:`raymvc.studies`) and study files (:mod:`raymvc.study`).
+Shared by ``raymvc sweep`` (:mod:`raymvc.study.sweep`) and study files (:mod:`raymvc.study.files`).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import re
 
 import yaml
 
-from .scenario import ScenarioError, safe_yaml_load
+from ..scenario import ScenarioError, safe_yaml_load
 
 
 def parse_grid(items: list[str]) -> list[tuple[str, list]]:

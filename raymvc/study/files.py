@@ -46,7 +46,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .scenario import MAX_FILE_BYTES, ScenarioError, safe_yaml_load
+from ..scenario import MAX_FILE_BYTES, ScenarioError, safe_yaml_load
 
 METRIC_NAMES = ("acc", "nmi", "ari", "mb")
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$")
@@ -256,7 +256,7 @@ class Study:
         """Load every run's scenario at every grid point (first seed) without loading data:
         a bad key or value anywhere is a ScenarioError; a tuning study's ``default`` must be
         what its run's scenario resolves to. Returns the number of runs the study has."""
-        from .scenario import load_scenario, merge_overrides
+        from ..scenario import load_scenario, merge_overrides
 
         points = self.points()
         seeds = self.seeds()
@@ -273,8 +273,8 @@ class Study:
     def check_data(self) -> None:
         """Load the data of every run (at every grid point that changes the data, else the
         first): a data set that cannot be obtained is a ScenarioError naming the run."""
-        from .data.prepare import prepare
-        from .scenario import load_scenario, merge_overrides
+        from ..data.prepare import prepare
+        from ..scenario import load_scenario, merge_overrides
 
         points = self.points()
         if not any(k.startswith("data.") for k in self.spec.grid):
@@ -293,7 +293,7 @@ class Study:
 
     def check_default(self) -> None:
         """A tuning study's default point must be the value its run gets without the grid."""
-        from .scenario import load_scenario
+        from ..scenario import load_scenario
 
         if self.spec.tuning is None:
             return
@@ -321,7 +321,7 @@ class Study:
         import hashlib
         import json
 
-        from .results import short_value
+        from ..results.folder import short_value
 
         doc = {"scenario": Path(run.scenario).as_posix(), "seed": int(seed),
                "set": {k: short_value(v) for k, v in {**run.set, **point}.items()}}

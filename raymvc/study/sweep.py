@@ -9,7 +9,7 @@ Each ``--grid`` value list is read as one YAML list, so any value works
 (``--grid 'faults.crash=[[], [{client: 2, at_round: 2}]]'``); several ``--grid`` flags
 make a product. Every cell (scenario, grid point, seed) gets its own run folder, named
 after them, under the sweep folder. A cell is identified by everything that determines
-its result (:func:`raymvc.provenance.fingerprint`: the resolved scenario after every
+its result (:func:`raymvc.results.provenance.fingerprint`: the resolved scenario after every
 ``--set`` and grid value, the seed, a user data file's content and the code version). A
 cell whose folder holds a finished run with the same fingerprint is reused; one whose
 settings or code changed since is run again, so an old result is never reported for a
@@ -45,16 +45,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..results.folder import OutputFolder, ResultsError, default_out_dir, jsonable, read_file, short_value, write_file
+from ..results.provenance import fingerprint
+from ..results.runfolder import RunFolder
+from ..results.status import ALL, FINISHED, Status
+from ..results.summary import RunSummary
+from ..runtime.cluster import AUTO_CAP, actors_needed
+from ..runtime.warm import crew_key
+from ..safeio import SafeReadError, confined, csv_rows, json_loads, within
+from ..scenario import ScenarioError, as_overrides, load_scenario, merge_overrides
 from .grid import MAX_SEEDS, check_size, parse_grid, parse_seeds, short_key, slug  # noqa: F401 (re-exported)
-from .provenance import fingerprint
-from .results import OutputFolder, ResultsError, default_out_dir, jsonable, read_file, short_value, write_file
-from .runfolder import RunFolder
-from .runtime.cluster import AUTO_CAP, actors_needed
-from .runtime.warm import crew_key
-from .safeio import SafeReadError, confined, csv_rows, json_loads, within
-from .scenario import ScenarioError, as_overrides, load_scenario, merge_overrides
-from .status import ALL, FINISHED, Status
-from .summary import RunSummary
 
 METRICS = ("acc", "nmi", "ari")
 METRIC_PREFIX = "metric."  # sweep.csv's column of every other score a run's summary reports (metric.purity, ...)
@@ -76,7 +76,7 @@ class Cell:
     run_dir: Path
     max_rounds: int | None = None
     extra: dict = field(default_factory=dict)
-    fingerprint: str = ""  # everything that determines the result (raymvc.provenance.fingerprint)
+    fingerprint: str = ""  # everything that determines the result (raymvc.results.provenance.fingerprint)
     study: dict | None = None  # a study's cell: its file and commits (raymvc.declared), kept in summary.json
 
     @property
@@ -106,7 +106,7 @@ def plan(scenarios: list[str | tuple], grid: Mapping[str, list] | list[tuple[str
     or ``(file, overrides, seeds)``, a run with its own subset of the seeds (None: all).
     ``grid``: key -> values (a product; the first key varies slowest); ``base``: overrides of
     every cell (key -> value); a grid point's values apply after them."""
-    from .data.prepare import prepare
+    from ..data.prepare import prepare
 
     grid = list(grid.items()) if isinstance(grid, Mapping) else list(grid)
     cells: list[Cell] = []
@@ -175,7 +175,7 @@ def _run_cell(scenario: str, overrides: dict[str, Any], run_dir: str, progress=N
     """Run one cell (in this process, on a thread of it or in a worker process); returns its
     summary. ``kw`` goes to :func:`raymvc.runtime.run_scenario` (``warm``, ``stop_requested``,
     ``study``)."""
-    from .runtime import run_scenario
+    from ..runtime import run_scenario
 
     sc = load_scenario(scenario, overrides)
     if progress is not None:
@@ -239,7 +239,7 @@ def execute(cells: list[Cell], jobs: int | None = 1, quiet: bool = False, live: 
     the cluster at ``tasks_address`` (or an embedded Ray), at most ``jobs`` at once
     (default: as many as the cluster's CPUs hold); see :mod:`raymvc.runtime.cell_tasks`.
     """
-    from .progress import SweepProgress
+    from ..progress import SweepProgress
 
     states = {id(c): cell_state(c) for c in cells}
     todo = [c for c in cells if states[id(c)] != "reusable"]
@@ -298,7 +298,7 @@ def _warm_actors(on: bool, todo: list[Cell]):
     if not on:
         yield None
         return
-    from .runtime.warm import WarmActors
+    from ..runtime.warm import WarmActors
 
     actors = WarmActors()
     actors.plan(c.extra["crew"] for c in todo if "crew" in c.extra)
@@ -353,7 +353,7 @@ def _hit_by(summary: dict, lost: set[str], cell: Cell) -> bool:
         return True
     crashed = set((summary.get("faults") or {}).get("crashed_clients") or [])
     if summary.get("status") == "failed":  # a party lost (by name, where Ray has not yet declared its node dead)
-        from .runtime.transport import LOST_NAMES
+        from ..runtime.transport import LOST_NAMES
 
         error = str(summary.get("error") or "")
         if lost or any(name in error for name in LOST_NAMES):
@@ -369,7 +369,7 @@ def ray_slots(todo: list[Cell], jobs: int | None) -> int:
     """Start (or join) Ray for the largest run; how many runs side by side it holds (at most ``jobs``)."""
     import ray
 
-    from .runtime.cluster import init_ray
+    from ..runtime.cluster import init_ray
 
     big = max(todo, key=lambda c: c.extra.get("cpus", 0.0))
     init_ray(load_scenario(big.scenario, big.overrides), big.extra.get("n_clients", 1))
@@ -449,7 +449,7 @@ class _SweepStop:
 def _stop_on_signals():
     """While the sweep runs, SIGINT/SIGTERM only set a flag (a run under way installs its own
     handler and stops after its current round): no new run starts after the signal."""
-    from .runtime.signals import on_stop_signals
+    from ..runtime.signals import on_stop_signals
 
     stop = _SweepStop()
 
@@ -503,9 +503,9 @@ def _execute_tasks(todo: list[Cell], jobs: int | None, address: str | None, prog
     to the driver, which writes them into the cell's folder."""
     import ray
 
-    from . import protocols
-    from .runtime import cell_tasks
-    from .runtime.cluster import init_ray
+    from .. import protocols
+    from ..runtime import cell_tasks
+    from ..runtime.cluster import init_ray
 
     scenarios = {id(c): load_scenario(c.scenario, c.overrides) for c in todo}
     first = scenarios[id(todo[0])]
@@ -751,8 +751,8 @@ def _from_study(req: SweepRequest):
     """A study file given to a sweep: its runs, grid and seeds stand for the request's.
     Returns (study or None, the entries to plan, the request as the study completes it,
     the study's runs left out, the commits its cells run at or None)."""
-    from .declared import check_committed
-    from .study import is_study_file, load_study
+    from ..declared import check_committed
+    from .files import is_study_file, load_study
 
     studies = [p for p in req.scenarios if is_study_file(p)]
     only = [i.strip() for item in req.only for i in item.split(",") if i.strip()]

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from .text import short_value  # noqa: F401 (re-exported)
+from ..text import short_value  # noqa: F401 (re-exported)
 
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+-]*")  # one path component, never "." or ".."
 
@@ -188,7 +188,7 @@ def sha256_file(data: bytes) -> str:
 # --------------------------------------------------------------------------- folders
 MARKER = ".raymvc"  # "raymvc run" or "raymvc sweep": raymvc made this folder, for that
 LOCK = ".raymvc.lock"  # flock'ed by the run or sweep writing into the folder
-# the files of a run folder (read and written through raymvc.runfolder.RunFolder)
+# the files of a run folder (read and written through raymvc.results.runfolder.RunFolder)
 SUMMARY_FILE, ROUNDS_FILE, MESSAGES_FILE = "summary.json", "rounds.jsonl", "messages.csv"
 SCENARIO_FILE, LABELS_FILE, ERRORS_FILE = "scenario.yaml", "labels.csv", "errors.log"
 RUN_FILES = (SUMMARY_FILE, ROUNDS_FILE, MESSAGES_FILE, SCENARIO_FILE, LABELS_FILE, ERRORS_FILE, "checkpoint.json")
@@ -484,7 +484,7 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def read_scenario(out_dir: str | Path) -> dict:
-    from .scenario import MAX_FILE_BYTES, safe_yaml_load
+    from ..scenario import MAX_FILE_BYTES, safe_yaml_load
 
     p = Path(out_dir) / SCENARIO_FILE
     try:

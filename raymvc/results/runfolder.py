@@ -3,7 +3,7 @@
 ``raymvc run`` (through :func:`raymvc.runtime.run_scenario`) writes a folder with
 :meth:`RunFolder.writer`; the API's :class:`raymvc.RunResult`, sweeps, the conformance
 checks and the study pages read it back through the same object, so a file's name and
-format live here and in :mod:`raymvc.results` alone.
+format live here and in :mod:`raymvc.results.folder` alone.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from .results import (
+from ..runtime.records import RoundRecord
+from .folder import (
     ERRORS_FILE,
     LABELS_FILE,
     MESSAGES_FILE,
@@ -34,7 +35,6 @@ from .results import (
     read_scenario,
     write_file,
 )
-from .runtime.records import RoundRecord
 from .summary import RunSummary
 
 
@@ -43,7 +43,7 @@ class RunFolder:
     :meth:`write_summary` (a sweep's cell that never started). Reading: :meth:`summary`,
     :meth:`labels`, :meth:`rounds`, :meth:`ledger`, :meth:`scenario`; a missing optional
     file reads as empty, a missing or corrupt ``summary.json`` is a
-    :class:`~raymvc.results.ResultsError`. Links are never followed."""
+    :class:`~raymvc.results.folder.ResultsError`. Links are never followed."""
 
     SUMMARY, ROUNDS, MESSAGES = SUMMARY_FILE, ROUNDS_FILE, MESSAGES_FILE
     SCENARIO, LABELS, ERRORS = SCENARIO_FILE, LABELS_FILE, ERRORS_FILE

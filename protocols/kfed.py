@@ -76,6 +76,13 @@ class Config(ProtocolConfig):
                           **not_stated("300, scikit-learn's cap on Lloyd iterations"))
     retry_rounds: int = Field(default=2, ge=0, description="rounds in which a client whose summary is missing is asked again",
                               **project_option("2 retries; without faults no retry happens"))
+    patience: int = Field(default=1, ge=1, le=1000,
+                          description="rounds in a row without a new summary before the run ends while a client "
+                                      "still lacks its summary or the latest centroids; above 1 every such "
+                                      "round asks the lacking clients again and resends the centroids to those "
+                                      "not known to hold them (retry_rounds no longer caps it)",
+                          **project_option("1: the run ends in the first round that brings nothing new; a "
+                                           "remedy for on/off bursts (studies/robustness.md, Remedies)"))
 
 
 def local_summary(X: np.ndarray, k_local: int, rng: np.random.Generator, n_init: int = 10,
@@ -139,6 +146,10 @@ class KFedServer(Server):
         super().__init__(config, ctx)
         self.C: np.ndarray | None = None
         self.summaries: dict[int, Message] = {}
+        self.version = 0  # how often the global centroids changed
+        self.sent: dict[int, int] = {}  # the centroids' version in the last message to each client (patience)
+        self.holds: dict[int, int] = {}  # the version each client answered, i.e. holds
+        self.quiet = 0  # rounds in a row without a new summary (patience)
 
     def start(self) -> dict[int, Message]:
         return {c: Message("summarise") for c in self.ctx.client_ids}
@@ -158,6 +169,7 @@ class KFedServer(Server):
             _, order = linear_sum_assignment(cost)
             C = C[order]
         self.C = C
+        self.version += 1
 
     def step(self, round: int, replies: Mapping[int, Message], missing: set[int]) -> dict[int, Message] | Done:
         # a client without rows summarises to nothing: it counts as answered, adds no centroid
@@ -168,21 +180,45 @@ class KFedServer(Server):
             raise NoInput("kfed: no client delivered local centroids")
         if useful:
             self._global(round)
+        for c in replies:  # an answer shows the last message arrived, with its centroids
+            if c in self.sent:
+                self.holds[c] = self.sent[c]
         lacking = [c for c in self.ctx.client_ids if c not in self.summaries]
-        ask = lacking if round < self.config.retry_rounds else []
+        waiting = self.config.patience > 1
+        ask = lacking if round < self.config.retry_rounds or waiting else []
         if round == 0:
             cents = sum(len(m["C"]) for m in self.summaries.values())
             self.info = {"senders": useful, "missing": sorted(missing), "local_centroids": int(cents), "asked_again": ask}
         else:
             self.info = {"acknowledged": sorted(c for c, m in replies.items() if m.kind == "ack"),
                          "joined": useful, "missing": sorted(missing), "asked_again": ask}
-        if not useful:  # nothing new (round >= 1): the clients hold the current centroids
-            return self._done()
+        if not useful:  # nothing new (round >= 1)
+            return self._wait() if waiting else self._done()
+        self.quiet = 0
         # new centroids for everyone who has summarised (round 0: for everyone not asked again)
         out = {c: Message("global_centroids", C=self.C) for c in self.ctx.client_ids
                if c in self.summaries or (round == 0 and c not in ask)}
         out.update({c: Message("summarise", C=self.C) for c in ask})
+        return self._sending(out)
+
+    def _sending(self, out: dict[int, Message]) -> dict[int, Message]:
+        self.sent.update({c: self.version for c in out})
         return out
+
+    def _wait(self) -> dict[int, Message] | Done:
+        """``patience`` > 1 and a round without a new summary: end after ``patience`` such rounds
+        in a row, or at once when every client has summarised and holds the latest centroids;
+        else ask the lacking clients again and resend the centroids to those not known to
+        hold them."""
+        self.quiet += 1
+        lacking = [c for c in self.ctx.client_ids if c not in self.summaries]
+        behind = [c for c in sorted(self.summaries) if self.holds.get(c, -1) < self.version]
+        if self.quiet >= self.config.patience or not (lacking or behind):
+            return self._done()
+        out = {c: Message("global_centroids", C=self.C) for c in behind}
+        out.update({c: Message("summarise", C=self.C) for c in lacking})
+        self.info["waiting"] = self.quiet
+        return self._sending(out)
 
     def _done(self) -> Done:
         """The end; the global centroids are the final model (``faults.inference_round``)."""

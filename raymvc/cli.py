@@ -235,7 +235,7 @@ def cmd_list(args) -> int:
         ("crash", "[{client: C, at_round: R}]: the client's actor is killed at round R"),
         ("stragglers", "fraction of slow clients and their delay distribution (virtual seconds)"),
         ("deadline_s", "round deadline on the virtual clock; later replies count as late"),
-        ("min_clients", "fewest replies a round needs; fewer ends the run as failed"),
+        ("min_clients", "fewest replies a round needs; fewer ends the run as failed (0: the method decides)"),
         ("partial_work", "{fraction: F, work: W}: per client and round, with chance F it does only W of its "
                          "local work (deep methods; raymvc params METHOD says which honour it)"),
         ("sampling", "{fraction: F}: the server asks F of the clients each round, the rest are not_sampled "

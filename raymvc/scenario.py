@@ -378,7 +378,7 @@ class FaultsCfg(_Strict):
     stale_replies: StaleCfg | None = None  # a missing client's last reply, with its age, in its place
     sampling: SamplingCfg | None = None  # clients asked per round (horizontal methods); not a fault
     deadline_s: float | None = Field(default=None, gt=0.0)
-    min_clients: int = Field(default=1, ge=1)
+    min_clients: int = Field(default=1, ge=0)  # 0: a round nobody answered still reaches the method's step
     # after the last round, the server's final model to every client available then (a
     # round of its own: metered, subject to these faults), for methods whose clients label
     # their own rows; not a fault (docs/fault-models.md)

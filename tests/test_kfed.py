@@ -97,7 +97,7 @@ def test_scenario_files_validate():
         assert sc.runtime.backend == "ray"
 
 
-def _clients_and_server(k_local=None, retry_rounds=2):
+def _clients_and_server(k_local=None, retry_rounds=2, patience=1):
     """Three clients, k = 3 in the plane; only client 0 holds the cluster around (0, 10)."""
     from raymvc.data.types import Shard
     from raymvc.protocol import ClientContext
@@ -107,7 +107,7 @@ def _clients_and_server(k_local=None, retry_rounds=2):
     owned = {0: [2, 2, 0], 1: [0, 1, 1], 2: [0, 1, 0]}  # clusters of each client's blocks of 20 rows
     data = {c: (centres[ys].repeat(20, axis=0) + 0.3 * rng.standard_normal((60, 2)), np.repeat(ys, 20))
             for c, ys in owned.items()}
-    cfg = kfed.Config(k_local=k_local, kmeans_init=3, retry_rounds=retry_rounds)
+    cfg = kfed.Config(k_local=k_local, kmeans_init=3, retry_rounds=retry_rounds, patience=patience)
     clients = {c: kfed.KFedClient(cfg, Shard(views=[X]), ClientContext(c, 3, 3, 0)) for c, (X, _) in data.items()}
     server = kfed.KFedServer(cfg, ServerContext(client_ids=[0, 1, 2], n_clusters=3, seed=0))
     return clients, server, data
@@ -150,6 +150,50 @@ def test_client_missing_in_round_0_is_asked_again_and_counts():
     assert rounds == 2  # one extra round to send the new centroids
     never, _, _ = score(lambda r: {0} if r == 0 else (), retry_rounds=0)
     assert never < 0.9  # without asking again its cluster shares a centroid with another
+
+
+def test_patience_waits_out_a_burst_and_changes_nothing_without_faults():
+    """Client 0 away for rounds 0-4 (an off-stretch of five rounds): the default run ends in
+    the first quiet round and client 0's rows stay unlabelled; with patience 10 the server
+    keeps asking, client 0 summarises in round 5 and every client ends with the latest
+    centroids. Without faults the two runs are the same."""
+    from raymvc.metrics import acc
+
+    def run(drop, patience):
+        clients, server, data = _clients_and_server(patience=patience)
+        rounds = _drive(clients, server, drop)
+        pred = [clients[c].predict() for c in sorted(clients)]
+        truth = np.concatenate([data[c][1] for c in sorted(data)])
+        pred = np.concatenate([p if p is not None else np.full(60, -1) for p in pred])
+        return acc(truth, pred), rounds, server, pred
+
+    away = lambda r: {0} if r <= 4 else ()  # noqa: E731
+    short, r1, s1, p1 = run(away, 1)
+    assert r1 == 1 and 0 not in s1.summaries and (p1[:60] == -1).all() and short < 0.7
+    long_, r10, s10, p10 = run(away, 10)
+    assert long_ == 1.0 and 0 in s10.summaries and r10 == 6  # summary in round 5, the centroids acknowledged in 6
+    assert all(s10.holds[c] == s10.version for c in (0, 1, 2))
+    (a, ra, _, pa), (b, rb, _, pb) = run(lambda r: (), 1), run(lambda r: (), 10)
+    assert a == b == 1.0 and ra == rb == 1 and np.array_equal(pa, pb)
+    # a client that never comes back: the run ends after `patience` quiet rounds
+    _, rn, sn, _ = run(lambda r: {0}, 4)
+    assert rn == 4 and 0 not in sn.summaries
+
+
+def test_min_clients_0_lets_a_round_nobody_answered_reach_the_method(tmp_path):
+    """With faults.min_clients 0 a round without replies is the method's to judge: k-FED with
+    patience waits through it instead of the run failing."""
+    sc = scenario_from_dict({"name": "t", "method": "kfed", "params": {"patience": 6, "kmeans_init": 2},
+                             "data": {"dataset": "digits", "partition": "horizontal", "n_clients": 2},
+                             "faults": {"drop": [{"client": 1, "at_round": r} for r in range(4)]
+                                        + [{"client": 0, "at_round": r} for r in (1, 2)], "min_clients": 0},
+                             "runtime": {"backend": "local"}, "seed": 0})
+    s = run_scenario(sc, out_dir=tmp_path / "r", progress=False)
+    rounds = [json.loads(x) for x in (tmp_path / "r" / "rounds.jsonl").read_text().splitlines()]
+    assert s["status"] == "degraded" and rounds[1]["replied"] == [] and rounds[2]["replied"] == []
+    assert rounds[4]["replied"] == [1]  # client 1 back in round 4, its summary counts
+    sc = sc.model_copy(update={"faults": sc.faults.model_copy(update={"min_clients": 1})})
+    assert run_scenario(sc, out_dir=tmp_path / "f", progress=False)["status"] == "failed"
 
 
 def test_recomputed_global_centroids_keep_their_numbers():

@@ -137,6 +137,24 @@ def test_a_hung_client_times_out_in_process_and_can_be_evicted(tmp_path, monkeyp
         assert s["participation"][2]["last_replied"] == s["rounds"] - 1  # back after the hang
 
 
+def test_a_round_lost_to_the_wall_clock_limit_names_the_setting(tmp_path, monkeypatch):
+    """Every client outlives runtime.reply_timeout_s in round 1 (a long local step): the run
+    fails as too few replies, and its error says which setting they met."""
+    monkeypatch.setattr(signal, "setitimer", lambda which, seconds, interval=0.0: (0.0, 0.0))
+    real = cefmc.CeFMCClient.handle
+
+    def hangs(self, msg):
+        if self.ctx.round == 1:
+            signal.raise_signal(signal.SIGALRM)  # the limit runs out while the client works
+        return real(self, msg)
+
+    monkeypatch.setattr(cefmc.CeFMCClient, "handle", hangs)
+    s = run(tmp_path, "slow", "runtime.reply_timeout_s=7.5")
+    assert s["status"] == "failed" and s["rounds"] == 2
+    assert s["error"].startswith("round 1: 0 of ") and s["error"].endswith(
+        "did not answer within runtime.reply_timeout_s = 7.5 s of wall time (raise it for long local work)")
+
+
 def test_a_handshake_timeout_is_a_clean_failure(ray_session, tmp_path):
     s = run(tmp_path, "tiny-timeout", "runtime.reply_timeout_s=0.001", backend="ray")
     assert s["status"] == "failed"

@@ -52,11 +52,12 @@ class RoundState:
     crashed: list[int] = field(default_factory=list)
     errors: dict[int, str] = field(default_factory=dict)
     acked: set[int] = field(default_factory=set)  # handled the message, sent no reply
+    timed_out: list[int] = field(default_factory=list)  # no answer within runtime.reply_timeout_s (wall time)
     times: dict[int, float] = field(default_factory=dict)  # with devices: each reply's virtual seconds
 
     def absorb(self, other: RoundState) -> None:
         """Count another exchange of the same round here (its faults and its clients' time)."""
-        for name in ("dropped", "late", "rejected", "crashed"):
+        for name in ("dropped", "late", "rejected", "crashed", "timed_out"):
             getattr(self, name).extend(getattr(other, name))
         self.errors.update(other.errors)
         for cid, t in other.times.items():
@@ -206,6 +207,7 @@ class Exchange:
         if out.status == "timeout":  # no reply within runtime.reply_timeout_s of wall time: late
             row.status, row.arrive_t = "late", None
             st.late.append(cid)
+            st.timed_out.append(cid)
             state.timeouts[cid] = state.timeouts.get(cid, 0) + 1
             if state.timeouts[cid] >= self.evict_after and cid not in state.crashed:
                 self.transport.kill(cid)  # hung for too long: evicted, treated as crashed from now on

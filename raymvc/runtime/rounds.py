@@ -183,6 +183,9 @@ class RoundWorkflow:
             state.status = "failed"
             state.error = (f"round {r}: {answered} of {addressed} clients replied, "
                            f"fewer than faults.min_clients = {self.plan.cfg.min_clients}")
+            if st.timed_out:  # the usual cause of a long local step: say which setting it met
+                state.error += (f"; {len(st.timed_out)} did not answer within runtime.reply_timeout_s = "
+                                f"{self.exchange.transport.timeout_s:g} s of wall time (raise it for long local work)")
             return
         pin_threads(self.threads)
         try:

@@ -66,9 +66,16 @@ def parse_seeds(text: str) -> list[int]:
     return out
 
 
-def budget_flags(scenario: str) -> list[str]:
-    """The driver's budget flags from the scenario's params (what ours runs with)."""
-    p = load_scenario(REPO / scenario).protocol_config()
+# the authors' budget (FCUIF's Sec. 4.1), as the paper-budget studies set it on the scenarios
+PAPER_BUDGET = {"params.pretrain_epochs": 500, "params.finetune_epochs": 300,
+                "params.hidden": [500, 500, 2000], "params.batch_size": 256}
+BUDGETS = {"scenario": {}, "paper": PAPER_BUDGET}
+
+
+def budget_flags(scenario: str, budget: dict | None = None) -> list[str]:
+    """The driver's budget flags from the scenario's params (what ours runs with), with
+    ``budget``'s overrides applied."""
+    p = load_scenario(REPO / scenario, overrides=budget or {}).protocol_config()
     return ["--pretrain-epochs", str(p.pretrain_epochs), "--local-epochs", str(p.finetune_epochs),
             "--rounds", str(p.rounds), "--hidden", ",".join(str(h) for h in p.hidden),
             "--batch", str(p.batch_size), "--lr", repr(p.lr)]
@@ -88,12 +95,12 @@ def run_ours(setting: str, seed: int, extra: dict) -> dict:
     return {"acc": m["acc"], "nmi": m["nmi"], "ari": m["ari"], "wall_s": time.perf_counter() - t0}
 
 
-def run_theirs(harness: Path, setting: str, seed: int) -> dict:
+def run_theirs(harness: Path, setting: str, seed: int, budget: dict | None = None) -> dict:
     _, scenario, sets, flags = SETTINGS[setting]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.json"
         cmd = [sys.executable, str(harness / "driver.py"), "--scenario", str(REPO / scenario), "--seed", str(seed),
-               *budget_flags(scenario), *flags, "--threads", "1", "--out", str(out), "--quiet",
+               *budget_flags(scenario, budget), *flags, "--threads", "1", "--out", str(out), "--quiet",
                *[f"--set={k}={v}" for k, v in sets.items()]]
         t0 = time.perf_counter()
         subprocess.run(cmd, cwd=harness, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -168,13 +175,48 @@ def table(results: dict, settings: tuple[str, ...] | None = None) -> str:
     return "\n".join(rows)
 
 
-def _replace_block(path: Path, body: str) -> None:
-    """Put ``body`` between the table markers of ``path`` (appended if it has none)."""
+# ours at the authors' budget is a study's record (the paper-budget studies), theirs is this script's
+PAPER_BUDGET_STUDIES = {"fully": ("feddmvc-paper-budget", "fully"), "b": ("fcuif-paper-budget", "fcuif-b")}
+
+
+def _study_rows(study: str, run: str) -> dict[int, dict]:
+    """Completed cells of a study's committed records, by seed."""
+    import csv
+
+    path = REPO / "studies" / "results" / f"{study}.csv"
+    if not path.is_file():
+        return {}
+    with path.open(newline="") as fh:
+        return {int(r["seed"]): r for r in csv.DictReader(fh) if r["scenario"] == run and r["status"] == "completed"}
+
+
+def paper_budget_table(results: dict) -> str:
+    """Both codes at the authors' budget (500 + 300 epochs, 500-500-2000, batch 256), seed by
+    seed, beside the same seed at the scenario's budget."""
+    rows = ["| setting | seed | ours ACC | ours min | theirs ACC | theirs min | shipped budget: ours / theirs ACC |",
+            "|---|---|---|---|---|---|---|"]
+    for setting, (study, run) in PAPER_BUDGET_STUDIES.items():
+        ours = _study_rows(study, run)
+        seeds = sorted(set(ours) | {int(k.split("/")[2]) for k in results
+                                     if k.startswith(f"theirs/{setting}/") and k.endswith("/paper")})
+        for seed in seeds:
+            o, t = ours.get(seed), results.get(key("theirs", setting, seed, "paper"))
+            short = [results.get(key(impl, setting, seed)) for impl in ("ours", "theirs")]
+            rows.append(f"| {SETTINGS[setting][0]} | {seed} | {float(o['acc']):.3f} | {float(o['wall']) / 60:.0f} | "
+                        if o else f"| {SETTINGS[setting][0]} | {seed} | - | - | ")
+            rows[-1] += (f"{t['acc']:.3f} | {t['wall_s'] / 60:.0f} | " if t else "- | - | ")
+            rows[-1] += " / ".join(f"{r['acc']:.3f}" if r else "-" for r in short) + " |"
+    return "\n".join(rows)
+
+
+def _replace_block(path: Path, body: str, name: str = "generated") -> None:
+    """Put ``body`` between the table markers ``name`` of ``path`` (appended if it has none)."""
     text = path.read_text() if path.is_file() else ""
-    start, end = "<!-- table: generated -->", "<!-- end table -->"
+    start, end = f"<!-- table: {name} -->", "<!-- end table -->"
     block = f"{start}\n{body}\n{end}"
-    if start in text and end in text:
-        text = text[:text.index(start)] + block + text[text.index(end) + len(end):]
+    if start in text and end in text[text.index(start):]:
+        i = text.index(start)
+        text = text[:i] + block + text[text.index(end, i) + len(end):]
     else:
         text = text + "\n" + block + "\n"
     path.write_text(text)
@@ -185,6 +227,7 @@ def write_page(results: dict) -> None:
     ``tools/study_pages.py`` builds take them from there)."""
     stamp = f"Updated {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC."
     _replace_block(PAGE, f"{table(results)}\n\n{stamp}")
+    _replace_block(PAGE, f"{paper_budget_table(results)}\n\n{stamp}", "paper budget")
     for method, settings in METHOD_SETTINGS.items():
         notes = REPO / "studies" / "notes" / f"{method}.md"
         if notes.is_file() and "<!-- table: generated -->" in notes.read_text():
@@ -199,6 +242,9 @@ def main() -> None:
     ap.add_argument("--seeds", default="700-702")
     ap.add_argument("--only", choices=("ours", *(f"ours-{v}" for v in VARIANTS), "theirs"), action="append",
                     help="run only these (repeatable); default ours and theirs")
+    ap.add_argument("--budget", choices=tuple(BUDGETS), default="scenario",
+                    help="scenario: the shipped scenario's budget (default); paper: the authors' "
+                         "(500 + 300 epochs, 500-500-2000, batch 256), kept as variant 'paper'")
     ap.add_argument("--table", action="store_true", help="only rebuild the page from the saved results")
     args = ap.parse_args()
     results = load()
@@ -215,14 +261,18 @@ def main() -> None:
                     sys.exit(f"error: --seeds: {seed} was not declared for {setting} (DECLARED_SEEDS)")
                 for kind in kinds:
                     impl, _, variant = kind.partition("-")
+                    if args.budget != "scenario":
+                        if variant:
+                            sys.exit(f"error: --budget {args.budget}: run ours or theirs, not {kind}")
+                        variant = args.budget
                     k = key(impl, setting, seed, variant)
                     if k in results:
                         continue
                     print(f"[side-by-side] {k} ...", flush=True)
                     if impl == "theirs":
-                        results[k] = run_theirs(args.harness.resolve(), setting, seed)
+                        results[k] = run_theirs(args.harness.resolve(), setting, seed, BUDGETS[args.budget])
                     else:
-                        results[k] = run_ours(setting, seed, VARIANTS.get(variant, {}))
+                        results[k] = run_ours(setting, seed, {**VARIANTS.get(variant, {}), **BUDGETS[args.budget]})
                     print(f"[side-by-side] {k}: ACC {results[k]['acc']:.3f}, {results[k]['wall_s']:.0f} s", flush=True)
                     save(results)
     write_page(results)

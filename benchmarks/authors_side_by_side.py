@@ -180,14 +180,15 @@ PAPER_BUDGET_STUDIES = {"fully": ("feddmvc-paper-budget", "fully"), "b": ("fcuif
 
 
 def _study_rows(study: str, run: str) -> dict[int, dict]:
-    """Completed cells of a study's committed records, by seed."""
+    """Finished cells (completed or degraded) of a study's committed records, by seed."""
     import csv
 
     path = REPO / "studies" / "results" / f"{study}.csv"
     if not path.is_file():
         return {}
     with path.open(newline="") as fh:
-        return {int(r["seed"]): r for r in csv.DictReader(fh) if r["scenario"] == run and r["status"] == "completed"}
+        return {int(r["seed"]): r for r in csv.DictReader(fh)
+                if r["scenario"] == run and r["status"] in ("completed", "degraded")}
 
 
 def paper_budget_table(results: dict) -> str:
@@ -202,8 +203,9 @@ def paper_budget_table(results: dict) -> str:
         for seed in seeds:
             o, t = ours.get(seed), results.get(key("theirs", setting, seed, "paper"))
             short = [results.get(key(impl, setting, seed)) for impl in ("ours", "theirs")]
-            rows.append(f"| {SETTINGS[setting][0]} | {seed} | {float(o['acc']):.3f} | {float(o['wall']) / 60:.0f} | "
-                        if o else f"| {SETTINGS[setting][0]} | {seed} | - | - | ")
+            degraded = f" ({o['status']}: {o['late_replies']} late)" if o and o["status"] != "completed" else ""
+            rows.append(f"| {SETTINGS[setting][0]} | {seed} | {float(o['acc']):.3f}{degraded} | "
+                        f"{float(o['wall']) / 60:.0f} | " if o else f"| {SETTINGS[setting][0]} | {seed} | - | - | ")
             rows[-1] += (f"{t['acc']:.3f} | {t['wall_s'] / 60:.0f} | " if t else "- | - | ")
             rows[-1] += " / ".join(f"{r['acc']:.3f}" if r else "-" for r in short) + " |"
     return "\n".join(rows)

@@ -202,12 +202,15 @@ def paper_budget_table(results: dict) -> str:
                                      if k.startswith(f"theirs/{setting}/") and k.endswith("/paper")})
         for seed in seeds:
             o, t = ours.get(seed), results.get(key("theirs", setting, seed, "paper"))
+            cells = [SETTINGS[setting][0], str(seed), "-", "-", "-", "-"]
+            if o:
+                note = f" ({o['status']}: {o['late_replies']} late)" if o["status"] != "completed" else ""
+                cells[2:4] = [f"{float(o['acc']):.3f}{note}", f"{float(o['wall']) / 60:.0f}"]
+            if t:
+                cells[4:6] = [f"{t['acc']:.3f}", f"{t['wall_s'] / 60:.0f}"]
             short = [results.get(key(impl, setting, seed)) for impl in ("ours", "theirs")]
-            degraded = f" ({o['status']}: {o['late_replies']} late)" if o and o["status"] != "completed" else ""
-            rows.append(f"| {SETTINGS[setting][0]} | {seed} | {float(o['acc']):.3f}{degraded} | "
-                        f"{float(o['wall']) / 60:.0f} | " if o else f"| {SETTINGS[setting][0]} | {seed} | - | - | ")
-            rows[-1] += (f"{t['acc']:.3f} | {t['wall_s'] / 60:.0f} | " if t else "- | - | ")
-            rows[-1] += " / ".join(f"{r['acc']:.3f}" if r else "-" for r in short) + " |"
+            cells.append(" / ".join(f"{r['acc']:.3f}" if r else "-" for r in short))
+            rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 

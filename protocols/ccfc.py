@@ -69,6 +69,17 @@ centroids) until the server holds global centroids. A client that never receives
 global centroids cannot label its samples (they stay unlabelled); a client that missed
 only the final message labels with the last global model and centroids it received.
 
+Asynchronous rounds
+-------------------
+Under ``faults.asynchronous`` (buffered steps on the virtual clock, a project setting; the
+paper's rounds are synchronous) a training step takes the first ``buffer`` updates to
+arrive, each trained on the weights of the step ``tau`` steps earlier that its client was
+sent. The step is FedBuff's: ``w <- w + sum_l n_l s(tau_l) (w_l - w^(step - tau_l)) / sum_l
+n_l`` with ``s(tau) = 1/sqrt(1 + tau)`` (``staleness: constant``: 1), which is FedAvg of the
+buffer when every tau is 0; the global centroids are k-means over the centroids in the
+buffer. The phase schedule still counts steps, so a run with a buffer of ``B`` of ``L``
+clients trains on about ``B / L`` of the updates a synchronous run of as many rounds does.
+
 Secure aggregation
 ------------------
 The ``"w.*"`` fields of ``update`` are declared a weighted sum with weight ``n``
@@ -237,6 +248,10 @@ class Config(ProtocolConfig):
         **project_option("off: Alg. 1, line 19 runs KM afresh each round"))
     centroid_max_age: int = Field(default=5, ge=1, description="with centroids_from: latest, the oldest kept "
                                                               "centroids, in rounds", **project_option())
+    staleness: Literal["sqrt", "constant"] = Field(
+        default="sqrt", description="under faults.asynchronous, the weight of an update trained on a model tau "
+                                    "steps old: sqrt = 1/sqrt(1 + tau), constant = 1",
+        **project_option("the paper's rounds are synchronous; sqrt is FedBuff's polynomial staleness weight"))
     deterministic: bool = Field(default=True, description="torch.use_deterministic_algorithms during every call",
                                 **project_option("on, so a run repeats bit for bit"))
     norm: Literal["batch", "group"] = Field(default="batch", description="normalisation in the conv backbone",
@@ -576,6 +591,7 @@ class CCFCServer(Server):
         self.C: np.ndarray | None = None
         self.total = config.warmup_rounds + config.cluster_rounds
         self.latest: dict[int, tuple[int, Message]] = {}  # centroids_from: latest -- client -> (round, its reply)
+        self.sent: dict[int, dict[str, np.ndarray]] = {}  # faults.asynchronous: step -> the weights sent then
 
     def _phase(self, step: int) -> str:
         """The phase of training step ``step`` (0-based)."""
@@ -593,6 +609,9 @@ class CCFCServer(Server):
 
     def _train_messages(self, step: int) -> dict[int, Message]:
         fields = self._train_fields(step)
+        if self.ctx.max_staleness is not None:  # kept while an update trained on them may still be taken
+            self.sent = {s: w for s, w in self.sent.items() if s >= step - self.ctx.max_staleness}
+            self.sent[step] = self.weights
         return {c: Message("train", fields) for c in self.ctx.client_ids}
 
     def start(self) -> dict[int, Message]:
@@ -602,6 +621,10 @@ class CCFCServer(Server):
         """FedAvg of the weights (``UPDATE``'s weighted sum, plain or secure) and the global
         centroids over the updates that arrived; returns the clients in the average."""
         ups = {c: m for c, m in replies.items() if m.kind == "update"}
+        if self.ctx.max_staleness is not None:
+            self._buffered_update(ups, getattr(replies, "ages", {}), round)
+            self._global_centroids(ups, round)
+            return sorted(ups)
         s = weighted_sum(replies, UPDATE)
         mean = s.mean()
         if mean is not None:  # float arrays back to float32, counters rounded (as fedavg does)
@@ -612,6 +635,27 @@ class CCFCServer(Server):
         if s.failed is not None:
             self.info["aggregation_failed"] = s.failed
         return s.contributors
+
+    def _buffered_update(self, ups: Mapping[int, Message], ages: Mapping[int, int], step: int) -> None:
+        """Asynchronous rounds (FedBuff): ``w <- w + sum_i n_i s(tau_i) (w_i - w^(step - tau_i)) /
+        sum_i n_i`` over the buffer, ``w^(t)`` the weights sent in step ``t``; with every tau 0 this
+        is FedAvg of the buffer. Counters (``num_batches_tracked``) are rounded back."""
+        total = float(sum(float(m["n"]) for m in ups.values()))
+        if not ups or total <= 0:
+            return
+        shares = {c: float(m["n"]) / total * self._staleness_weight(ages.get(c, 0)) for c, m in ups.items()}
+        new = {}
+        for k, v in self.weights.items():
+            acc = np.asarray(v, dtype=np.float64).copy()
+            for c in sorted(ups):
+                base = np.asarray(self.sent[step - ages.get(c, 0)][k], dtype=np.float64)
+                acc += shares[c] * (np.asarray(ups[c][k], dtype=np.float64) - base)
+            dtype = np.float32 if np.asarray(v).dtype.kind == "f" else np.asarray(v).dtype
+            new[k] = np.asarray(acc if dtype == np.float32 else np.rint(acc), dtype=dtype)
+        self.weights = new
+
+    def _staleness_weight(self, tau: int) -> float:
+        return 1.0 / math.sqrt(1.0 + tau) if self.config.staleness == "sqrt" else 1.0
 
     def _global_centroids(self, ups: Mapping[int, Message], step: int) -> None:
         """k-means over every local centroid received (none received: the centroids stay); with
@@ -674,4 +718,5 @@ PROTOCOL = Protocol(
                   "latent_dim": 8, "pred_dim": 4, "kmeans_init": 1, "server_kmeans_init": 2},
     secure_sums=(UPDATE,),
     honours_partial_work=True,  # local epochs scaled by ctx.work (faults.partial_work)
+    async_kinds=("train",),  # faults.asynchronous: buffered, staleness-weighted steps (Config.staleness)
 )

@@ -321,6 +321,9 @@ def cmd_params(args) -> int:
     print("stale replies (faults.stale_replies): " + (
         "used, a missing client's last reply stands in with its age" if proto.uses_stale_replies else
         "not used, a missing client's reply is missing (the setting is refused)"))
+    print("asynchronous rounds (faults.asynchronous): " + (
+        f"buffered steps on {', '.join(proto.async_kinds)} messages, each update with its staleness"
+        if proto.async_kinds else "no, its steps take whole rounds (the setting is refused)"))
     if not rows:
         print("  (no parameters)")
         return 0

@@ -240,6 +240,8 @@ class ServerContext:
     n_samples: int | None = None
     client_sizes: dict[int, int] = field(default_factory=dict)
     float_dtype: str = "float64"
+    # faults.asynchronous: the oldest update a step may get, in steps (None: synchronous rounds)
+    max_staleness: int | None = None
 
     def rng_for(self, tag: str, round: int) -> np.random.Generator:
         """A fresh generator for ``tag`` in ``round``, independent of all other draws."""
@@ -439,3 +441,9 @@ class Protocol:
     # whether its server's step can use a missing client's last reply (faults.stale_replies):
     # ``replies.ages[c]`` is the age in rounds of client c's reply (0: this round's)
     uses_stale_replies: bool = False
+    # the kinds of server message it can send under faults.asynchronous (buffered rounds): such
+    # a message goes only to clients with no update in flight, and ``step`` gets a buffer of
+    # updates with ``replies.ages[c]`` = how many steps older than the current model the model
+    # behind c's update is; a message of any other kind waits until every update in flight has
+    # arrived (they are discarded) and goes to everyone. Empty: synchronous rounds only.
+    async_kinds: tuple[str, ...] = ()

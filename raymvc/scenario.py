@@ -233,6 +233,20 @@ class StaleCfg(_Strict):
     max_age: int = Field(default=1, ge=1, le=1000)
 
 
+class AsyncCfg(_Strict):
+    """Asynchronous buffered rounds (docs/fault-models.md): the server steps as soon as
+    ``buffer`` updates have arrived on the virtual clock, each with its staleness (how many
+    steps older than the server's model the model it was trained on is); a client whose
+    update was taken gets the newest model at once, the others keep training on the one
+    they have. Updates more than ``max_staleness`` steps old are discarded. No deadline
+    applies to a buffered step; ``faults.deadline_s`` still bounds the synchronous rounds (a
+    final model, which pre-empts the work in flight). Only for methods that declare they
+    take updates this way (``raymvc params METHOD`` says)."""
+
+    buffer: int = Field(ge=1, description="updates the server waits for before each step")
+    max_staleness: int = Field(default=10, ge=0, le=1000, description="older updates are discarded, not used")
+
+
 class CrashCfg(_Strict):
     client: int = Field(ge=0)
     at_round: int = Field(ge=0)
@@ -377,6 +391,7 @@ class FaultsCfg(_Strict):
     partial_work: PartialWorkCfg | None = None  # clients that finish only part of a round's work
     stale_replies: StaleCfg | None = None  # a missing client's last reply, with its age, in its place
     sampling: SamplingCfg | None = None  # clients asked per round (horizontal methods); not a fault
+    asynchronous: AsyncCfg | None = None  # buffered asynchronous rounds instead of synchronous ones; not a fault
     deadline_s: float | None = Field(default=None, gt=0.0)
     min_clients: int = Field(default=1, ge=0)  # 0: a round nobody answered still reaches the method's step
     # after the last round, the server's final model to every client available then (a

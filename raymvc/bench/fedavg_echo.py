@@ -83,4 +83,5 @@ PROTOCOL = Protocol(
     analytic_bytes=analytic_bytes,
     secure_sums=(ECHO,),
     uses_stale_replies=True,  # a missing client's last vector is averaged in (faults.stale_replies)
+    async_kinds=("model",),  # faults.asynchronous: the buffered echoes are averaged alike, old or new
 )

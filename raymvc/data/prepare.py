@@ -157,6 +157,26 @@ def _check_memory(sc: Scenario, data_bytes: int) -> None:
                                          f"{data_bytes / 1e9:.2f} GB of values) but {avail / 1e9:.2f} GB is available")
 
 
+def _check_asynchronous(sc: Scenario, proto, part) -> None:
+    """``faults.asynchronous`` asks for a method that takes buffered updates, and for nothing
+    that presumes synchronous rounds."""
+    cfg, key = sc.faults.asynchronous, "faults.asynchronous"
+    if cfg is None:
+        return
+    if not proto.async_kinds:
+        raise scenario_error(sc, key, f"method {sc.method} steps on whole rounds only (Protocol.async_kinds is empty); "
+                                      "leave it out")
+    clashes = {"channel.secure_aggregation": sc.channel.secure_aggregation and bool(proto.secure_sums),
+               "faults.stale_replies": sc.faults.stale_replies is not None,
+               "faults.sampling": sc.faults.sampling is not None and sc.faults.sampling.fraction < 1.0}
+    for other, on in clashes.items():
+        if on:
+            raise scenario_error(sc, key, f"cannot be combined with {other} (a buffered step takes the updates "
+                                          "that arrived, whenever they were asked for)")
+    if cfg.buffer > part.n_clients:
+        raise scenario_error(sc, key, f"buffer {cfg.buffer} is more than the {part.n_clients} clients")
+
+
 def _check_faults_fit(sc: Scenario, proto, part) -> None:
     """The scenario's faults name clients that exist and ask for no more clients than answer."""
     if sc.faults.stale_replies is not None:
@@ -166,6 +186,7 @@ def _check_faults_fit(sc: Scenario, proto, part) -> None:
         if sc.channel.secure_aggregation:
             raise scenario_error(sc, "faults.stale_replies", "cannot be combined with channel.secure_aggregation "
                                                               "(a sum is taken over this round's inputs only)")
+    _check_asynchronous(sc, proto, part)
     for key in ("crash", "drop"):
         for c in getattr(sc.faults, key):
             if c.client >= part.n_clients:

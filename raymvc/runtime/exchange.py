@@ -54,6 +54,7 @@ class RoundState:
     acked: set[int] = field(default_factory=set)  # handled the message, sent no reply
     timed_out: list[int] = field(default_factory=list)  # no answer within runtime.reply_timeout_s (wall time)
     times: dict[int, float] = field(default_factory=dict)  # with devices: each reply's virtual seconds
+    arrivals: dict[int, float] = field(default_factory=dict)  # each counted reply's virtual arrival time
 
     def absorb(self, other: RoundState) -> None:
         """Count another exchange of the same round here (its faults and its clients' time)."""
@@ -195,6 +196,7 @@ class Exchange:
                            wire_bytes=wire, data_bytes=data, send_t=send_t, arrive_t=arrive, status=status)
         if status == "delivered":
             st.replies[cid] = opened.msg
+            st.arrivals[cid] = arrive
             return arrive
         st.missing.add(cid)
         (st.late if status == "late" else st.rejected).append(cid)

@@ -183,6 +183,12 @@ class Injector:
         """The decisions of the round's exchange number ``sub`` (0: the first)."""
         return Injector(self.plan, sub)
 
+    def without_deadline(self) -> Injector:
+        """The same decisions with no deadline (a buffered step waits for its buffer instead)."""
+        other = Injector(self.plan, self.sub)
+        other.deadline = None
+        return other
+
     def crashes(self, round: int) -> list[int]:
         return self.plan.crashes_now(round) if self.plan is not None and self.sub == 0 else []
 

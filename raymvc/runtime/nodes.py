@@ -295,14 +295,16 @@ class ServerNode:
         self.exchange = Exchange(self.transport, ch, self.plan, net, profiles, self.state, spec.evict_after)
         ctx = ServerContext(client_ids=list(ids), n_clusters=spec.n_clusters, seed=spec.seed,
                             n_samples=spec.n_samples, client_sizes=dict(spec.client_sizes),
-                            float_dtype=ch.float_dtype)
+                            float_dtype=ch.float_dtype, max_staleness=None if spec.faults.asynchronous is None
+                            else spec.faults.asynchronous.max_staleness)
         self.server = proto.server(proto.config(**spec.params), ctx)
         stale = self.plan.cfg.stale_replies
         self.rounds = RoundWorkflow(
             self.server, self.exchange, client_ids=self.client_ids, threads=spec.threads,
             secure=ServerLayer(proto.secure_sums, ids, spec.seed, ch.secagg_neighbours, ch.secagg_threshold)
             if secure else None, secure_sums=proto.secure_sums,
-            stale_max=stale.max_age if stale is not None and proto.uses_stale_replies else 0)
+            stale_max=stale.max_age if stale is not None and proto.uses_stale_replies else 0,
+            buffered=self.plan.cfg.asynchronous, async_kinds=proto.async_kinds)
         self.unreported: list[RoundRecord] = []  # the rounds of the latest run_rounds call
         self.deferred: Exception | None = None  # raised by the next run_rounds call
 

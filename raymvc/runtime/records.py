@@ -34,6 +34,9 @@ class RoundRecord:
     # whose sum a failed aggregation may still have disclosed to the server
     secure_sums: list[dict[str, Any]] | None = None
     stale: dict[int, int] | None = None  # faults.stale_replies: whose last reply stood in, and its age
+    # faults.asynchronous: the step's buffer is ``replied`` (ages in ``stale``); who was sent the
+    # round's message, whose update is still on its way, and whose came too old and was dropped
+    buffered: dict[str, list[int]] | None = None
     wall_s: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
     done: bool = False
@@ -43,7 +46,7 @@ class RoundRecord:
         d = asdict(self)
         if d["error"] is None:
             del d["error"]
-        for key in ("client_s", "secure_sums"):  # not in use: the line is as it always was
+        for key in ("client_s", "secure_sums", "buffered"):  # not in use: the line is as it always was
             if d[key] is None:
                 del d[key]
         return d
@@ -92,6 +95,8 @@ class ServerState:
     timeouts: dict[int, int] = field(default_factory=dict)  # consecutive wall-clock timeouts per client
     evicted: list[int] = field(default_factory=list)
     last_replies: dict[int, tuple[int, Any]] = field(default_factory=dict)  # client -> (round, its last reply)
+    # faults.asynchronous: client -> (virtual arrival, the round it was sent in, its update)
+    in_flight: dict[int, tuple[float, int, Any]] = field(default_factory=dict)
 
     def ended(self) -> bool:
         return self.status in ("finished", "failed", "error")

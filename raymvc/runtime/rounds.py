@@ -4,7 +4,9 @@
 round addresses (``faults.sampling``), hands the exchange the messages, lets the secure
 aggregation layer turn masked replies into sums (or, without it, applies the same overflow
 rule to the declared sums), stands last replies in for missing clients
-(``faults.stale_replies``), calls ``Server.step`` and writes the round's record. It also
+(``faults.stale_replies``), calls ``Server.step`` and writes the round's record. Under
+``faults.asynchronous`` a round is one buffered step instead: the messages go to the
+clients that are free, and the step takes the first updates to arrive. It also
 runs the two exchanges after the last round: the inference round and the evaluation path.
 How a message travels is the exchange's business (:mod:`raymvc.runtime.exchange`).
 """
@@ -18,6 +20,7 @@ import numpy as np
 from ..fixedpoint import check_input
 from ..messages import Done, Message
 from ..protocol import NoInput, Replies, summed_fields
+from ..scenario import AsyncCfg
 from .exchange import SERVER, Exchange, RoundState
 from .failures import cut_line, one_line, party_error
 from .faults import FaultPlan, Injector
@@ -33,7 +36,8 @@ class RoundWorkflow:
     """One protocol server's rounds over one exchange; ``state`` is shared with the exchange."""
 
     def __init__(self, server, exchange: Exchange, *, secure: ServerLayer | None,
-                 secure_sums: tuple, stale_max: int, client_ids: list[int], threads: int):
+                 secure_sums: tuple, stale_max: int, client_ids: list[int], threads: int,
+                 buffered: AsyncCfg | None = None, async_kinds: tuple[str, ...] = ()):
         self.server, self.exchange = server, exchange
         self.plan: FaultPlan = exchange.plan
         self.state: ServerState = exchange.state
@@ -42,6 +46,7 @@ class RoundWorkflow:
         # without secure aggregation, the declared sums' inputs pass the same overflow rule (see _check_sums)
         self.plain_sums = {s.kind: s for s in secure_sums or ()} if secure is None else {}
         self.stale_max = stale_max
+        self.buffered, self.async_kinds = buffered, async_kinds  # faults.asynchronous
         self.client_ids = client_ids
         self.threads = threads
         self.sub = 0  # exchanges of the current round so far, after the first
@@ -68,26 +73,74 @@ class RoundWorkflow:
         state = self.state
         r, t0, wall = state.round, state.clock, time.perf_counter()
         ledger_mark = len(self.exchange.ledger.rows)
-        addressed, not_sampled = self._sample(r, state.outgoing)
-        st, state.clock = self.exchange.run(r, addressed, "protocol", self.faults, compute=True)
-        answered = len(st.replies) + len(st.acked)  # to the round's request, whatever secure aggregation adds
-        sums = self._aggregate(r, st)
-        self._tally(r, addressed, st)
-        replied = sorted(st.replies)  # this round's answers (old replies that stand in are not among them)
-        stale = self._stand_in(r, st) if self.stale_max else None
-        self._step(r, st, len(addressed), answered, not_sampled)
+        if self.buffered is not None and state.outgoing:
+            st, addressed, waited_on, answered, buffered = self._buffered_exchange(r)
+            not_sampled, sums, replied = [], None, sorted(st.replies)
+            stale = {c: a for c, a in st.replies.ages.items() if a}
+        else:
+            addressed, not_sampled = self._sample(r, state.outgoing)
+            st, state.clock = self.exchange.run(r, addressed, "protocol", self.faults, compute=True)
+            answered = len(st.replies) + len(st.acked)  # to the round's request, whatever secure aggregation adds
+            sums = self._aggregate(r, st)
+            self._tally(r, addressed, st)
+            replied = sorted(st.replies)  # this round's answers (old replies that stand in are not among them)
+            stale = self._stand_in(r, st) if self.stale_max else None
+            buffered, waited_on = None, len(addressed)
+        self._step(r, st, waited_on, answered, not_sampled)
         rows = self.exchange.ledger.rows[ledger_mark:]
         record = RoundRecord(
             round=r, replied=replied, missing=sorted(st.missing), dropped=st.dropped, late=st.late,
             rejected=st.rejected, crashed=st.crashed, client_errors=sorted(st.errors), messages=len(rows),
             wire_bytes=sum(x.wire_bytes for x in rows), payload_bytes=sum(x.payload_bytes for x in rows),
             partial_work=self._partial(r, addressed, st), not_sampled=not_sampled, stale=stale,
-            virtual_start_s=t0, virtual_end_s=state.clock,
+            virtual_start_s=t0, virtual_end_s=state.clock, buffered=buffered,
             client_s=dict(sorted(st.times.items())) if self.exchange.devices is not None else None,
             secure_sums=sums, wall_s=time.perf_counter() - wall,
             info=dict(self.server.info), done=state.ended(), error=state.error)
         self.server.info = {}
         return record
+
+    def _buffered_exchange(self, r: int) -> tuple[RoundState, dict[int, Message], int, int, dict[str, list[int]]]:
+        """``faults.asynchronous``: send the round's messages to the clients with no update on
+        its way, then take updates in order of virtual arrival until the buffer holds
+        ``buffer`` of them (or nothing is left on its way), discarding any more than
+        ``max_staleness`` steps old; the clock moves to the last one taken, and no deadline
+        applies. A message of a kind the protocol cannot send asynchronously (a final model)
+        pre-empts the work in flight: those updates are discarded and the message goes to
+        every client at once, in a synchronous round (``faults.deadline_s`` applies)."""
+        state, flying = self.state, self.state.in_flight
+        t0, outgoing = state.clock, state.outgoing
+        if any(m.kind not in self.async_kinds for m in outgoing.values()):
+            discarded = sorted(flying)
+            flying.clear()
+            st, state.clock = self.exchange.run(r, outgoing, "protocol", self.faults, compute=True)
+            self._tally(r, outgoing, st)
+            st.replies = Replies(st.replies)
+            info = {"sent": sorted(outgoing), "in_flight": [], "discarded": discarded}
+            return st, outgoing, len(outgoing), len(st.replies) + len(st.acked), info
+        sent = {c: m for c, m in outgoing.items() if c not in flying}
+        st, _ = self.exchange.run(r, sent, "protocol", self.faults.without_deadline(), compute=True)
+        self._tally(r, sent, st)
+        for cid in [c for c, (arrive, _, _) in flying.items() if c in state.crashed and arrive > t0]:
+            del flying[cid]  # crashed before its update left
+        waiting = len(flying) + len(sent)
+        for cid, msg in st.replies.items():
+            flying[cid] = (st.arrivals[cid], r, msg)
+        taken: dict[int, Message] = {}
+        ages: dict[int, int] = {}
+        discarded = []
+        for cid, (arrive, sent_in, msg) in sorted(flying.items(), key=lambda kv: (kv[1][0], kv[0])):
+            if len(taken) >= self.buffered.buffer:
+                break
+            state.clock = max(state.clock, arrive)
+            del flying[cid]
+            if r - sent_in > self.buffered.max_staleness:
+                discarded.append(cid)
+                continue
+            taken[cid], ages[cid] = msg, r - sent_in
+        st.replies = Replies(taken, ages=ages)
+        info = {"sent": sorted(sent), "in_flight": sorted(flying), "discarded": sorted(discarded)}
+        return st, sent, waiting, len(taken) + len(st.acked), info
 
     def _aggregate(self, r: int, st: RoundState) -> list[dict] | None:
         """Secure aggregation's extra exchanges and sums (what the round record says of them), or,

@@ -38,12 +38,11 @@ from ..messages import Message
 from . import codec
 from .crypto import (
     ENCRYPTIONS,
-    InvalidTag,
+    TagMismatch,
     derive_link_keys,
     generate_private_key,
     handshake_bytes,
     public_bytes,
-    seq_nonce,
 )
 
 FRAME_MAGIC = b"RMF1"
@@ -280,7 +279,7 @@ class Endpoint:
                   + _ROUND_SEQ.pack(round, seq))
         body = encoded.body
         if self.encrypted:
-            body = self._keys[dst].send.encrypt(seq_nonce(seq), body, header)
+            body = self._keys[dst].seal(seq, body, header)
         return Sealed(header=header, body=body, payload_bytes=encoded.payload_bytes,
                       wire_bytes=len(header) + len(body), kind=msg.kind, seq=seq, data_bytes=encoded.data_bytes)
 
@@ -330,8 +329,8 @@ class Endpoint:
             raise self._reject("tampered", "encryption flag does not match this link")
         if self.encrypted:
             try:
-                body = self._keys[src].recv.decrypt(seq_nonce(seq), body, header)
-            except InvalidTag:
+                body = self._keys[src].unseal(seq, body, header)
+            except TagMismatch:
                 raise self._reject("tampered", f"authentication failed for frame from {src!r}") \
                     from None
         if seq <= self._last_seq[src]:

@@ -33,7 +33,6 @@ from .failures import cut_line, one_line, party_error, traceback_text
 from .faults import DeviceProfiles, FaultPlan, Network, work_share
 from .records import SERVER_STATE, Participation, RoundRecord, RunEnd, ServerState
 from .rounds import EVAL_LABELS, EVAL_PREDICT, RoundWorkflow
-from .secure import ClientLayer, ServerLayer
 from .spec import RunSpec
 from .state import StateError, dump_state, load_state
 from .threads import pin_threads
@@ -95,6 +94,8 @@ class ClientNode:
         self.client = proto.client(proto.config(**spec.params), shard, ctx)
         self.secure = None  # the secure-aggregation layer, when on and the method declares a sum
         if ch.secure_aggregation and proto.secure_sums:
+            from .secure import ClientLayer  # loaded (with cryptography) only when the layer is on
+
             self.secure = ClientLayer(cid, proto.secure_sums, spec.n_clients, ch.secagg_neighbours)
         self.endpoint = Endpoint(client_party(cid), encryption=ch.encryption,
                                  compression=ch.compression, float_dtype=ch.float_dtype,
@@ -299,6 +300,8 @@ class ServerNode:
                             else spec.faults.asynchronous.max_staleness)
         self.server = proto.server(proto.config(**spec.params), ctx)
         stale = self.plan.cfg.stale_replies
+        if secure:
+            from .secure import ServerLayer  # loaded (with cryptography) only when the layer is on
         self.rounds = RoundWorkflow(
             self.server, self.exchange, client_ids=self.client_ids, threads=spec.threads,
             secure=ServerLayer(proto.secure_sums, ids, spec.seed, ch.secagg_neighbours, ch.secagg_threshold)

@@ -14,6 +14,7 @@ How a message travels is the exchange's business (:mod:`raymvc.runtime.exchange`
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,8 +26,10 @@ from .exchange import SERVER, Exchange, RoundState
 from .failures import cut_line, one_line, party_error
 from .faults import FaultPlan, Injector
 from .records import RoundRecord, ServerState
-from .secure import ServerLayer
 from .threads import pin_threads
+
+if TYPE_CHECKING:
+    from .secure import ServerLayer
 
 EVAL_PREDICT = "eval.predict"  # engine-reserved kinds: the evaluation path
 EVAL_LABELS = "eval.labels"

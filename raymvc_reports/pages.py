@@ -613,15 +613,18 @@ def atlas_ranking(res: StudyResult) -> list[dict]:
         m1, s1, ok, total = res.stat(r.id, harsh, "acc")
         mb0, _, _, _ = res.stat(r.id, mild, "mb")
         mb1, _, _, _ = res.stat(r.id, harsh, "mb")
+        t0, _, _, _ = res.stat(r.id, mild, "virtual_s")
+        t1, _, _, _ = res.stat(r.id, harsh, "virtual_s")
         if total == 0:
             continue  # not run yet
         out.append({"run": r, "mild": m0, "harsh": m1, "harsh_std": s1, "ok": ok, "total": total,
-                    "change": None if m0 is None or m1 is None else m1 - m0, "mb_mild": mb0, "mb_harsh": mb1})
+                    "change": None if m0 is None or m1 is None else m1 - m0, "mb_mild": mb0, "mb_harsh": mb1,
+                    "mild_s": t0, "harsh_s": t1})
     out.sort(key=lambda e: (e["harsh"] is None, e["ok"] < e["total"], -(e["harsh"] or 0.0)))
     return out
 
 
-ATLAS_VALUE = re.compile(r"\{\{atlas:([a-z0-9-]+):([A-Za-z0-9_.-]+):(mild|harsh|change)\}\}")
+ATLAS_VALUE = re.compile(r"\{\{atlas:([a-z0-9-]+):([A-Za-z0-9_.-]+):(mild|harsh|change|mild_s|harsh_s)\}\}")
 
 
 ATLAS_ORDER = re.compile(r"\{\{atlas-order:([^{}]*)\}\}")
@@ -672,12 +675,14 @@ def fill_atlas_values(text: str, results: list[StudyResult], where: Path) -> str
         if e is None or e[field] is None:
             raise ScenarioError(f"{where}: {m.group(0)}: no {field} of run {run!r} in the atlas kind {kind!r} "
                                 f"(kinds: {', '.join(sorted(rankings)) or 'none'})")
+        if field.endswith("_s"):
+            return f"{e[field]:.1f} s"
         return f"{e[field]:+.3f}" if field == "change" else f"{e[field]:.3f}"
 
     out = ATLAS_ORDER.sub(lambda m: check_atlas_order(m, rankings, where), ATLAS_VALUE.sub(value, text))
     if "{{atlas:" in out:
         bad = out[out.index("{{atlas:"):][:60].split("}}")[0]
-        raise ScenarioError(f"{where}: {bad}}}}}: expected {{{{atlas:KIND:RUN:mild|harsh|change}}}}")
+        raise ScenarioError(f"{where}: {bad}}}}}: expected {{{{atlas:KIND:RUN:mild|harsh|change|mild_s|harsh_s}}}}")
     return out
 
 

@@ -738,11 +738,11 @@ def test_atlas_notes_quote_the_ranking_instead_of_copying_it(tmp_path):
     e = {x["run"].id: x for x in atlas_ranking(res)}["efimvc"]
     notes = tmp_path / "robustness.md"
     text = fill_atlas_values("EFIMVC: {{atlas:crash:efimvc:mild}} -> {{atlas:crash:efimvc:harsh}} "
-                             "({{atlas:crash:efimvc:change}})", [res], notes)
-    assert text == f"EFIMVC: {e['mild']:.3f} -> {e['harsh']:.3f} ({e['change']:+.3f})"
+                             "({{atlas:crash:efimvc:change}}) in {{atlas:crash:efimvc:harsh_s}}", [res], notes)
+    assert text == f"EFIMVC: {e['mild']:.3f} -> {e['harsh']:.3f} ({e['change']:+.3f}) in {e['harsh_s']:.1f} s"
     for bad, words in [("{{atlas:crash:nobody:mild}}", "no mild of run 'nobody' in the atlas kind 'crash'"),
                        ("{{atlas:flood:efimvc:mild}}", "kind 'flood' (kinds: crash)"),
-                       ("{{atlas:crash:efimvc:best}}", "expected {{atlas:KIND:RUN:mild|harsh|change}}")]:
+                       ("{{atlas:crash:efimvc:best}}", "expected {{atlas:KIND:RUN:mild|harsh|change|mild_s|harsh_s}}")]:
         with pytest.raises(ScenarioError, match=re.escape(words)) as err:
             fill_atlas_values(f"x {bad} y", [res], notes)
         assert str(notes) in str(err.value)

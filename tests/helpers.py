@@ -17,6 +17,20 @@ def run_rounds(path: Path, out: Path, *overrides: str) -> list[dict]:
     return [json.loads(x) for x in (Path(s["out_dir"]) / "rounds.jsonl").read_text().splitlines()]
 
 
+def stopped_then_resumed(path: Path, out: Path, after_round: int) -> list[dict]:
+    """Run a scenario file in process with checkpoints, stop it once round ``after_round`` is
+    recorded, resume it with ``raymvc run --resume`` and return the round records of both parts."""
+    sc = load_scenario(path, ["runtime.checkpoint=true"])
+
+    def stop(record):
+        if record["round"] == after_round:
+            raise KeyboardInterrupt
+
+    assert run_scenario(sc, out, progress=lambda line: None, on_round=stop)["status"] == "interrupted"
+    assert main(["run", "--resume", str(out), "--quiet"]) == 0
+    return [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()]
+
+
 def validate_fails_in_one_line(path: Path, capsys, expected: str) -> None:
     """``raymvc validate path`` exits 2 with one line naming the file and saying ``expected``."""
     assert main(["validate", str(path)]) == 2

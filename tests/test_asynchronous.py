@@ -12,14 +12,12 @@ import math
 import numpy as np
 import pytest
 import yaml
-from helpers import run_rounds, validate_fails_in_one_line
+from helpers import run_rounds, stopped_then_resumed, validate_fails_in_one_line
 
 from raymvc.cli import main
 from raymvc.messages import Message
 from raymvc.protocol import Replies, ServerContext
 from raymvc.protocols import ccfc
-from raymvc.runtime import run_scenario
-from raymvc.scenario import load_scenario
 
 PROFILE = {"fast": {"speed": 2.0, "up_mbps": 100.0, "down_mbps": 100.0, "latency_ms": 1.0},
            "mid": {"speed": 0.9, "up_mbps": 100.0, "down_mbps": 100.0, "latency_ms": 3.0},
@@ -115,17 +113,8 @@ def test_a_final_model_pre_empts_the_work_in_flight(tmp_path, capsys):
 def test_the_updates_in_flight_survive_a_resume(tmp_path):
     path = echo_async(tmp_path, rounds=10)
     full = run_rounds(path, tmp_path / "full")
-    sc = load_scenario(path, ["runtime.checkpoint=true"])
-
-    def stop(record):
-        if record["round"] == 4:
-            raise KeyboardInterrupt
-
-    out = tmp_path / "stopped"
-    assert run_scenario(sc, out, progress=lambda line: None, on_round=stop)["status"] == "interrupted"
-    assert full[4]["buffered"]["in_flight"]  # stopped with updates on their way
-    assert main(["run", "--resume", str(out), "--quiet"]) == 0
-    resumed = [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()]
+    assert full[4]["buffered"]["in_flight"]  # stopped below with updates on their way
+    resumed = stopped_then_resumed(path, tmp_path / "stopped", after_round=4)
     keys = ("replied", "stale", "buffered", "virtual_end_s")
     assert [[r[k] for k in keys] for r in resumed] == [[r[k] for k in keys] for r in full]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from helpers import run_rounds, validate_fails_in_one_line
+from helpers import run_rounds, stopped_then_resumed, validate_fails_in_one_line
 
 from raymvc.cli import main
 from raymvc.runtime import prepare, run_scenario
@@ -345,16 +345,7 @@ def test_stale_replies_survive_a_resume(tmp_path):
     faults = {"availability": {"model": "iid", "rate": 0.4}, "stale_replies": {"max_age": 3}}
     path = echo_file(tmp_path, faults, rounds=12, n_clients=6)
     full = run_rounds(path, tmp_path / "full")
-    sc = load_scenario(path, ["runtime.checkpoint=true"])
-
-    def stop(record):
-        if record["round"] == 5:
-            raise KeyboardInterrupt
-
-    out = tmp_path / "stopped"
-    assert run_scenario(sc, out, progress=lambda line: None, on_round=stop)["status"] == "interrupted"
-    assert main(["run", "--resume", str(out), "--quiet"]) == 0
-    resumed = [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()]
+    resumed = stopped_then_resumed(path, tmp_path / "stopped", after_round=5)
     assert [(r["stale"], r["info"]["aggregated"]) for r in resumed] == [(r["stale"], r["info"]["aggregated"])
                                                                           for r in full]
     assert any(r["stale"] for r in full[6:])

@@ -444,6 +444,6 @@ class Protocol:
     # the kinds of server message it can send under faults.asynchronous (buffered rounds): such
     # a message goes only to clients with no update in flight, and ``step`` gets a buffer of
     # updates with ``replies.ages[c]`` = how many steps older than the current model the model
-    # behind c's update is; a message of any other kind waits until every update in flight has
-    # arrived (they are discarded) and goes to everyone. Empty: synchronous rounds only.
+    # behind c's update is; a message of any other kind pre-empts the work in flight (those
+    # updates are discarded) and goes to everyone at once. Empty: synchronous rounds only.
     async_kinds: tuple[str, ...] = ()

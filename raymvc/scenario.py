@@ -237,8 +237,8 @@ class AsyncCfg(_Strict):
     """Asynchronous buffered rounds (docs/fault-models.md): the server steps as soon as
     ``buffer`` updates have arrived on the virtual clock, each with its staleness (how many
     steps older than the server's model the model it was trained on is); a client whose
-    update was taken gets the newest model at once, the others keep training on the one
-    they have. Updates more than ``max_staleness`` steps old are discarded. No deadline
+    update was taken gets the new model when the step ends, the others keep training on
+    the one they have. Updates more than ``max_staleness`` steps old are discarded. No deadline
     applies to a buffered step; ``faults.deadline_s`` still bounds the synchronous rounds (a
     final model, which pre-empts the work in flight). Only for methods that declare they
     take updates this way (``raymvc params METHOD`` says)."""

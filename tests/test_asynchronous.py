@@ -6,6 +6,7 @@ FedBuff's staleness-weighted one; bad combinations are one-line errors."""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 
@@ -106,7 +107,10 @@ def test_a_final_model_pre_empts_the_work_in_flight(tmp_path, capsys):
     last, before = recs[-1], recs[-2]
     assert last["buffered"]["sent"] == list(range(5)) and last["buffered"]["discarded"] == before["buffered"]["in_flight"]
     assert before["buffered"]["in_flight"]  # there was work to pre-empt
-    assert last["virtual_start_s"] == before["virtual_end_s"]  # nobody waited for it
+    with open(out / "messages.csv") as f:  # the pre-empted updates would have arrived after the final model left
+        arrive = {int(row["src"].split(":")[1]): float(row["arrive_t"]) for row in csv.DictReader(f)
+                  if row["kind"] == "update" and row["src"].startswith("client:")}
+    assert max(arrive[c] for c in before["buffered"]["in_flight"]) > last["virtual_start_s"]
     assert s["status"] == "completed" and s["unlabelled_samples"] == 0
 
 
@@ -132,6 +136,7 @@ def test_ray_and_in_process_take_the_same_buffers(ray_session, tmp_path):
     ({"faults": {"stale_replies": {"max_age": 1}}}, "cannot be combined with faults.stale_replies"),
     ({"faults": {"sampling": {"fraction": 0.5}}}, "cannot be combined with faults.sampling"),
     ({"faults": {"asynchronous": {"buffer": 9}}}, "buffer 9 is more than the 5 clients"),
+    ({"faults": {"min_clients": 3}}, "3 is more than the 2 updates"),
     ({"method": "kfed", "params": {}}, "method kfed steps on whole rounds only"),
 ])
 def test_bad_combinations_are_one_line_errors(tmp_path, capsys, extra, expected):
@@ -140,7 +145,8 @@ def test_bad_combinations_are_one_line_errors(tmp_path, capsys, extra, expected)
         sc[key] = {**sc.get(key, {}), **value} if isinstance(value, dict) and key in ("faults", "channel") else value
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(sc))
-    validate_fails_in_one_line(path, capsys, "faults.asynchronous: " + expected)
+    key = "faults.min_clients: " if "updates" in expected else "faults.asynchronous: "
+    validate_fails_in_one_line(path, capsys, key + expected)
 
 
 def _ccfc_server(max_staleness):
@@ -176,7 +182,40 @@ def test_ccfc_buffered_step_is_fedbuff():
 
 
 def test_synchronous_ccfc_is_unchanged_by_the_option():
-    """Without faults.asynchronous the server keeps no sent weights and averages as before."""
+    """Without faults.asynchronous the server keeps no sent weights and averages as before
+    (the fixed-point FedAvg of every reply, old or new)."""
     srv = _ccfc_server(None)
     srv._train_messages(0)
     assert srv.sent == {}
+    replies = Replies({0: _update(srv, 1.0, 10), 1: _update(srv, 2.0, 30)}, ages={0: 0, 1: 3})
+    want = ccfc.weighted_sum(replies, ccfc.UPDATE).mean()
+    srv.aggregate(replies, 0)
+    for k, v in srv.weights.items():
+        if np.asarray(v).dtype.kind == "f":
+            np.testing.assert_array_equal(v, want[k].astype(np.float32))
+
+
+def test_ccfc_buffered_statistics_are_a_mean_not_a_step():
+    """BatchNorm's running variance from an old update is averaged, never stepped below zero."""
+    srv = _ccfc_server(3)
+    var = next(k for k in srv.weights if k.endswith("running_var"))
+    srv._train_messages(0)  # step 0's model: variance 1
+    srv.weights = {**srv.weights, var: np.full_like(srv.weights[var], 0.05)}
+    srv._train_messages(1)
+    old = _update(srv, 0.0, 20)
+    old.fields[var] = np.full_like(srv.weights[var], 0.05)  # trained on step 0's model, whose variance was 1
+    srv.aggregate(Replies({2: old}, ages={2: 1}), 1)
+    np.testing.assert_allclose(srv.weights[var], 0.05, rtol=1e-6)
+
+
+def test_a_crash_drops_the_update_on_its_way(tmp_path):
+    """The slowest client crashes in round 1 while its round-0 update is still on its way:
+    that update is never taken, and nothing of the client is on its way again."""
+    path = echo_async(tmp_path, rounds=8)
+    first = run_rounds(path, tmp_path / "probe")
+    slowest = max(first[0]["client_s"], key=first[0]["client_s"].get)
+    assert int(slowest) in first[0]["buffered"]["in_flight"]
+    crashed = run_rounds(path, tmp_path / "run", f"faults.crash=[{{client: {slowest}, at_round: 1}}]")
+    assert crashed[1]["crashed"] == [int(slowest)]
+    for rec in crashed[1:]:
+        assert int(slowest) not in rec["replied"] + rec["buffered"]["in_flight"]

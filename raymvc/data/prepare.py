@@ -175,6 +175,9 @@ def _check_asynchronous(sc: Scenario, proto, part) -> None:
                                           "that arrived, whenever they were asked for)")
     if cfg.buffer > part.n_clients:
         raise scenario_error(sc, key, f"buffer {cfg.buffer} is more than the {part.n_clients} clients")
+    if sc.faults.min_clients > cfg.buffer:
+        raise scenario_error(sc, "faults.min_clients", f"{sc.faults.min_clients} is more than the {cfg.buffer} updates "
+                                                       "a buffered step takes (faults.asynchronous.buffer)")
 
 
 def _check_faults_fit(sc: Scenario, proto, part) -> None:

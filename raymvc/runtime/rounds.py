@@ -76,7 +76,7 @@ class RoundWorkflow:
         state = self.state
         r, t0, wall = state.round, state.clock, time.perf_counter()
         ledger_mark = len(self.exchange.ledger.rows)
-        if self.buffered is not None and state.outgoing:
+        if self.buffered is not None:
             st, addressed, waited_on, answered, buffered = self._buffered_exchange(r)
             not_sampled, sums, replied = [], None, sorted(st.replies)
             stale = {c: a for c, a in st.replies.ages.items() if a}
@@ -118,12 +118,16 @@ class RoundWorkflow:
             flying.clear()
             st, state.clock = self.exchange.run(r, outgoing, "protocol", self.faults, compute=True)
             self._tally(r, outgoing, st)
+            if self.plain_sums:
+                self._check_sums(r, st)
             st.replies = Replies(st.replies)
             info = {"sent": sorted(outgoing), "in_flight": [], "discarded": discarded}
             return st, outgoing, len(outgoing), len(st.replies) + len(st.acked), info
         sent = {c: m for c, m in outgoing.items() if c not in flying}
         st, _ = self.exchange.run(r, sent, "protocol", self.faults.without_deadline(), compute=True)
         self._tally(r, sent, st)
+        if self.plain_sums:  # an update the ring cannot hold is its sender's error, never buffered
+            self._check_sums(r, st)
         for cid in [c for c, (arrive, _, _) in flying.items() if c in state.crashed and arrive > t0]:
             del flying[cid]  # crashed before its update left
         waiting = len(flying) + len(sent)

@@ -76,9 +76,9 @@ paper's rounds are synchronous) a training step takes the first ``buffer`` updat
 arrive, each trained on the weights of the step ``tau`` steps earlier that its client was
 sent. The step is FedBuff's: ``w <- w + sum_l n_l s(tau_l) (w_l - w^(step - tau_l)) / sum_l
 n_l`` with ``s(tau) = 1/sqrt(1 + tau)`` (``staleness: constant``: 1), which is FedAvg of the
-buffer when every tau is 0; the BatchNorm statistics are the buffer's ``n``-weighted mean
-(a variance stays positive); the global centroids are k-means over the centroids in the
-buffer. The phase schedule still counts steps, so a run with a buffer of ``B`` of ``L``
+buffer when every tau is 0; the BatchNorm statistics step with the weights (a running
+variance stepped below zero is set to zero); the global centroids are k-means over the
+centroids in the buffer. The phase schedule still counts steps, so a run with a buffer of ``B`` of ``L``
 clients trains on about ``B / L`` of the updates a synchronous run of as many rounds does.
 
 Secure aggregation
@@ -638,26 +638,23 @@ class CCFCServer(Server):
         return s.contributors
 
     def _buffered_update(self, ups: Mapping[int, Message], ages: Mapping[int, int], step: int) -> None:
-        """Asynchronous rounds (FedBuff): the parameters move by ``sum_i n_i s(tau_i) (w_i -
-        w^(step - tau_i)) / sum_i n_i`` over the buffer, ``w^(t)`` the weights sent in step ``t``;
-        with every tau 0 this is FedAvg of the buffer. The BatchNorm statistics (running means,
-        variances and counters) are estimates, not steps: they are the buffer's n-weighted mean,
-        so a variance stays a variance. Counters are rounded back."""
+        """Asynchronous rounds (FedBuff): ``w <- w + sum_i n_i s(tau_i) (w_i - w^(step - tau_i)) /
+        sum_i n_i`` over the buffer, ``w^(t)`` the weights sent in step ``t``, for every entry of
+        the state (BatchNorm statistics too, as one vector); with every tau 0 this is FedAvg of
+        the buffer. A running variance stepped below zero is set to zero; counters are rounded
+        back."""
         total = float(sum(float(m["n"]) for m in ups.values()))
         if not ups or total <= 0:
             return
-        shares = {c: float(m["n"]) / total for c, m in ups.items()}
-        stats = {W_PREFIX + name for name, _ in self.model.named_buffers()}
+        shares = {c: float(m["n"]) / total * self._staleness_weight(ages.get(c, 0)) for c, m in ups.items()}
         new = {}
         for k, v in self.weights.items():
-            if k in stats:
-                acc = sum(shares[c] * np.asarray(ups[c][k], dtype=np.float64) for c in sorted(ups))
-            else:
-                acc = np.asarray(v, dtype=np.float64).copy()
-                for c in sorted(ups):
-                    base = np.asarray(self.sent[step - ages.get(c, 0)][k], dtype=np.float64)
-                    weight = shares[c] * self._staleness_weight(ages.get(c, 0))
-                    acc += weight * (np.asarray(ups[c][k], dtype=np.float64) - base)
+            acc = np.asarray(v, dtype=np.float64).copy()
+            for c in sorted(ups):
+                base = np.asarray(self.sent[step - ages.get(c, 0)][k], dtype=np.float64)
+                acc += shares[c] * (np.asarray(ups[c][k], dtype=np.float64) - base)
+            if k.endswith("running_var"):
+                acc = np.maximum(acc, 0.0)
             dtype = np.float32 if np.asarray(v).dtype.kind == "f" else np.asarray(v).dtype
             new[k] = np.asarray(acc if dtype == np.float32 else np.rint(acc), dtype=dtype)
         self.weights = new

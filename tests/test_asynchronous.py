@@ -195,17 +195,21 @@ def test_synchronous_ccfc_is_unchanged_by_the_option():
             np.testing.assert_array_equal(v, want[k].astype(np.float32))
 
 
-def test_ccfc_buffered_statistics_are_a_mean_not_a_step():
-    """BatchNorm's running variance from an old update is averaged, never stepped below zero."""
+def test_ccfc_buffered_step_never_leaves_a_negative_variance():
+    """BatchNorm's running variance steps with the weights; an old update whose step would take
+    it below zero leaves it at zero (BatchNorm takes the square root of variance + eps)."""
     srv = _ccfc_server(3)
     var = next(k for k in srv.weights if k.endswith("running_var"))
-    srv._train_messages(0)  # step 0's model: variance 1
+    mean = next(k for k in srv.weights if k.endswith("running_mean"))
+    srv._train_messages(0)  # step 0's model: variance 1, mean 0
     srv.weights = {**srv.weights, var: np.full_like(srv.weights[var], 0.05)}
     srv._train_messages(1)
     old = _update(srv, 0.0, 20)
     old.fields[var] = np.full_like(srv.weights[var], 0.05)  # trained on step 0's model, whose variance was 1
+    old.fields[mean] = np.full_like(srv.weights[mean], 0.5)
     srv.aggregate(Replies({2: old}, ages={2: 1}), 1)
-    np.testing.assert_allclose(srv.weights[var], 0.05, rtol=1e-6)
+    assert (srv.weights[var] == 0.0).all()  # 0.05 + (0.05 - 1) / sqrt(2) < 0
+    np.testing.assert_allclose(srv.weights[mean], 0.5 / math.sqrt(2.0), rtol=1e-6)  # a mean steps as the weights
 
 
 def test_a_crash_drops_the_update_on_its_way(tmp_path):

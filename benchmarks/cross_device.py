@@ -89,7 +89,8 @@ def table(rows: list[dict], same: dict) -> str:
              "`faults.inference_round: true`; k-FED as shipped, CCFC (the shipped CCFC+) at 2 + 2 rounds; "
              "on Ray ceil(N / 8) logical clients per actor",
              "- rows: the latest run of each case (`benchmarks/cross_device.jsonl`); the machine is shared, so "
-             "times compare only within one invocation (each method's rows ran together: k-FED's beside two other heavy jobs, CCFC's beside two trainings and a sweep)",
+             "times compare only within one invocation (each method's rows ran together: k-FED's beside two "
+             "other heavy jobs, CCFC's beside two trainings and a sweep)",
              "- s/round, MB/round: the protocol's rounds (`rounds.jsonl`; the inference round apart, its MB from "
              "`messages.csv`); MB total includes it; reached: clients the inference round reached of those it "
              "addressed; labelled: share of rows with a label", "",

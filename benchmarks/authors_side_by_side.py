@@ -25,6 +25,7 @@ on them. Nothing is chosen here.
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime
 import json
 import os
@@ -181,8 +182,6 @@ PAPER_BUDGET_STUDIES = {"fully": ("feddmvc-paper-budget", "fully"), "b": ("fcuif
 
 def _study_rows(study: str, run: str) -> dict[int, dict]:
     """Finished cells (completed or degraded) of a study's committed records, by seed."""
-    import csv
-
     path = REPO / "studies" / "results" / f"{study}.csv"
     if not path.is_file():
         return {}

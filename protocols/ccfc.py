@@ -584,6 +584,13 @@ def match_rows(C: np.ndarray, prev: np.ndarray) -> np.ndarray:
     return order
 
 
+def _like(x: np.ndarray, old) -> np.ndarray:
+    """An averaged float64 state entry back in the dtype of ``old``: float arrays as float32,
+    counters (``num_batches_tracked``) rounded, as fedavg does."""
+    dtype = np.asarray(old).dtype
+    return np.asarray(x.astype(np.float32) if dtype.kind == "f" else np.rint(x).astype(dtype))
+
+
 class CCFCServer(Server):
     def __init__(self, config: Config, ctx: ServerContext):
         super().__init__(config, ctx)
@@ -628,10 +635,8 @@ class CCFCServer(Server):
             return sorted(ups)
         s = weighted_sum(replies, UPDATE)
         mean = s.mean()
-        if mean is not None:  # float arrays back to float32, counters rounded (as fedavg does)
-            self.weights = {k: np.asarray(mean[k].astype(np.float32) if np.asarray(v).dtype.kind == "f"
-                                          else np.rint(mean[k]).astype(np.asarray(v).dtype))
-                            if k in mean else v for k, v in self.weights.items()}
+        if mean is not None:
+            self.weights = {k: _like(mean[k], v) if k in mean else v for k, v in self.weights.items()}
         self._global_centroids(ups, round)
         if s.failed is not None:
             self.info["aggregation_failed"] = s.failed
@@ -653,10 +658,7 @@ class CCFCServer(Server):
             for c in sorted(ups):
                 base = np.asarray(self.sent[step - ages.get(c, 0)][k], dtype=np.float64)
                 acc += shares[c] * (np.asarray(ups[c][k], dtype=np.float64) - base)
-            if k.endswith("running_var"):
-                acc = np.maximum(acc, 0.0)
-            dtype = np.float32 if np.asarray(v).dtype.kind == "f" else np.asarray(v).dtype
-            new[k] = np.asarray(acc if dtype == np.float32 else np.rint(acc), dtype=dtype)
+            new[k] = _like(np.maximum(acc, 0.0) if k.endswith("running_var") else acc, v)
         self.weights = new
 
     def _staleness_weight(self, tau: int) -> float:

@@ -76,11 +76,15 @@ class RoundWorkflow:
         state = self.state
         r, t0, wall = state.round, state.clock, time.perf_counter()
         ledger_mark = len(self.exchange.ledger.rows)
-        if self.buffered is not None:
+        if self.buffered is not None and all(m.kind in self.async_kinds for m in state.outgoing.values()):
             st, addressed, waited_on, answered, buffered = self._buffered_exchange(r)
             not_sampled, sums, replied = [], None, sorted(st.replies)
             stale = {c: a for c, a in st.replies.ages.items() if a}
         else:
+            # under faults.asynchronous a message of another kind (a final model) pre-empts the
+            # work in flight: those updates are dropped, and the round is a synchronous one
+            pre_empted = sorted(state.in_flight)
+            state.in_flight.clear()
             addressed, not_sampled = self._sample(r, state.outgoing)
             st, state.clock = self.exchange.run(r, addressed, "protocol", self.faults, compute=True)
             answered = len(st.replies) + len(st.acked)  # to the round's request, whatever secure aggregation adds
@@ -88,7 +92,9 @@ class RoundWorkflow:
             self._tally(r, addressed, st)
             replied = sorted(st.replies)  # this round's answers (old replies that stand in are not among them)
             stale = self._stand_in(r, st) if self.stale_max else None
-            buffered, waited_on = None, len(addressed)
+            waited_on = len(addressed)
+            buffered = None if self.buffered is None else {"sent": sorted(addressed), "in_flight": [],
+                                                           "discarded": pre_empted}
         self._step(r, st, waited_on, answered, not_sampled)
         rows = self.exchange.ledger.rows[ledger_mark:]
         record = RoundRecord(
@@ -108,21 +114,9 @@ class RoundWorkflow:
         its way, then take updates in order of virtual arrival until the buffer holds
         ``buffer`` of them (or nothing is left on its way), discarding any more than
         ``max_staleness`` steps old; the clock moves to the last one taken, and no deadline
-        applies. A message of a kind the protocol cannot send asynchronously (a final model)
-        pre-empts the work in flight: those updates are discarded and the message goes to
-        every client at once, in a synchronous round (``faults.deadline_s`` applies)."""
+        applies."""
         state, flying = self.state, self.state.in_flight
         t0, outgoing = state.clock, state.outgoing
-        if any(m.kind not in self.async_kinds for m in outgoing.values()):
-            discarded = sorted(flying)
-            flying.clear()
-            st, state.clock = self.exchange.run(r, outgoing, "protocol", self.faults, compute=True)
-            self._tally(r, outgoing, st)
-            if self.plain_sums:
-                self._check_sums(r, st)
-            st.replies = Replies(st.replies)
-            info = {"sent": sorted(outgoing), "in_flight": [], "discarded": discarded}
-            return st, outgoing, len(outgoing), len(st.replies) + len(st.acked), info
         sent = {c: m for c, m in outgoing.items() if c not in flying}
         st, _ = self.exchange.run(r, sent, "protocol", self.faults.without_deadline(), compute=True)
         self._tally(r, sent, st)

@@ -712,6 +712,11 @@ class CCFCServer(Server):
     def result(self) -> Done:
         return Done(labels=None, info={"rounds_trained": None})
 
+    def current_model(self) -> Message | None:
+        """The final message as it would be now (``runtime.score_every``); none before the
+        first global centroids."""
+        return None if self.C is None else self._final_message()
+
 
 PROTOCOL = Protocol(
     name="ccfc",

@@ -294,6 +294,20 @@ class Server:
         in ``step``; the default says the method cannot report early results."""
         raise NotImplementedError(f"{type(self).__name__} cannot report early results")
 
+    def current_model(self) -> Message | None:
+        """The message that would hand the model as it stands to a client, so that the
+        client's ``predict`` labels its rows with it (for a method that ends with a final
+        model: that message), or ``None`` while there is none yet. ``runtime.score_every``
+        scores a run along its rounds with it, off the record: each client gets it on a copy
+        of its state, nothing is metered, timed or faulted, and the run goes on as without
+        it. A method that does not override this cannot be scored mid-run."""
+        return None
+
+
+def scores_mid_run(proto: Protocol) -> bool:
+    """Whether a method's server offers its model as it stands (``Server.current_model``)."""
+    return proto.server.current_model is not Server.current_model
+
 
 @dataclass(frozen=True)
 class RunFacts:

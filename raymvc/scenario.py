@@ -526,6 +526,9 @@ class RuntimeCfg(_Strict):
     clients_per_actor: int = Field(default=1, ge=1)  # logical clients hosted by one Ray actor
     placement: Literal["default", "spread"] = "default"  # spread: client actors over the cluster's nodes
     placement_timeout_s: float = Field(default=60.0, gt=0.0)  # waiting for the cluster to place the actors
+    score_every: int = Field(default=0, ge=0, description="score the model as it stands after every N-th round "
+                                                          "(rounds.jsonl 'scores'; off the record: nothing metered, "
+                                                          "timed or faulted, the same result); 0: off")
 
 
 class Scenario(_Strict):
@@ -658,6 +661,8 @@ class Scenario(_Strict):
             d["faults"]["availability"]["path"] = str(self.trace_path().resolve())
         if self.devices is None:  # no key: a scenario without devices reads (and fingerprints) as before
             del d["devices"]
+        if not d["runtime"]["score_every"]:  # likewise
+            del d["runtime"]["score_every"]
         elif self.profile_path() is not None:
             d["devices"]["profile"] = str(self.profile_path().resolve())
         return yaml.safe_dump(d, sort_keys=False)

@@ -6,6 +6,7 @@ method and the faults -- everything a run needs before any party starts, with no
 from __future__ import annotations
 
 from .. import streams
+from ..protocol import scores_mid_run
 from ..scenario import ChannelCfg, Scenario, ScenarioError
 from ..streams import stream
 from . import normalize
@@ -122,6 +123,9 @@ def prepare(sc: Scenario, dataset=None):
             raise
         raise scenario_error(sc, "data", str(e)) from None
     _check_faults_fit(sc, proto, part)
+    if sc.runtime.score_every and not scores_mid_run(proto):
+        raise scenario_error(sc, "runtime.score_every", f"method {sc.method} has no model to score along its rounds "
+                                                        "(its server does not define current_model); leave it out")
     return ds, part
 
 

@@ -193,10 +193,12 @@ def _stop_on_signals(progress: Callable[[str], None], external: Callable[[], str
         yield request
 
 
-def _round_line(name: str, rec: RoundRecord) -> str:
+def _round_line(name: str, rec: RoundRecord, scores: dict | None = None) -> str:
     extra = "".join(f" {k}={v:.6g}" for k, v in rec.info.items() if isinstance(v, float))
     miss = f" missing={rec.missing}" if rec.missing else ""
-    return f"[{name}] round {rec.round}: {len(rec.replied)} replies, {rec.wire_bytes / 1e6:.3f} MB{miss}{extra}"
+    scored = "".join(f" {k}={scores[k]:.4f}" for k in ("acc", "silhouette") if isinstance((scores or {}).get(k), float))
+    return (f"[{name}] round {rec.round}: {len(rec.replied)} replies, {rec.wire_bytes / 1e6:.3f} MB{miss}{extra}"
+            f"{scored}")
 
 
 class _Run:
@@ -268,11 +270,15 @@ class _Run:
         done = False
         while not done:
             stop.check()
-            batch = call("run_rounds", ROUNDS_CALL_S, per_call)
+            batch, lines = call("run_rounds", ROUNDS_CALL_S, per_call), []
             for rec in batch:  # on disk first, whatever the callbacks below do
-                writer.round(rec.to_dict())
+                line = rec.to_dict()
+                if rec.probe is not None:  # runtime.score_every
+                    line["scores"] = probe_scores(sc, self.ds, part, get(sc.method), rec.probe)
+                writer.round(line)
                 self.last_round = rec.round
-            for rec in batch:
+                lines.append(line)
+            for rec, line in zip(batch, lines):
                 logged += 1
                 if sc.runtime.checkpoint and not rec.done:
                     t = time.perf_counter()
@@ -281,9 +287,9 @@ class _Run:
                         checkpoint.save(writer.dir, ck, logged, self.identity(), writer.rounds_sha256())
                     self.timing["checkpoint_s"] = self.timing.get("checkpoint_s", 0.0) + time.perf_counter() - t
                 if on_round is not None:
-                    on_round(rec.to_dict())
+                    on_round(line)
                 else:
-                    progress(_round_line(sc.name, rec))
+                    progress(_round_line(sc.name, rec, line.get("scores")))
                 done = rec.done
         end = call("finish")
         self.timing["protocol_s"] = time.perf_counter() - t0 - self.timing.get("checkpoint_s", 0.0)
@@ -587,7 +593,8 @@ def _secagg_totals(ledger: Ledger) -> dict:
     return sub.totals("protocol")
 
 
-def _summarise(sc, ds, part, proto, end: RunEnd, labels, ray_init_s, protocol_s, wall_s, out) -> dict:
+def _scores(sc, ds, proto, labels) -> tuple[dict | None, dict | None]:
+    """The scores of ``labels`` over all rows, and over the labelled ones where some are not."""
     metrics = metrics_labelled = None
     kappa = proto.partition == "horizontal"
     if labels is not None and not ds.has_labels:  # unlabelled data: label-free scores only
@@ -597,6 +604,22 @@ def _summarise(sc, ds, part, proto, end: RunEnd, labels, ray_init_s, protocol_s,
         has = labels >= 0
         if 0 < has.sum() < len(labels):  # some clients could not label: score the rest apart
             metrics_labelled = clustering_scores(ds.labels[has], labels[has], kappa=kappa)
+    return metrics, metrics_labelled
+
+
+def probe_scores(sc, ds, part, proto, probe: dict[int, np.ndarray | None]) -> dict:
+    """``runtime.score_every``: a round's probe labels scored as a run's final labels are
+    (over all rows, -1 where a client had no label), with the labelled share."""
+    y = np.full(part.n_samples, -1, dtype=np.int64)
+    for c, p in sorted(probe.items()):
+        if p is not None and _labels_problem(p, len(part.rows[c])) is None:
+            y[part.rows[c]] = np.asarray(p, dtype=np.int64)
+    metrics, _ = _scores(sc, ds, proto, y)
+    return {**metrics, "labelled": float(np.mean(y >= 0)) if len(y) else 0.0}
+
+
+def _summarise(sc, ds, part, proto, end: RunEnd, labels, ray_init_s, protocol_s, wall_s, out) -> dict:
+    metrics, metrics_labelled = _scores(sc, ds, proto, labels)
     ledger = end.ledger if end.ledger is not None else Ledger()
     return {
         "name": sc.name,

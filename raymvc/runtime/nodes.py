@@ -114,6 +114,24 @@ class ClientNode:
         load_state(self.client, data[:-_ROUND.size], skip=PROTOCOL_INPUTS)
         (self.client.ctx.round,) = _ROUND.unpack(data[-_ROUND.size:])
 
+    def probe(self, model: bytes) -> tuple[str, np.ndarray | str | None]:
+        """``runtime.score_every``: the labels this client would give its rows after receiving
+        ``model`` (an encoded ``Server.current_model()``), on a copy of its state: the state
+        is put back as it was, whatever happened. Returns ``("ok", labels or None)`` or
+        ``("error", the exception in one line)``."""
+        saved = self.state()
+        pin_threads(self.threads)
+        try:
+            self.client.handle(codec.decode(model))
+            y = self.client.predict()
+            return "ok", None if y is None else labels_array(y)
+        except Interruption:
+            raise
+        except BaseException as e:
+            return "error", one_line(e)
+        finally:
+            self.restore(saved)
+
     def deliver(self, frame: bytes | tuple[bytes, bytes]) -> tuple[str, bytes | None, str | None, float, str | None]:
         """Open a frame (bytes or ``(header, body)``), run the protocol, seal the reply.
 
@@ -257,6 +275,12 @@ class ClientPool:
     def restore(self, cid: int, data: bytes) -> None:
         self.nodes[cid].restore(data)
 
+    def probe(self, cids: list[int], model: bytes) -> dict[int, tuple]:
+        """:meth:`ClientNode.probe` for each of ``cids`` this pool hosts that is neither dead
+        nor still busy with a call that overran its deadline."""
+        return {cid: self.nodes[cid].probe(model) for cid in cids
+                if cid not in self.dead and (cid not in self.busy or self.busy[cid].done.is_set())}
+
     def where(self) -> tuple[str, list]:
         """``(Ray node id, GPU ids Ray gave this actor)``."""
         import ray
@@ -307,7 +331,7 @@ class ServerNode:
             secure=ServerLayer(proto.secure_sums, ids, spec.seed, ch.secagg_neighbours, ch.secagg_threshold)
             if secure else None, secure_sums=proto.secure_sums,
             stale_max=stale.max_age if stale is not None and proto.uses_stale_replies else 0,
-            buffered=self.plan.cfg.asynchronous, async_kinds=proto.async_kinds)
+            buffered=self.plan.cfg.asynchronous, async_kinds=proto.async_kinds, score_every=spec.score_every)
         self.unreported: list[RoundRecord] = []  # the rounds of the latest run_rounds call
         self.deferred: Exception | None = None  # raised by the next run_rounds call
 

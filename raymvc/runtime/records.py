@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -41,9 +41,13 @@ class RoundRecord:
     info: dict[str, Any] = field(default_factory=dict)
     done: bool = False
     error: str | None = None
+    # runtime.score_every: each client's labels with the model as it stands (the engine
+    # scores them into the line's ``scores``; not written as they are)
+    probe: dict[int, np.ndarray | None] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = asdict(self if self.probe is None else replace(self, probe=None))
+        del d["probe"]
         if d["error"] is None:
             del d["error"]
         for key in ("client_s", "secure_sums", "buffered"):  # not in use: the line is as it always was

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..channel import codec
 from ..fixedpoint import check_input
 from ..messages import Done, Message
 from ..protocol import NoInput, Replies, summed_fields
@@ -40,7 +41,7 @@ class RoundWorkflow:
 
     def __init__(self, server, exchange: Exchange, *, secure: ServerLayer | None,
                  secure_sums: tuple, stale_max: int, client_ids: list[int], threads: int,
-                 buffered: AsyncCfg | None = None, async_kinds: tuple[str, ...] = ()):
+                 buffered: AsyncCfg | None = None, async_kinds: tuple[str, ...] = (), score_every: int = 0):
         self.server, self.exchange = server, exchange
         self.plan: FaultPlan = exchange.plan
         self.state: ServerState = exchange.state
@@ -52,6 +53,7 @@ class RoundWorkflow:
         self.buffered, self.async_kinds = buffered, async_kinds  # faults.asynchronous
         self.client_ids = client_ids
         self.threads = threads
+        self.score_every = score_every  # runtime.score_every
         self.sub = 0  # exchanges of the current round so far, after the first
 
     def begin(self) -> None:
@@ -107,6 +109,8 @@ class RoundWorkflow:
             secure_sums=sums, wall_s=time.perf_counter() - wall,
             info=dict(self.server.info), done=state.ended(), error=state.error)
         self.server.info = {}
+        if self.score_every and (r + 1) % self.score_every == 0 and not state.ended():
+            record.probe = probe(self.server, self.exchange, r, self.threads)
         return record
 
     def _buffered_exchange(self, r: int) -> tuple[RoundState, dict[int, Message], int, int, dict[str, list[int]]]:
@@ -277,3 +281,27 @@ class RoundWorkflow:
         st, _ = self.exchange.run(self.state.round, {c: Message(EVAL_PREDICT) for c in alive}, "eval", Injector(None))
         self.state.crashed.update(st.crashed)
         return {c: np.asarray(m["y"]) for c, m in st.replies.items() if "y" in m.fields}
+
+
+def probe(server, exchange: Exchange, r: int, threads: int) -> dict[int, np.ndarray | None] | None:
+    """``runtime.score_every``: each live client's labels with ``server.current_model()``, on a
+    copy of its state (off the record: no ledger row, no virtual time, no fault). ``None``
+    while the method has no model yet; a client or server that raises here is an error like
+    any other."""
+    state = exchange.state
+    pin_threads(threads)
+    try:
+        model = server.current_model()
+    except Exception as e:
+        state.errors.append(party_error(SERVER, "current_model", r, e))
+        return None
+    if model is None:
+        return None
+    out = exchange.transport.probe(exchange.live(), codec.encode(model, exchange.channel.float_dtype))
+    labels = {}
+    for cid, (status, value) in sorted(out.items()):
+        if status == "ok":
+            labels[cid] = value
+        else:
+            state.client_errors.append({"round": r, "client": cid, "path": "probe", "error": cut_line(value)})
+    return labels

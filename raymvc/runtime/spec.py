@@ -41,6 +41,7 @@ class RunSpec:
     n_samples: int | None = None  # vertical splits: the rows every client indexes
     reply_timeout_s: float = 600.0
     evict_after: int = 3
+    score_every: int = 0  # runtime.score_every: probe the model as it stands after every N-th round
     client_sizes: Mapping[int, int] = field(default_factory=dict)  # rows each client holds
     client_dims: Mapping[int, int] = field(default_factory=dict)  # the width of each client's first view
     trace: Mapping[int, list[tuple[float, float]]] | None = None  # an availability trace's intervals
@@ -67,7 +68,7 @@ class RunSpec:
                    seed=sc.seed, channel=own(sc.channel), faults=own(sc.faults), network=own(sc.network),
                    threads=rt.threads,
                    search=tuple(search), n_samples=part.n_samples if part.kind == "vertical" else None,
-                   reply_timeout_s=rt.reply_timeout_s, evict_after=rt.evict_after,
+                   reply_timeout_s=rt.reply_timeout_s, evict_after=rt.evict_after, score_every=rt.score_every,
                    client_sizes={c: part.shards[c].rows_held for c in ids},
                    client_dims={c: int(part.shards[c].views[0].shape[1]) for c in ids},
                    trace=sc.availability_trace(), devices=own(sc.devices),

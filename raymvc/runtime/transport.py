@@ -129,6 +129,10 @@ class LocalTransport:
                 out[cid] = Outcome("timeout", detail=f"no reply within {self.timeout_s} s wall time")
         return out
 
+    def probe(self, cids: list[int], model: bytes) -> dict[int, tuple]:
+        """Each live client's labels with ``model`` on a copy of its state (``ClientNode.probe``)."""
+        return {cid: self.clients[cid].probe(model) for cid in cids if cid not in self.dead}
+
     def kill(self, cid: int) -> None:
         self.dead.add(cid)
 
@@ -242,6 +246,26 @@ class RayTransport:
                     parts[cid] = (header, body)
             calls[pid] = (parts, shared)
         return calls
+
+    def probe(self, cids: list[int], model: bytes) -> dict[int, tuple]:
+        """``ClientPool.probe`` on every pool hosting one of ``cids``, all at once; a pool
+        that is gone or does not answer within the reply timeout labels nothing."""
+        ray = self.ray
+        groups: dict[int, list[int]] = {}
+        for cid in cids:
+            if cid not in self.dead:
+                groups.setdefault(self.pools.owner[cid], []).append(cid)
+        ref = ray.put(model) if len(groups) > 1 else model
+        refs = [self.pools.handles[pid].probe.remote(members, ref) for pid, members in groups.items()]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.timeout_s) if refs else ([], [])
+        out: dict[int, tuple] = {}
+        for ref in ready:
+            try:
+                out.update(ray.get(ref))
+            except Exception as e:
+                if not party_lost(e):
+                    raise
+        return out
 
     def kill(self, cid: int) -> None:
         pid = self.pools.owner[cid]

@@ -255,9 +255,34 @@ def _run_facts(sweep_dir: Path, row: dict) -> dict:
             pass
     virtual = (s.get("timing") or {}).get("virtual_s")
     study = s.get("study") if isinstance(s.get("study"), dict) else {}
-    return {"code_version": s.get("code_version") or "", "platform": platform_text(s.get("platform")),
-            "labels_sha256": digest, "virtual_s": "" if virtual is None else virtual,
-            **{k: code(study.get(k) or "")[:40] for k in COMMIT_FIELDS}}
+    facts = {"code_version": s.get("code_version") or "", "platform": platform_text(s.get("platform")),
+             "labels_sha256": digest, "virtual_s": "" if virtual is None else virtual,
+             **{k: code(study.get(k) or "")[:40] for k in COMMIT_FIELDS}}
+    curve = _acc_curve(run) if digest else ""
+    return {**facts, CURVE: curve} if curve else facts
+
+
+CURVE = "acc_by_time"  # a record's column for runs scored along their rounds (runtime.score_every)
+
+
+def _acc_curve(run: RunFolder) -> str:
+    """``"t:acc t:acc ..."``: the virtual time at the end of each scored round and its ACC
+    (``runtime.score_every``), or "" for a run scored only at its end."""
+    try:
+        rounds = run.rounds()
+    except (OSError, ResultsError):
+        return ""
+    return " ".join(f"{r.virtual_end_s:.6g}:{r.scores['acc']:.6f}" for r in rounds
+                    if isinstance(r.scores, dict) and isinstance(r.scores.get("acc"), float))
+
+
+def parse_curve(text: str) -> list[tuple[float, float]]:
+    """A record's ``acc_by_time`` as (virtual seconds, ACC) pairs, in round order."""
+    out = []
+    for item in (text or "").split():
+        t, _, a = item.partition(":")
+        out.append((float(t), float(a)))
+    return out
 
 
 def _pm(mean, std, digits) -> str:
@@ -661,6 +686,71 @@ def check_atlas_order(m: re.Match, rankings: dict[str, dict[str, dict]], where: 
     return ""
 
 
+TIME_TO_ACC = re.compile(r"\{\{time-to-accuracy:([a-z0-9-]+):([A-Za-z0-9_.-]+):([A-Za-z0-9_.-]+)\}\}")
+
+
+def time_to_accuracy(res: StudyResult, ref: str, run: str) -> list[dict]:
+    """Per grid point and seed where both finished: ``ref``'s final ACC (the target) and
+    virtual time, and when ``run`` (scored along its rounds) first reached that ACC:
+    ``hit_s`` (``None``: never), and ``final_s``, what its final round took after its last
+    scored round (handing the model to the clients)."""
+    out = []
+    for point in res.points():
+        by_seed = {r["seed"]: r for r in res.cell(ref, point) if r["status"] in OK}
+        for r in res.cell(run, point):
+            base = by_seed.get(r["seed"])
+            curve = parse_curve(r.get(CURVE, ""))
+            if base is None or r["status"] not in OK or not curve or num(base.get("virtual_s")) is None:
+                continue
+            target, ref_s = num(base["acc"]), num(base["virtual_s"])
+            hit = next((t for t, a in curve if a >= target), None)
+            end = num(r.get("virtual_s"))
+            out.append({"point": point, "seed": r["seed"], "target": target, "ref_s": ref_s, "hit_s": hit,
+                        "final_s": None if end is None else end - curve[-1][0], "run_acc": num(r["acc"])})
+    return out
+
+
+def time_to_accuracy_table(res: StudyResult, ref: str, run: str, where: Path) -> str:
+    """``{{time-to-accuracy:KIND:REF:RUN}}``: :func:`time_to_accuracy` as a table, with one
+    generated sentence per grid point saying at how many seeds ``run`` reached the target in
+    at most half of ``ref``'s virtual time."""
+    labels = {r.id: r.label for r in res.study.spec.runs}
+    if ref not in labels or run not in labels:
+        raise ScenarioError(f"{where}: time-to-accuracy: no run {ref if ref not in labels else run!r} "
+                            f"in {res.study.name}")
+    rows = time_to_accuracy(res, ref, run)
+    if not rows:
+        raise ScenarioError(f"{where}: time-to-accuracy: {res.study.name} has no finished cells of {run!r} scored "
+                            "along their rounds (runtime.score_every)")
+    lines = [f"| {esc(res.study.spec.x_label or 'point')} | seed | target: {esc(labels[ref])}, final ACC | its "
+             f"virtual time | {esc(labels[run])}: first at or above the target | share of the time | with its "
+             "final round | its final ACC |", "|---|---|---|---|---|---|---|---|"]
+
+    def share(t, e):
+        return "-" if t is None else f"{t:.1f} s ({t / e['ref_s']:.2f})"
+
+    for e in rows:
+        with_final = None if e["hit_s"] is None or e["final_s"] is None else e["hit_s"] + e["final_s"]
+        hit = e["hit_s"]
+        first, frac = ("never", "-") if hit is None else (f"{hit:.1f} s", f"{hit / e['ref_s']:.2f}")
+        lines.append(f"| {_fmt_point(e['point'])} | {e['seed']} | {e['target']:.3f} | {e['ref_s']:.1f} s | "
+                     f"{first} | {frac} | {share(with_final, e)} | {_pm(e['run_acc'], None, 3)} |")
+    lines.append("")
+    for point in res.points():
+        pts = [e for e in rows if e["point"] == point]
+        if not pts:
+            continue
+        half = sum(e["hit_s"] is not None and e["hit_s"] <= 0.5 * e["ref_s"] for e in pts)
+        half_final = sum(e["hit_s"] is not None and e["final_s"] is not None
+                         and e["hit_s"] + e["final_s"] <= 0.5 * e["ref_s"] for e in pts)
+        never = sum(e["hit_s"] is None for e in pts)
+        lines.append(f"At {_fmt_point(point)}: {esc(labels[run])} reached {esc(labels[ref])}'s final ACC within "
+                     f"half of its virtual time at {half} of {len(pts)} seeds ({half_final} counting its final "
+                     f"round), never at {never}.")
+        lines.append("")
+    return "\n".join(lines).rstrip("\n")
+
+
 def fill_atlas_values(text: str, results: list[StudyResult], where: Path) -> str:
     """A page's notes with every ``{{atlas:KIND:RUN:FIELD}}`` replaced by that run's number in
     the ranking of ``robustness-KIND`` (FIELD: ``mild`` or ``harsh`` ACC, or the ``change``
@@ -679,7 +769,16 @@ def fill_atlas_values(text: str, results: list[StudyResult], where: Path) -> str
             return f"{e[field]:.1f} s"
         return f"{e[field]:+.3f}" if field == "change" else f"{e[field]:.3f}"
 
+    by_kind = {res.study.name.removeprefix("robustness-"): res for res in results if res.rows}
+
+    def tta(m: re.Match) -> str:
+        kind, ref, run = m.groups()
+        if kind not in by_kind:
+            raise ScenarioError(f"{where}: {m.group(0)}: no atlas kind {kind!r}")
+        return time_to_accuracy_table(by_kind[kind], ref, run, where)
+
     out = ATLAS_ORDER.sub(lambda m: check_atlas_order(m, rankings, where), ATLAS_VALUE.sub(value, text))
+    out = TIME_TO_ACC.sub(tta, out)
     if "{{atlas:" in out:
         bad = out[out.index("{{atlas:"):][:60].split("}}")[0]
         raise ScenarioError(f"{where}: {bad}}}}}: expected {{{{atlas:KIND:RUN:mild|harsh|change|mild_s|harsh_s}}}}")

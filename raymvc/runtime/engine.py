@@ -272,9 +272,9 @@ class _Run:
             stop.check()
             batch, lines = call("run_rounds", ROUNDS_CALL_S, per_call), []
             for rec in batch:  # on disk first, whatever the callbacks below do
-                line = rec.to_dict()
                 if rec.probe is not None:  # runtime.score_every
-                    line["scores"] = probe_scores(sc, self.ds, part, get(sc.method), rec.probe)
+                    rec.scores = probe_scores(sc, self.ds, part, get(sc.method), rec.probe)
+                line = rec.to_dict()
                 writer.round(line)
                 self.last_round = rec.round
                 lines.append(line)

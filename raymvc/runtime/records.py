@@ -41,16 +41,17 @@ class RoundRecord:
     info: dict[str, Any] = field(default_factory=dict)
     done: bool = False
     error: str | None = None
-    # runtime.score_every: each client's labels with the model as it stands (the engine
-    # scores them into the line's ``scores``; not written as they are)
+    # runtime.score_every: each client's labels with the model as it stands (not written as
+    # they are), and what the driver makes of them: the run's metrics for those labels
     probe: dict[int, np.ndarray | None] | None = None
+    scores: dict[str, float | None] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self if self.probe is None else replace(self, probe=None))
         del d["probe"]
         if d["error"] is None:
             del d["error"]
-        for key in ("client_s", "secure_sums", "buffered"):  # not in use: the line is as it always was
+        for key in ("client_s", "secure_sums", "buffered", "scores"):  # not in use: the line is as it always was
             if d[key] is None:
                 del d[key]
         return d

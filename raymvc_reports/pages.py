@@ -132,8 +132,8 @@ class StudyResult:
             for r in out:
                 old = by_cell.get(_row_cell(r, study))
                 if old is not None and old.get("fingerprint") == r.get("fingerprint"):
-                    for k in FACTS:
-                        r[k] = r[k] or old.get(k, "")
+                    for k in (*FACTS, CURVE):
+                        r[k] = r.get(k) or old.get(k, "")
             out += earlier
         return cls(study, out)
 
@@ -258,14 +258,14 @@ def _run_facts(sweep_dir: Path, row: dict) -> dict:
     facts = {"code_version": s.get("code_version") or "", "platform": platform_text(s.get("platform")),
              "labels_sha256": digest, "virtual_s": "" if virtual is None else virtual,
              **{k: code(study.get(k) or "")[:40] for k in COMMIT_FIELDS}}
-    curve = _acc_curve(run) if digest else ""
+    curve = acc_curve(run) if digest else ""
     return {**facts, CURVE: curve} if curve else facts
 
 
 CURVE = "acc_by_time"  # a record's column for runs scored along their rounds (runtime.score_every)
 
 
-def _acc_curve(run: RunFolder) -> str:
+def acc_curve(run: RunFolder) -> str:
     """``"t:acc t:acc ..."``: the virtual time at the end of each scored round and its ACC
     (``runtime.score_every``), or "" for a run scored only at its end."""
     try:

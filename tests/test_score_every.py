@@ -60,6 +60,13 @@ def test_the_last_model_scores_as_the_run_does(tmp_path):
     for k in ("acc", "nmi", "ari"):
         assert last["scores"][k] == pytest.approx(s["metrics"][k], abs=1e-12)
     assert len({x["scores"]["acc"] for x in lines if "scores" in x}) > 1  # the model moves between rounds
+    # read back as a study record keeps it: ACC by virtual time, round by round
+    from raymvc.results.runfolder import RunFolder
+    from raymvc_reports.pages import acc_curve, parse_curve
+
+    curve = parse_curve(acc_curve(RunFolder(tmp_path / "run")))
+    assert [a for _, a in curve] == pytest.approx([x["scores"]["acc"] for x in lines if "scores" in x], abs=1e-6)
+    assert [t for t, _ in curve] == pytest.approx([x["virtual_end_s"] for x in lines if "scores" in x])
 
 
 def test_every_nth_round(tmp_path):

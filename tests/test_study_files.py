@@ -775,3 +775,31 @@ def test_an_ordering_claim_of_the_atlas_notes_is_checked_against_its_tables(tmp_
     results = [StudyResult.from_record(k, ROOT / "studies" / "results" / f"{k.name}.csv") for k in kinds]
     text = fill_atlas_values(shipped.read_text(), results, shipped)
     assert "{{" not in text and "atlas-order" in shipped.read_text()
+
+
+def test_time_to_accuracy_reads_when_a_scored_run_first_reached_the_reference(tmp_path):
+    """``{{time-to-accuracy:KIND:REF:RUN}}``: per seed, the first scored round of RUN at or
+    above REF's final ACC, as a share of REF's virtual time, with and without RUN's final
+    round; the sentence under the table counts the seeds within half of it."""
+    from raymvc_reports.pages import CURVE, StudyResult, _row_cell, cell_digests, fill_atlas_values
+
+    st = load_study(ROOT / "studies" / "robustness-async.yaml")
+    key, digests = "faults.stragglers.fraction", cell_digests(st)
+
+    def row(run, seed, acc, virtual_s, curve=""):
+        r = {"scenario": run, key: "0.4", "seed": str(seed), "status": "completed", "acc": str(acc),
+             "virtual_s": str(virtual_s), CURVE: curve}
+        return {**r, "cell": digests[_row_cell(r, st)]}
+
+    res = StudyResult(st, [row("ccfc", 700, 0.5, 100.0), row("ccfc", 701, 0.6, 100.0),
+                           row("ccfc-async", 700, 0.55, 63.0, "10:0.3 40:0.5 60:0.55"),
+                           row("ccfc-async", 701, 0.58, 63.0, "10:0.3 40:0.5 60:0.58"),
+                           row("ccfc-async", 702, 0.7, 63.0, "10:0.7")])  # no reference at 702: left out
+    text = fill_atlas_values("{{time-to-accuracy:async:ccfc:ccfc-async}}", [res], tmp_path / "notes.md")
+    lines = [x for x in text.splitlines() if x.startswith("| ")]
+    assert len(lines) == 3  # the header and seeds 700, 701
+    assert "| 700 | 0.500 | 100.0 s | 40.0 s | 0.40 | 43.0 s (0.43) | 0.550 |" in lines[1]
+    assert "| 701 | 0.600 | 100.0 s | never | - | - | 0.580 |" in lines[2]
+    assert "within half of its virtual time at 1 of 2 seeds (1 counting its final round), never at 1." in text
+    with pytest.raises(ScenarioError, match="no run 'nobody' in robustness-async"):
+        fill_atlas_values("{{time-to-accuracy:async:nobody:ccfc-async}}", [res], tmp_path / "notes.md")

@@ -132,8 +132,10 @@ class StudyResult:
             for r in out:
                 old = by_cell.get(_row_cell(r, study))
                 if old is not None and old.get("fingerprint") == r.get("fingerprint"):
-                    for k in (*FACTS, CURVE):
-                        r[k] = r.get(k) or old.get(k, "")
+                    for k in FACTS:
+                        r[k] = r[k] or old.get(k, "")
+                    if not r.get(CURVE) and old.get(CURVE):
+                        r[CURVE] = old[CURVE]
             out += earlier
         return cls(study, out)
 
@@ -693,7 +695,8 @@ def time_to_accuracy(res: StudyResult, ref: str, run: str) -> list[dict]:
     """Per grid point and seed where both finished: ``ref``'s final ACC (the target) and
     virtual time, and when ``run`` (scored along its rounds) first reached that ACC:
     ``hit_s`` (``None``: never), and ``final_s``, what its final round took after its last
-    scored round (handing the model to the clients)."""
+    scored round (handing the model to the clients); ``ref_hit_s``: when ``ref`` itself
+    first stood at or above its final ACC, where it was scored along its rounds too."""
     out = []
     for point in res.points():
         by_seed = {r["seed"]: r for r in res.cell(ref, point) if r["status"] in OK}
@@ -704,9 +707,11 @@ def time_to_accuracy(res: StudyResult, ref: str, run: str) -> list[dict]:
                 continue
             target, ref_s = num(base["acc"]), num(base["virtual_s"])
             hit = next((t for t, a in curve if a >= target), None)
+            own = next((t for t, a in parse_curve(base.get(CURVE, "")) if a >= target), None)
             end = num(r.get("virtual_s"))
             out.append({"point": point, "seed": r["seed"], "target": target, "ref_s": ref_s, "hit_s": hit,
-                        "final_s": None if end is None else end - curve[-1][0], "run_acc": num(r["acc"])})
+                        "ref_hit_s": own, "final_s": None if end is None else end - curve[-1][0],
+                        "run_acc": num(r["acc"])})
     return out
 
 
@@ -723,8 +728,9 @@ def time_to_accuracy_table(res: StudyResult, ref: str, run: str, where: Path) ->
         raise ScenarioError(f"{where}: time-to-accuracy: {res.study.name} has no finished cells of {run!r} scored "
                             "along their rounds (runtime.score_every)")
     lines = [f"| {esc(res.study.spec.x_label or 'point')} | seed | target: {esc(labels[ref])}, final ACC | its "
-             f"virtual time | {esc(labels[run])}: first at or above the target | share of the time | with its "
-             "final round | its final ACC |", "|---|---|---|---|---|---|---|---|"]
+             "virtual time | it first at or above its final ACC | "
+             f"{esc(labels[run])}: first at or above the target | share of the time | with its "
+             "final round | its final ACC |", "|---|---|---|---|---|---|---|---|---|"]
 
     def share(t, e):
         return "-" if t is None else f"{t:.1f} s ({t / e['ref_s']:.2f})"
@@ -733,7 +739,8 @@ def time_to_accuracy_table(res: StudyResult, ref: str, run: str, where: Path) ->
         with_final = None if e["hit_s"] is None or e["final_s"] is None else e["hit_s"] + e["final_s"]
         hit = e["hit_s"]
         first, frac = ("never", "-") if hit is None else (f"{hit:.1f} s", f"{hit / e['ref_s']:.2f}")
-        lines.append(f"| {_fmt_point(e['point'])} | {e['seed']} | {e['target']:.3f} | {e['ref_s']:.1f} s | "
+        own = "-" if e["ref_hit_s"] is None else f"{e['ref_hit_s']:.1f} s"
+        lines.append(f"| {_fmt_point(e['point'])} | {e['seed']} | {e['target']:.3f} | {e['ref_s']:.1f} s | {own} | "
                      f"{first} | {frac} | {share(with_final, e)} | {_pm(e['run_acc'], None, 3)} |")
     lines.append("")
     for point in res.points():
@@ -744,9 +751,12 @@ def time_to_accuracy_table(res: StudyResult, ref: str, run: str, where: Path) ->
         half_final = sum(e["hit_s"] is not None and e["final_s"] is not None
                          and e["hit_s"] + e["final_s"] <= 0.5 * e["ref_s"] for e in pts)
         never = sum(e["hit_s"] is None for e in pts)
+        both = [e for e in pts if e["hit_s"] is not None and e["ref_hit_s"] is not None]
+        sooner = sum(e["hit_s"] < e["ref_hit_s"] for e in both)
         lines.append(f"At {_fmt_point(point)}: {esc(labels[run])} reached {esc(labels[ref])}'s final ACC within "
                      f"half of its virtual time at {half} of {len(pts)} seeds ({half_final} counting its final "
-                     f"round), never at {never}.")
+                     f"round), never at {never}" + (f"; before {esc(labels[ref])} itself first stood there at "
+                                                    f"{sooner} of {len(both)}" if both else "") + ".")
         lines.append("")
     return "\n".join(lines).rstrip("\n")
 

@@ -298,9 +298,10 @@ class Server:
         """The message that would hand the model as it stands to a client, so that the
         client's ``predict`` labels its rows with it (for a method that ends with a final
         model: that message), or ``None`` while there is none yet. ``runtime.score_every``
-        scores a run along its rounds with it, off the record: each client gets it on a copy
-        of its state, nothing is metered, timed or faulted, and the run goes on as without
-        it. A method that does not override this cannot be scored mid-run."""
+        scores a run along its rounds with it, off the record: a copy of each client gets it
+        and labels the client's rows, nothing is metered, timed or faulted, and the run goes
+        on as without it. It is called on the live server, so it must not change the
+        server's state. A method that does not override this cannot be scored mid-run."""
         return None
 
 

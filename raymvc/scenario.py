@@ -661,10 +661,10 @@ class Scenario(_Strict):
             d["faults"]["availability"]["path"] = str(self.trace_path().resolve())
         if self.devices is None:  # no key: a scenario without devices reads (and fingerprints) as before
             del d["devices"]
-        if not d["runtime"]["score_every"]:  # likewise
-            del d["runtime"]["score_every"]
         elif self.profile_path() is not None:
             d["devices"]["profile"] = str(self.profile_path().resolve())
+        if not d["runtime"]["score_every"]:  # likewise
+            del d["runtime"]["score_every"]
         return yaml.safe_dump(d, sort_keys=False)
 
 

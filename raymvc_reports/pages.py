@@ -268,23 +268,36 @@ CURVE = "acc_by_time"  # a record's column for runs scored along their rounds (r
 
 
 def acc_curve(run: RunFolder) -> str:
-    """``"t:acc t:acc ..."``: the virtual time at the end of each scored round and its ACC
-    (``runtime.score_every``), or "" for a run scored only at its end."""
+    """``"t:acc t:acc ... final@t"``: the virtual time at the end of each scored round and its
+    ACC (``runtime.score_every``; exact, as Python writes floats), then when the run's last
+    round (the one that ended it) began; "" for a run scored only at its end."""
     try:
         rounds = run.rounds()
     except (OSError, ResultsError):
         return ""
-    return " ".join(f"{r.virtual_end_s:.6g}:{r.scores['acc']:.6f}" for r in rounds
-                    if isinstance(r.scores, dict) and isinstance(r.scores.get("acc"), float))
+    items = [f"{r.virtual_end_s!r}:{r.scores['acc']!r}" for r in rounds
+             if isinstance(r.scores, dict) and isinstance(r.scores.get("acc"), float)]
+    if items and rounds[-1].done:
+        items.append(f"final@{rounds[-1].virtual_start_s!r}")
+    return " ".join(items)
 
 
 def parse_curve(text: str) -> list[tuple[float, float]]:
     """A record's ``acc_by_time`` as (virtual seconds, ACC) pairs, in round order."""
     out = []
     for item in (text or "").split():
-        t, _, a = item.partition(":")
-        out.append((float(t), float(a)))
+        t, sep, a = item.partition(":")
+        if sep:
+            out.append((float(t), float(a)))
     return out
+
+
+def final_round_start(text: str) -> float | None:
+    """When the run's last round began, from a record's ``acc_by_time`` (``None``: not known)."""
+    for item in (text or "").split():
+        if item.startswith("final@"):
+            return float(item.removeprefix("final@"))
+    return None
 
 
 def _pm(mean, std, digits) -> str:
@@ -705,12 +718,14 @@ def time_to_accuracy(res: StudyResult, ref: str, run: str) -> list[dict]:
             curve = parse_curve(r.get(CURVE, ""))
             if base is None or r["status"] not in OK or not curve or num(base.get("virtual_s")) is None:
                 continue
-            target, ref_s = num(base["acc"]), num(base["virtual_s"])
+            target, ref_s = num(base.get("acc")), num(base["virtual_s"])
+            if target is None:  # no ACC to reach (unlabelled data)
+                continue
             hit = next((t for t, a in curve if a >= target), None)
             own = next((t for t, a in parse_curve(base.get(CURVE, "")) if a >= target), None)
-            end = num(r.get("virtual_s"))
+            end, start = num(r.get("virtual_s")), final_round_start(r.get(CURVE, ""))
             out.append({"point": point, "seed": r["seed"], "target": target, "ref_s": ref_s, "hit_s": hit,
-                        "ref_hit_s": own, "final_s": None if end is None else end - curve[-1][0],
+                        "ref_hit_s": own, "final_s": None if end is None or start is None else end - start,
                         "run_acc": num(r["acc"])})
     return out
 
@@ -789,6 +804,9 @@ def fill_atlas_values(text: str, results: list[StudyResult], where: Path) -> str
 
     out = ATLAS_ORDER.sub(lambda m: check_atlas_order(m, rankings, where), ATLAS_VALUE.sub(value, text))
     out = TIME_TO_ACC.sub(tta, out)
+    if "{{time-to-accuracy:" in out:
+        bad = out[out.index("{{time-to-accuracy:"):][:80].split("}}")[0]
+        raise ScenarioError(f"{where}: {bad}}}}}: expected {{{{time-to-accuracy:KIND:REF:RUN}}}}")
     if "{{atlas:" in out:
         bad = out[out.index("{{atlas:"):][:60].split("}}")[0]
         raise ScenarioError(f"{where}: {bad}}}}}: expected {{{{atlas:KIND:RUN:mild|harsh|change|mild_s|harsh_s}}}}")

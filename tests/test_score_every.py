@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import yaml
 from helpers import validate_fails_in_one_line
@@ -62,11 +63,13 @@ def test_the_last_model_scores_as_the_run_does(tmp_path):
     assert len({x["scores"]["acc"] for x in lines if "scores" in x}) > 1  # the model moves between rounds
     # read back as a study record keeps it: ACC by virtual time, round by round
     from raymvc.results.runfolder import RunFolder
-    from raymvc_reports.pages import acc_curve, parse_curve
+    from raymvc_reports.pages import acc_curve, final_round_start, parse_curve
 
-    curve = parse_curve(acc_curve(RunFolder(tmp_path / "run")))
-    assert [a for _, a in curve] == pytest.approx([x["scores"]["acc"] for x in lines if "scores" in x], abs=1e-6)
-    assert [t for t, _ in curve] == pytest.approx([x["virtual_end_s"] for x in lines if "scores" in x])
+    text = acc_curve(RunFolder(tmp_path / "run"))
+    curve = parse_curve(text)
+    assert [a for _, a in curve] == [x["scores"]["acc"] for x in lines if "scores" in x]  # exact
+    assert [t for t, _ in curve] == [x["virtual_end_s"] for x in lines if "scores" in x]
+    assert curve[-1][1] == s["metrics"]["acc"] and final_round_start(text) == lines[-1]["virtual_start_s"]
 
 
 def test_every_nth_round(tmp_path):
@@ -86,10 +89,43 @@ def test_scoring_asynchronous_steps_changes_nothing(tmp_path):
 
 def test_ray_scores_as_in_process(ray_session, tmp_path):
     path = ccfc_path(tmp_path)
+    ray = ("runtime.backend=ray", "runtime.client_cpus=0.25", "runtime.clients_per_actor=2")
     _, local = run(path, tmp_path / "local", "runtime.score_every=1")
-    _, on_ray = run(path, tmp_path / "ray", "runtime.score_every=1", "runtime.backend=ray", "runtime.client_cpus=0.25",
-                    "runtime.clients_per_actor=2")
+    _, on_ray = run(path, tmp_path / "ray", "runtime.score_every=1", *ray)
+    _, plain = run(path, tmp_path / "plain", *ray)
     assert [x.get("scores") for x in on_ray] == [x.get("scores") for x in local]
+    assert without_scores(on_ray) == without_scores(plain)
+    for name in ("labels.csv", "messages.csv"):
+        assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "plain" / name).read_bytes()
+
+
+def test_the_probe_works_on_a_copy_of_the_client(tmp_path, monkeypatch):
+    """What a client does with the probed model stays with the copy: here the copy learns to
+    give labels of the wrong length (that client's error, its rows unscored), while the
+    client itself labels the run's rows as without the probe."""
+    handle, predict = ccfc.CCFCClient.handle, ccfc.CCFCClient.predict
+
+    def probed_handle(self, msg):
+        if msg.kind == "probe-me":
+            self.probed = True
+            for v in self.model.state_dict().values():  # and wrecks the copy's model
+                v.zero_()
+            return None
+        return handle(self, msg)
+
+    def probed_predict(self):
+        return np.zeros(3, dtype=int) if getattr(self, "probed", False) else predict(self)
+
+    monkeypatch.setattr(ccfc.CCFCClient, "handle", probed_handle)
+    monkeypatch.setattr(ccfc.CCFCClient, "predict", probed_predict)
+    path = ccfc_path(tmp_path)
+    run(path, tmp_path / "plain")
+    monkeypatch.setattr(ccfc.CCFCServer, "current_model", lambda self: Message("probe-me"))
+    s, lines = run(path, tmp_path / "scored", "runtime.score_every=1")
+    probe = [e for e in s["faults"]["client_errors"] if e["path"] == "probe"]
+    assert probe and all(e["error"].startswith("predict(): 3 labels for ") for e in probe)
+    assert all(x["scores"]["labelled"] == 0.0 for x in lines if "scores" in x)
+    assert (tmp_path / "plain" / "labels.csv").read_bytes() == (tmp_path / "scored" / "labels.csv").read_bytes()
 
 
 def test_a_client_that_raises_on_the_model_is_that_clients_error(tmp_path, monkeypatch):
@@ -122,9 +158,14 @@ def test_a_method_without_a_model_to_score_is_a_one_line_error(tmp_path, capsys)
     validate_fails_in_one_line(path, capsys, "runtime.score_every: method kfed has no model to score")
 
 
-def test_the_setting_off_leaves_the_scenario_as_it_was():
-    from raymvc.scenario import Scenario
-
-    sc = Scenario(method="kfed", data={"dataset": "digits"})
-    assert "score_every" not in sc.to_yaml()  # fingerprints of earlier runs still hold
-    assert "score_every: 3" in Scenario(method="kfed", data={"dataset": "digits"}, runtime={"score_every": 3}).to_yaml()
+def test_the_setting_off_leaves_the_scenario_as_it_was(tmp_path):
+    (tmp_path / "devices").mkdir()
+    fast = {"speed": 2.0, "up_mbps": 10.0, "down_mbps": 10.0, "latency_ms": 1.0}
+    (tmp_path / "devices" / "phones.yaml").write_text(yaml.safe_dump({"fast": fast}))
+    path = tmp_path / "sc.yaml"
+    path.write_text(yaml.safe_dump({"method": "kfed", "data": {"dataset": "digits", "partition": "horizontal"},
+                                    "devices": {"profile": "devices/phones.yaml", "classes": {"fast": 1.0}}}))
+    for extra, has in [([], False), (["runtime.score_every=3"], True)]:
+        d = yaml.safe_load(load_scenario(path, extra).to_yaml())
+        assert ("score_every" in d["runtime"]) == has  # off: fingerprints of earlier runs still hold
+        assert d["devices"]["profile"] == str((tmp_path / "devices" / "phones.yaml").resolve())

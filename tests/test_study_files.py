@@ -792,8 +792,8 @@ def test_time_to_accuracy_reads_when_a_scored_run_first_reached_the_reference(tm
         return {**r, "cell": digests[_row_cell(r, st)]}
 
     res = StudyResult(st, [row("ccfc", 700, 0.5, 100.0, "30:0.4 60:0.52 90:0.5"), row("ccfc", 701, 0.6, 100.0),
-                           row("ccfc-async", 700, 0.55, 63.0, "10:0.3 40:0.5 60:0.55"),
-                           row("ccfc-async", 701, 0.58, 63.0, "10:0.3 40:0.5 60:0.58"),
+                           row("ccfc-async", 700, 0.55, 63.0, "10:0.3 40:0.5 60:0.55 final@60.0"),
+                           row("ccfc-async", 701, 0.58, 63.0, "10:0.3 40:0.5 60:0.58 final@60.0"),
                            row("ccfc-async", 702, 0.7, 63.0, "10:0.7")])  # no reference at 702: left out
     text = fill_atlas_values("{{time-to-accuracy:async:ccfc:ccfc-async}}", [res], tmp_path / "notes.md")
     lines = [x for x in text.splitlines() if x.startswith("| ")]
@@ -804,3 +804,5 @@ def test_time_to_accuracy_reads_when_a_scored_run_first_reached_the_reference(tm
             "CCFC (20 + 20 rounds) itself first stood there at 1 of 1.") in text
     with pytest.raises(ScenarioError, match="no run 'nobody' in robustness-async"):
         fill_atlas_values("{{time-to-accuracy:async:nobody:ccfc-async}}", [res], tmp_path / "notes.md")
+    with pytest.raises(ScenarioError, match=re.escape("expected {{time-to-accuracy:KIND:REF:RUN}}")):
+        fill_atlas_values("{{time-to-accuracy:async:ccfc}}", [res], tmp_path / "notes.md")

@@ -18,6 +18,7 @@ the two: set-up, checkpoints, placement, the end of the run.
 
 from __future__ import annotations
 
+import copy
 import queue
 import struct
 import threading
@@ -114,23 +115,24 @@ class ClientNode:
         load_state(self.client, data[:-_ROUND.size], skip=PROTOCOL_INPUTS)
         (self.client.ctx.round,) = _ROUND.unpack(data[-_ROUND.size:])
 
-    def probe(self, model: bytes) -> tuple[str, np.ndarray | str | None]:
+    def probe(self, model: bytes) -> tuple[str, np.ndarray | str | None, str | None]:
         """``runtime.score_every``: the labels this client would give its rows after receiving
-        ``model`` (an encoded ``Server.current_model()``), on a copy of its state: the state
-        is put back as it was, whatever happened. Returns ``("ok", labels or None)`` or
-        ``("error", the exception in one line)``."""
-        saved = self.state()
+        ``model`` (an encoded ``Server.current_model()``), worked out on a deep copy of the
+        protocol client (its config, shard and context shared, not copied), so the client
+        itself is never touched, whatever happens. Returns ``("ok", labels or None, None)`` or
+        ``("error", the exception in one line, its traceback)``."""
         pin_threads(self.threads)
+        c = self.client
         try:
-            self.client.handle(codec.decode(model))
-            y = self.client.predict()
-            return "ok", None if y is None else labels_array(y)
+            shared = {id(x): x for x in (c.config, c.shard, c.ctx)}
+            twin = copy.deepcopy(c, memo=shared)
+            twin.handle(codec.decode(model))
+            y = twin.predict()
+            return "ok", None if y is None else labels_array(y), None
         except Interruption:
             raise
         except BaseException as e:
-            return "error", one_line(e)
-        finally:
-            self.restore(saved)
+            return "error", one_line(e), traceback_text(e)
 
     def deliver(self, frame: bytes | tuple[bytes, bytes]) -> tuple[str, bytes | None, str | None, float, str | None]:
         """Open a frame (bytes or ``(header, body)``), run the protocol, seal the reply.
@@ -277,7 +279,8 @@ class ClientPool:
 
     def probe(self, cids: list[int], model: bytes) -> dict[int, tuple]:
         """:meth:`ClientNode.probe` for each of ``cids`` this pool hosts that is neither dead
-        nor still busy with a call that overran its deadline."""
+        nor still busy with a call that overran its deadline (one after another, like its
+        frames)."""
         return {cid: self.nodes[cid].probe(model) for cid in cids
                 if cid not in self.dead and (cid not in self.busy or self.busy[cid].done.is_set())}
 

@@ -24,7 +24,7 @@ from ..messages import Done, Message
 from ..protocol import NoInput, Replies, summed_fields
 from ..scenario import AsyncCfg
 from .exchange import SERVER, Exchange, RoundState
-from .failures import cut_line, one_line, party_error
+from .failures import TRACEBACK_LIMIT, cut_line, one_line, party_error
 from .faults import FaultPlan, Injector
 from .records import RoundRecord, ServerState
 from .threads import pin_threads
@@ -284,10 +284,10 @@ class RoundWorkflow:
 
 
 def probe(server, exchange: Exchange, r: int, threads: int) -> dict[int, np.ndarray | None] | None:
-    """``runtime.score_every``: each live client's labels with ``server.current_model()``, on a
-    copy of its state (off the record: no ledger row, no virtual time, no fault). ``None``
-    while the method has no model yet; a client or server that raises here is an error like
-    any other."""
+    """``runtime.score_every``: each live client's labels with ``server.current_model()``,
+    worked out on a copy of the client (off the record: no ledger row, no virtual time, no
+    fault). ``None`` while the method has no model yet; a client or server that raises here,
+    or labels of the wrong length, is an error of that party like any other."""
     state = exchange.state
     pin_threads(threads)
     try:
@@ -298,10 +298,16 @@ def probe(server, exchange: Exchange, r: int, threads: int) -> dict[int, np.ndar
     if model is None:
         return None
     out = exchange.transport.probe(exchange.live(), codec.encode(model, exchange.channel.float_dtype))
+    sizes = server.ctx.client_sizes or {}
     labels = {}
-    for cid, (status, value) in sorted(out.items()):
+    for cid, (status, value, trace) in sorted(out.items()):
+        if status == "ok" and value is not None and cid in sizes and len(value) != sizes[cid]:
+            status, value, trace = "error", f"predict(): {len(value)} labels for {sizes[cid]} rows", None
         if status == "ok":
             labels[cid] = value
-        else:
-            state.client_errors.append({"round": r, "client": cid, "path": "probe", "error": cut_line(value)})
+            continue
+        error = {"round": r, "client": cid, "path": "probe", "error": cut_line(value)}
+        if trace:
+            error["traceback"] = trace[:TRACEBACK_LIMIT]
+        state.client_errors.append(error)
     return labels

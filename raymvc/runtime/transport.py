@@ -130,8 +130,18 @@ class LocalTransport:
         return out
 
     def probe(self, cids: list[int], model: bytes) -> dict[int, tuple]:
-        """Each live client's labels with ``model`` on a copy of its state (``ClientNode.probe``)."""
-        return {cid: self.clients[cid].probe(model) for cid in cids if cid not in self.dead}
+        """Each live client's labels with ``model`` on a copy of it (``ClientNode.probe``),
+        each within ``timeout_s`` of wall time like any call."""
+        out = {}
+        for cid in cids:
+            if cid in self.dead:
+                continue
+            try:
+                with _wall_limit(self.timeout_s):
+                    out[cid] = self.clients[cid].probe(model)
+            except _Hung:
+                out[cid] = ("error", f"no reply within {self.timeout_s} s wall time", None)
+        return out
 
     def kill(self, cid: int) -> None:
         self.dead.add(cid)
@@ -255,16 +265,27 @@ class RayTransport:
         for cid in cids:
             if cid not in self.dead:
                 groups.setdefault(self.pools.owner[cid], []).append(cid)
-        ref = ray.put(model) if len(groups) > 1 else model
-        refs = [self.pools.handles[pid].probe.remote(members, ref) for pid, members in groups.items()]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.timeout_s) if refs else ([], [])
+        shared = ray.put(model) if len(groups) > 1 else model
+        refs = {pid: self.pools.handles[pid].probe.remote(members, shared) for pid, members in groups.items()}
+        # a pool probes its clients one after another: the exchange's limit for such a call
+        limit = self.timeout_s * max((len(g) for g in groups.values()), default=1) + POOL_GRACE_S
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=limit) if refs else ([], [])
+        ready = set(ready)
         out: dict[int, tuple] = {}
-        for ref in ready:
-            try:
-                out.update(ray.get(ref))
-            except Exception as e:
-                if not party_lost(e):
-                    raise
+        for pid, ref in refs.items():
+            why = None
+            if ref not in ready:  # still running: the pool's next call waits for it
+                ray.cancel(ref, force=False)
+                why = f"no reply within {limit} s wall time"
+            else:
+                try:
+                    out.update(ray.get(ref))
+                except Exception as e:
+                    if not party_lost(e):
+                        raise
+                    why = f"lost ({type(e).__name__})"
+            if why is not None:
+                out.update({cid: ("error", why, None) for cid in groups[pid]})
         return out
 
     def kill(self, cid: int) -> None:

@@ -708,8 +708,9 @@ def time_to_accuracy(res: StudyResult, ref: str, run: str) -> list[dict]:
     """Per grid point and seed where both finished: ``ref``'s final ACC (the target) and
     virtual time, and when ``run`` (scored along its rounds) first reached that ACC:
     ``hit_s`` (``None``: never), and ``final_s``, what its final round took after its last
-    scored round (handing the model to the clients); ``ref_hit_s``: when ``ref`` itself
-    first stood at or above its final ACC, where it was scored along its rounds too."""
+    scored round (handing the model to the clients), and ``hit_final_s`` the two together;
+    ``ref_hit_s``: when ``ref`` itself first stood at or above its final ACC, where it was
+    scored along its rounds too."""
     out = []
     for point in res.points():
         by_seed = {r["seed"]: r for r in res.cell(ref, point) if r["status"] in OK}
@@ -724,9 +725,10 @@ def time_to_accuracy(res: StudyResult, ref: str, run: str) -> list[dict]:
             hit = next((t for t, a in curve if a >= target), None)
             own = next((t for t, a in parse_curve(base.get(CURVE, "")) if a >= target), None)
             end, start = num(r.get("virtual_s")), final_round_start(r.get(CURVE, ""))
+            final = None if end is None or start is None else end - start
             out.append({"point": point, "seed": r["seed"], "target": target, "ref_s": ref_s, "hit_s": hit,
-                        "ref_hit_s": own, "final_s": None if end is None or start is None else end - start,
-                        "run_acc": num(r["acc"])})
+                        "ref_hit_s": own, "final_s": final, "run_acc": num(r["acc"]),
+                        "hit_final_s": None if hit is None or final is None else hit + final})
     return out
 
 
@@ -747,24 +749,26 @@ def time_to_accuracy_table(res: StudyResult, ref: str, run: str, where: Path) ->
              f"{esc(labels[run])}: first at or above the target | share of the time | with its "
              "final round | its final ACC |", "|---|---|---|---|---|---|---|---|---|"]
 
-    def share(t, e):
-        return "-" if t is None else f"{t:.1f} s ({t / e['ref_s']:.2f})"
+    def seconds(t):
+        return "-" if t is None else f"{t:.1f} s"
+
+    def within_half(e, key):
+        return e[key] is not None and e[key] <= 0.5 * e["ref_s"]
 
     for e in rows:
-        with_final = None if e["hit_s"] is None or e["final_s"] is None else e["hit_s"] + e["final_s"]
-        hit = e["hit_s"]
-        first, frac = ("never", "-") if hit is None else (f"{hit:.1f} s", f"{hit / e['ref_s']:.2f}")
-        own = "-" if e["ref_hit_s"] is None else f"{e['ref_hit_s']:.1f} s"
-        lines.append(f"| {_fmt_point(e['point'])} | {e['seed']} | {e['target']:.3f} | {e['ref_s']:.1f} s | {own} | "
-                     f"{first} | {frac} | {share(with_final, e)} | {_pm(e['run_acc'], None, 3)} |")
+        hit, with_final = e["hit_s"], e["hit_final_s"]
+        frac = "-" if hit is None else f"{hit / e['ref_s']:.2f}"
+        final = "-" if with_final is None else f"{with_final:.1f} s ({with_final / e['ref_s']:.2f})"
+        lines.append(f"| {_fmt_point(e['point'])} | {e['seed']} | {e['target']:.3f} | {e['ref_s']:.1f} s | "
+                     f"{seconds(e['ref_hit_s'])} | {'never' if hit is None else seconds(hit)} | {frac} | {final} | "
+                     f"{_pm(e['run_acc'], None, 3)} |")
     lines.append("")
     for point in res.points():
         pts = [e for e in rows if e["point"] == point]
         if not pts:
             continue
-        half = sum(e["hit_s"] is not None and e["hit_s"] <= 0.5 * e["ref_s"] for e in pts)
-        half_final = sum(e["hit_s"] is not None and e["final_s"] is not None
-                         and e["hit_s"] + e["final_s"] <= 0.5 * e["ref_s"] for e in pts)
+        half = sum(within_half(e, "hit_s") for e in pts)
+        half_final = sum(within_half(e, "hit_final_s") for e in pts)
         never = sum(e["hit_s"] is None for e in pts)
         both = [e for e in pts if e["hit_s"] is not None and e["ref_hit_s"] is not None]
         sooner = sum(e["hit_s"] < e["ref_hit_s"] for e in both)
@@ -804,12 +808,11 @@ def fill_atlas_values(text: str, results: list[StudyResult], where: Path) -> str
 
     out = ATLAS_ORDER.sub(lambda m: check_atlas_order(m, rankings, where), ATLAS_VALUE.sub(value, text))
     out = TIME_TO_ACC.sub(tta, out)
-    if "{{time-to-accuracy:" in out:
-        bad = out[out.index("{{time-to-accuracy:"):][:80].split("}}")[0]
-        raise ScenarioError(f"{where}: {bad}}}}}: expected {{{{time-to-accuracy:KIND:REF:RUN}}}}")
-    if "{{atlas:" in out:
-        bad = out[out.index("{{atlas:"):][:60].split("}}")[0]
-        raise ScenarioError(f"{where}: {bad}}}}}: expected {{{{atlas:KIND:RUN:mild|harsh|change|mild_s|harsh_s}}}}")
+    for start, form in (("{{time-to-accuracy:", "{{time-to-accuracy:KIND:REF:RUN}}"),
+                        ("{{atlas:", "{{atlas:KIND:RUN:mild|harsh|change|mild_s|harsh_s}}")):
+        if start in out:  # a placeholder none of the patterns took
+            bad = out[out.index(start):][:80].split("}}")[0]
+            raise ScenarioError(f"{where}: {bad}}}}}: expected {form}")
     return out
 
 

@@ -268,12 +268,13 @@ class _Run:
         t0 = self.t_rounds = time.perf_counter()
         per_call = 1 if sc.runtime.checkpoint else MAX_ROUNDS_PER_CALL  # a checkpoint follows every round
         done = False
+        proto = get(sc.method)
         while not done:
             stop.check()
             batch, lines = call("run_rounds", ROUNDS_CALL_S, per_call), []
             for rec in batch:  # on disk first, whatever the callbacks below do
                 if rec.probe is not None:  # runtime.score_every
-                    rec.scores = probe_scores(sc, self.ds, part, get(sc.method), rec.probe)
+                    rec.scores = probe_scores(sc, self.ds, part, proto, rec.probe)
                 line = rec.to_dict()
                 writer.round(line)
                 self.last_round = rec.round
@@ -523,17 +524,24 @@ def _assemble_labels(part, end: RunEnd) -> np.ndarray | None:
         end.errors.append({"party": "server", "phase": "eval", "round": end.rounds,
                            "error": f"Done(labels=...): {problem}", "traceback": ""})
         return None
-    preds = end.predictions
-    if not preds:
+    if not end.predictions:
         return None
+    return _place(part, end.predictions, lambda c, problem: end.client_errors.append(
+        {"round": end.rounds, "client": c, "path": "eval", "error": f"predict(): {problem}"}))
+
+
+def _place(part, preds: dict[int, np.ndarray | None], bad: Callable[[int, str], None] | None = None) -> np.ndarray:
+    """Every client's labels at its rows, -1 where none: a client with no labels, or with
+    labels that cannot be its rows' (``bad`` is told why), leaves its rows at -1."""
     y = np.full(part.n_samples, -1, dtype=np.int64)
     for c, p in sorted(preds.items()):
-        problem = _labels_problem(p, len(part.rows[c]))
-        if problem is not None:
-            end.client_errors.append({"round": end.rounds, "client": c, "path": "eval",
-                                      "error": f"predict(): {problem}"})
+        if p is None:
             continue
-        y[part.rows[c]] = np.asarray(p, dtype=np.int64)
+        problem = _labels_problem(p, len(part.rows[c]))
+        if problem is None:
+            y[part.rows[c]] = np.asarray(p, dtype=np.int64)
+        elif bad is not None:
+            bad(c, problem)
     return y
 
 
@@ -610,10 +618,7 @@ def _scores(sc, ds, proto, labels) -> tuple[dict | None, dict | None]:
 def probe_scores(sc, ds, part, proto, probe: dict[int, np.ndarray | None]) -> dict:
     """``runtime.score_every``: a round's probe labels scored as a run's final labels are
     (over all rows, -1 where a client had no label), with the labelled share."""
-    y = np.full(part.n_samples, -1, dtype=np.int64)
-    for c, p in sorted(probe.items()):
-        if p is not None and _labels_problem(p, len(part.rows[c])) is None:
-            y[part.rows[c]] = np.asarray(p, dtype=np.int64)
+    y = _place(part, probe)  # wrong labels were that client's error in the round already
     metrics, _ = _scores(sc, ds, proto, y)
     return {**metrics, "labelled": float(np.mean(y >= 0)) if len(y) else 0.0}
 

@@ -66,6 +66,15 @@ from then on it is a member (``joined`` in the round log), so a missed pretraini
 round costs the client nothing but that round. If no client has delivered yet, the
 server asks again with ``pretrain``. Samples that no member holds are labelled -1.
 
+Project option ``quorum: q`` (off by default): a round counts toward the schedule only if
+at least ``ceil(q M)`` of the ``M`` clients took part in it: before fine-tuning, had
+delivered an embedding (a pretraining round below the quorum is repeated, asking only the
+clients not in yet); after, replied in the round (a fine-tune round below it runs as
+usual and is run again). ``patience`` caps the rounds that fail to count; past them every
+round counts. Without faults every round counts, so the labels are the paper's. Under
+availability tied to what a client holds it gives the narrow, often-away views more
+rounds in which to reply; the measured effect is on ``studies/robustness.md`` (Remedies).
+
 Departures from the paper (each an option; the default is the paper's setting)
 -------------------------------------------------------------------------------
 * Anchor of the alignment (``align_to``): the paper aligns every client to client 1's
@@ -230,6 +239,17 @@ class Config(ProtocolConfig):
         **departure("Eq. 13 as printed squares each row of S and renormalises it",
             "DEC's target, each column divided by its cluster frequency first, as the paper's source "
             "for P defines it; 'square' is the print"))
+    quorum: float = Field(default=0.0, ge=0.0, le=1.0,
+                          description="a round counts toward the schedule (the pretraining round, then `rounds` fine-tune "
+                                      "rounds) only if at least this share of the clients took part: before fine-tuning "
+                                      "starts, had delivered an embedding; after, replied in the round. A round that "
+                                      "does not count is repeated (pretraining asks only the clients not yet in; a "
+                                      "fine-tune round runs as usual); 0 = every round counts",
+                          **project_option("0: every round counts, the paper; a remedy for availability tied to what "
+                                           "a client holds (studies/robustness.md, Remedies)"))
+    patience: int = Field(default=10, ge=0, le=1000,
+                          description="with a quorum: rounds in a run that may fail to count; past them every round counts",
+                          **project_option("10; only read with a quorum"))
     deterministic: bool = Field(default=True, description="torch.use_deterministic_algorithms during every call",
         **project_option("on, so a run repeats bit for bit"))
     device: Literal["cpu", "cuda", "auto"] = Field(
@@ -499,6 +519,8 @@ class FedDMVCServer(Server):
         self.C: np.ndarray | None = None  # prototypes, K x (members x d)
         self.P: np.ndarray | None = None
         self.y: np.ndarray | None = None
+        self.counted = 0  # rounds that counted toward the schedule (the pretraining round first)
+        self.waited = 0  # rounds that did not (quorum)
 
     @property
     def members(self) -> list[int]:
@@ -509,7 +531,7 @@ class FedDMVCServer(Server):
 
     def step(self, round: int, replies: Mapping[int, Message], missing: set[int]) -> dict[int, Message] | Done:
         before = set(self.members)
-        losses = []
+        losses, fresh = [], 0
         for c, r in replies.items():
             if r.kind != "embedding":
                 continue
@@ -522,17 +544,21 @@ class FedDMVCServer(Server):
                     self.Z[c] = l1_rows(self.Z[c])
                 self.Q[c] = np.asarray(r["Q"], dtype=np.float64)
                 losses.append(float(r["loss"]))
+                fresh += 1
         self.info = {"members": self.members, "joined": sorted(set(self.members) - before) if round else [],
                      "stale_clients": sorted(c for c in before if c not in replies),
                      "loss": float(np.mean(losses)) if losses else None}
+        self.count_round(fresh)
         if self.members:
             self.global_step(round)
-        if round >= self.config.rounds:
+        if self.counted > self.config.rounds:  # the pretraining round and `rounds` fine-tune rounds counted
             if self.y is None:
                 raise NoInput("feddmvc: no client delivered embeddings")
             return Done(labels=self.y.copy(), info={"members": self.members})
         if self.P is None:
             return {c: Message("pretrain") for c in self.ctx.client_ids}
+        if not self.counted:  # below the quorum before fine-tuning: ask only the clients not in yet
+            return {c: Message("pretrain") for c in self.ctx.client_ids if c not in self.Z}
         P = self.P.astype(np.float32)
         out = {}
         for c in self.ctx.client_ids:
@@ -543,6 +569,22 @@ class FedDMVCServer(Server):
             else:
                 out[c] = Message("finetune", P_all=P)
         return out
+
+    def count_round(self, fresh: int) -> None:
+        """Whether this round counts toward the schedule (``quorum``): before fine-tuning the
+        members, after it the clients that replied (``fresh``), against the quorum's share of
+        all clients; past ``patience`` rounds that did not count, every round counts."""
+        cfg = self.config
+        if cfg.quorum <= 0:
+            self.counted += 1
+            return
+        took_part = len(self.members) if not self.counted else fresh
+        need = math.ceil(cfg.quorum * len(self.ctx.client_ids) - 1e-9)
+        if took_part >= need or self.waited >= cfg.patience:
+            self.counted += 1
+        else:
+            self.waited += 1
+        self.info.update({"counted": self.counted, "waited": self.waited})
 
     def client_prototypes(self, c: int, j: int) -> np.ndarray:
         """``C^m`` for member ``c`` (the ``j``-th): its block of ``C``, in the space of the embeddings it

@@ -237,3 +237,19 @@ def test_ablation_switches_change_the_run_and_keep_it_whole(tmp_path, params):
     a = np.loadtxt(tmp_path / "base" / "labels.csv", delimiter=",", skiprows=1)[:, 1]
     b = np.loadtxt(tmp_path / "x" / "labels.csv", delimiter=",", skiprows=1)[:, 1]
     assert (a >= 0).all() and (b >= 0).all() and not np.array_equal(a, b)
+
+
+def test_quorum_reaches_fcuif_and_waits_out_data_tied_absences(tmp_path):
+    """FCUIF's server is FedDMVC's: with every client away half the rounds (availability tied
+    to view width; the three views are equally wide) a quorum of all three is rarely met, so
+    the run takes its patience's extra rounds and says so."""
+    import json
+
+    faults = {"faults.availability.model": "data", "faults.availability.by": "dimension",
+              "faults.availability.rate": 0.5, "faults.min_clients": 0}
+    sc = tiny_scenario(**faults, **{"params.quorum": 1.0, "params.patience": 3})
+    s = run_scenario(sc, tmp_path / "q", progress=False)
+    rounds = [json.loads(x) for x in (tmp_path / "q" / "rounds.jsonl").read_text().splitlines()]
+    info = rounds[-1]["info"]
+    assert s["status"] in ("completed", "degraded") and info["waited"] == 3
+    assert len(rounds) == fc.PROTOCOL.quick_params["rounds"] + 1 + 3 and info["counted"] == len(rounds) - 3

@@ -379,3 +379,45 @@ def test_the_paper_losses_sum_over_features_and_the_authors_average():
     assert out["sum"][0] == pytest.approx(10.0 * out["mean"][0], rel=1e-3)
     assert np.allclose(out["sum"][1], out["mean"][1], atol=1e-3)
     assert fd.Config().loss == "sum"
+
+
+# ---------------------------------------------------------------------------
+# quorum: a remedy for availability tied to what a client holds
+def _run_by_hand(sc, away):
+    """Drive a server and its clients; ``away(r)`` is the set of clients whose reply is lost in round r."""
+    _, _, clients, server = parties(sc)
+    out, r, asked = server.start(), 0, []
+    while True:
+        asked.append(sorted(out))
+        lost = away(r) & set(out)
+        out = server.step(r, deliver(clients, out, r, drop=lost), lost)
+        if isinstance(out, Done):
+            return out.labels, asked, server
+        r += 1
+
+
+def test_quorum_repeats_rounds_below_it_and_then_counts_them():
+    sc = tiny_scenario(**{"params.quorum": 0.6, "params.patience": 5})
+    # clients 1 and 2 away in rounds 0-1: pretraining below the quorum (1 of 3 < 2) twice
+    labels, asked, server = _run_by_hand(sc, lambda r: {1, 2} if r < 2 else ({2} if r in (3, 4) else set()))
+    assert asked[1] == [1, 2] and asked[2] == [1, 2]  # only the clients not in yet are asked again
+    assert asked[3] == [0, 1, 2]  # fine-tuning starts once two of three are in
+    # fine-tune rounds 3 and 4 have two fresh replies (>= the quorum): they count; the run
+    # ends after the pretraining round and TINY's two fine-tune rounds have counted
+    assert server.counted == TINY["rounds"] + 1 and server.waited == 2 and len(asked) == 5
+    assert (labels >= 0).all()
+
+
+def test_quorum_counts_every_round_past_its_patience():
+    sc = tiny_scenario(**{"params.quorum": 1.0, "params.patience": 2})
+    _, asked, server = _run_by_hand(sc, lambda r: {2})  # client 2 never replies: the quorum is never met
+    assert server.waited == 2 and len(asked) == 2 + TINY["rounds"] + 1
+    assert 2 not in server.members
+
+
+def test_quorum_changes_nothing_when_every_client_replies():
+    base = _labels(tiny_scenario())
+    np.testing.assert_array_equal(base, _labels(tiny_scenario(**{"params.quorum": 1.0})))
+    sc = tiny_scenario(**{"params.quorum": 1.0})
+    _, asked, server = _run_by_hand(sc, lambda r: set())
+    assert server.waited == 0 and len(asked) == TINY["rounds"] + 1

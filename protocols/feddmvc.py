@@ -519,8 +519,8 @@ class FedDMVCServer(Server):
         self.C: np.ndarray | None = None  # prototypes, K x (members x d)
         self.P: np.ndarray | None = None
         self.y: np.ndarray | None = None
-        self.counted = 0  # rounds that counted toward the schedule (the pretraining round first)
-        self.waited = 0  # rounds that did not (quorum)
+        self.counted = 0  # with a quorum: rounds that counted toward the schedule (the pretraining round first)
+        self.waited = 0  # with a quorum: rounds that did not
 
     @property
     def members(self) -> list[int]:
@@ -548,16 +548,16 @@ class FedDMVCServer(Server):
         self.info = {"members": self.members, "joined": sorted(set(self.members) - before) if round else [],
                      "stale_clients": sorted(c for c in before if c not in replies),
                      "loss": float(np.mean(losses)) if losses else None}
-        self.count_round(fresh)
+        counted = self.count_round(round, fresh)
         if self.members:
             self.global_step(round)
-        if self.counted > self.config.rounds:  # the pretraining round and `rounds` fine-tune rounds counted
+        if counted > self.config.rounds:  # the pretraining round and `rounds` fine-tune rounds counted
             if self.y is None:
                 raise NoInput("feddmvc: no client delivered embeddings")
             return Done(labels=self.y.copy(), info={"members": self.members})
         if self.P is None:
             return {c: Message("pretrain") for c in self.ctx.client_ids}
-        if not self.counted:  # below the quorum before fine-tuning: ask only the clients not in yet
+        if not counted:  # below the quorum before fine-tuning: ask only the clients not in yet
             return {c: Message("pretrain") for c in self.ctx.client_ids if c not in self.Z}
         P = self.P.astype(np.float32)
         out = {}
@@ -570,14 +570,14 @@ class FedDMVCServer(Server):
                 out[c] = Message("finetune", P_all=P)
         return out
 
-    def count_round(self, fresh: int) -> None:
-        """Whether this round counts toward the schedule (``quorum``): before fine-tuning the
+    def count_round(self, round: int, fresh: int) -> int:
+        """The rounds that have counted toward the schedule, this one included if it counts.
+        Without a quorum every round counts (``round + 1``). With one, before fine-tuning the
         members, after it the clients that replied (``fresh``), against the quorum's share of
         all clients; past ``patience`` rounds that did not count, every round counts."""
         cfg = self.config
         if cfg.quorum <= 0:
-            self.counted += 1
-            return
+            return round + 1
         took_part = len(self.members) if not self.counted else fresh
         need = math.ceil(cfg.quorum * len(self.ctx.client_ids) - 1e-9)
         if took_part >= need or self.waited >= cfg.patience:
@@ -585,6 +585,7 @@ class FedDMVCServer(Server):
         else:
             self.waited += 1
         self.info.update({"counted": self.counted, "waited": self.waited})
+        return self.counted
 
     def client_prototypes(self, c: int, j: int) -> np.ndarray:
         """``C^m`` for member ``c`` (the ``j``-th): its block of ``C``, in the space of the embeddings it

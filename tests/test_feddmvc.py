@@ -420,4 +420,4 @@ def test_quorum_changes_nothing_when_every_client_replies():
     np.testing.assert_array_equal(base, _labels(tiny_scenario(**{"params.quorum": 1.0})))
     sc = tiny_scenario(**{"params.quorum": 1.0})
     _, asked, server = _run_by_hand(sc, lambda r: set())
-    assert server.waited == 0 and len(asked) == TINY["rounds"] + 1
+    assert server.waited == 0 and server.counted == len(asked) == TINY["rounds"] + 1

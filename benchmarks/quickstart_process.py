@@ -4,6 +4,7 @@
     python benchmarks/quickstart_process.py --repeats 3 --scenario scenarios/hw-cefmc.yaml
     python benchmarks/quickstart_process.py --compare ../other-checkout   # + that checkout on Ray, alternating
     python benchmarks/quickstart_process.py --pooled 3 --ray-alone   # + pooled clients, + Ray with empty actors
+    python benchmarks/quickstart_process.py --ray-alone --floor-imports numpy,scipy.linalg,pydantic   # + a floor with libraries
 
 Each run is a fresh process (``raymvc run ... --json --out TMP``), so it pays what a
 user pays: the interpreter and imports, the data, Ray's start, the actors, the
@@ -22,7 +23,9 @@ With ``--ray-alone`` it also times the imports raymvc adds to each process over
 (the node module and the method's module), the server's (the same) and the driver's
 (the command line, the engine and the metrics). The actors' imports over the run's
 cores are a floor under the gap between the run and Ray alone that no scheduling
-removes.
+removes. ``--floor-imports`` adds a floor whose actors import the libraries the method's
+parties need whatever runs them (numpy, ...): the run's time above it is what raymvc's own
+code and structure cost.
 
 Output: stdout and ``benchmarks/quickstart_process.md`` (command line, machine, date).
 """
@@ -85,6 +88,10 @@ def main() -> None:
                     help="also run on Ray with this many clients per actor (runtime.clients_per_actor)")
     ap.add_argument("--ray-alone", action="store_true",
                     help="also time Ray alone: the same number of empty actors, started and stopped")
+    ap.add_argument("--floor-imports", default="",
+                    help="with --ray-alone: also time Ray alone with actors that import these modules as they start "
+                         "(comma-separated, e.g. numpy,scipy.linalg,pydantic: the libraries the method's parties "
+                         "need whatever runs them)")
     args = ap.parse_args()
     label = args.label or str(args.compare)
     systems = [("ray", "ray", REPO, []), ("local", "local", REPO, [])]
@@ -103,6 +110,9 @@ def main() -> None:
         n_actors = actors_needed(sc, n_clients) + 1
         alone = (n_actors, math.ceil(cpus_needed(sc, n_clients)), sc.runtime.client_cpus, sc.runtime.server_cpus)
         systems.append((f"Ray alone, {n_actors} empty actors", "alone", None, []))
+        libs = tuple(m for m in args.floor_imports.split(",") if m)
+        if libs:
+            systems.append((f"Ray alone, {n_actors} actors importing {', '.join(libs)}", "alone", None, list(libs)))
     runs: dict[str, list[dict]] = {s[0]: [] for s in systems}
     with tempfile.TemporaryDirectory(prefix="quickstart-") as tmp:
         for i in range(args.repeats):
@@ -110,7 +120,7 @@ def main() -> None:
             for j, (name, backend, repo, sets) in [*enumerate(systems)][k:] + [*enumerate(systems)][:k]:
                 time.sleep(PAUSE_S)  # the previous process's Ray workers finish exiting
                 if backend == "alone":
-                    r = {**ray_alone(*alone), "protocol_s": 0.0, "nmi": None, "mb": None}
+                    r = {**ray_alone(*alone, imports=tuple(sets)), "protocol_s": 0.0, "nmi": None, "mb": None}
                 else:
                     r = one_run(args.scenario.resolve(), backend, Path(tmp) / f"{j}-{i}", repo, sets)
                 runs[name].append(r)
@@ -118,6 +128,7 @@ def main() -> None:
     lines = [f"# The quickstart as a process ({args.scenario.name})", "",
              f"- command: `python benchmarks/quickstart_process.py --repeats {args.repeats}"
              + (f" --pooled {args.pooled}" if args.pooled else "") + (" --ray-alone" if args.ray_alone else "")
+             + (f" --floor-imports {args.floor_imports}" if args.floor_imports else "")
              + (f" --compare {'<' + label + '>' if args.label else args.compare}`" if args.compare else "`"),
              f"- machine: {os.cpu_count()} cores ({cpu_model()}); medians over fresh processes, the order of the "
              f"rows rotating from one repeat to the next, {PAUSE_S:g} s between runs",
@@ -154,6 +165,12 @@ def main() -> None:
                   f"The run's {n_actors} actors import {actor * n_actors:.2f} CPU s, at least {floor:.2f} s of wall "
                   f"time on {os.cpu_count()} cores. Ray vs Ray alone: {gap:+.2f} s (target +{TARGET_GAP_S:g} s: "
                   f"{'met' if gap <= TARGET_GAP_S else 'not met'})."]
+        for name, _, _, libs in [s for s in systems if s[1] == "alone" and s[3]]:
+            lib_gap = ray_med - statistics.median(r["process_s"] for r in runs[name])
+            libs_cpu = import_cpu(libs)
+            lines += ["", f"Against {name} (they import {libs_cpu:.2f} CPU s each over `import ray`, "
+                      f"{libs_cpu * n_actors / (os.cpu_count() or 1):.2f} s of wall time at least for the "
+                      f"{n_actors}): Ray vs that floor {lib_gap:+.2f} s, what raymvc itself adds."]
     lines += ["", f"Process on Ray, median {ray_med:.2f} s (best {min(r['process_s'] for r in runs['ray']):.2f} s); "
               f"target <= {TARGET_S:.0f} s: {'met' if ray_med <= TARGET_S else 'not met'}. "
               f"Same NMI and MB in every run: {len(same) == 1}.", "",

@@ -93,6 +93,8 @@ def main() -> None:
                          "(comma-separated, e.g. numpy,scipy.linalg,pydantic: the libraries the method's parties "
                          "need whatever runs them)")
     args = ap.parse_args()
+    if args.floor_imports and not args.ray_alone:
+        ap.error("--floor-imports needs --ray-alone")
     label = args.label or str(args.compare)
     systems = [("ray", "ray", REPO, []), ("local", "local", REPO, [])]
     if args.pooled:

@@ -71,7 +71,11 @@ at least ``ceil(q M)`` of the ``M`` clients took part in it: before fine-tuning,
 delivered an embedding (a pretraining round below the quorum is repeated, asking only the
 clients not in yet); after, replied in the round (a fine-tune round below it runs as
 usual and is run again). ``patience`` caps the rounds that fail to count; past them every
-round counts. Without faults every round counts, so the labels are the paper's. Under
+round counts. A pretraining round below the quorum asks only the clients not in yet, so
+if those are all away the round has no reply: pair a quorum with ``faults.min_clients: 0``
+(the round is then repeated, not the run failed). ``stale_clients`` in such a round also
+lists the members it did not ask. Without faults every round counts, so the labels are
+the paper's. Under
 availability tied to what a client holds it gives the narrow, often-away views more
 rounds in which to reply; the measured effect is on ``studies/robustness.md`` (Remedies).
 
@@ -248,7 +252,8 @@ class Config(ProtocolConfig):
                           **project_option("0: every round counts, the paper; a remedy for availability tied to what "
                                            "a client holds (studies/robustness.md, Remedies)"))
     patience: int = Field(default=10, ge=0, le=1000,
-                          description="with a quorum: rounds in a run that may fail to count; past them every round counts",
+                          description="with a quorum: rounds in a run, in all (not in a row, as k-FED's patience), "
+                                      "that may fail to count; past them every round counts",
                           **project_option("10; only read with a quorum"))
     deterministic: bool = Field(default=True, description="torch.use_deterministic_algorithms during every call",
         **project_option("on, so a run repeats bit for bit"))

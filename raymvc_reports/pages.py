@@ -645,7 +645,8 @@ def _extremes(res: StudyResult) -> tuple[dict, dict]:
 def atlas_ranking(res: StudyResult) -> list[dict]:
     """Per run of one fault kind: ACC at the mildest and the harshest point, the change, how
     many runs finished at the harshest point; ranked by ACC there (runs that did not all
-    finish rank after those that did; no finished run: last)."""
+    finish rank after those that did; no finished run: last). A kind of one grid point has
+    no change."""
     mild, harsh = _extremes(res)
     out = []
     for r in [r for _, _, r in res.study.entries() if r.id not in res.study.spread_ids()]:
@@ -658,7 +659,8 @@ def atlas_ranking(res: StudyResult) -> list[dict]:
         if total == 0:
             continue  # not run yet
         out.append({"run": r, "mild": m0, "harsh": m1, "harsh_std": s1, "ok": ok, "total": total,
-                    "change": None if m0 is None or m1 is None else m1 - m0, "mb_mild": mb0, "mb_harsh": mb1,
+                    "change": None if m0 is None or m1 is None or mild == harsh else m1 - m0,
+                    "mb_mild": mb0, "mb_harsh": mb1,
                     "mild_s": t0, "harsh_s": t1})
     out.sort(key=lambda e: (e["harsh"] is None, e["ok"] < e["total"], -(e["harsh"] or 0.0)))
     return out
@@ -841,7 +843,8 @@ def atlas_overview(results: list[StudyResult], fig_dir: Path, page_dir: Path) ->
         mild, harsh = _extremes(res)
         kind = res.study.name.removeprefix("robustness-")
         kinds.append(kind)
-        lines += [f"**{esc(res.study.spec.title)}** ({esc(_fmt_point(mild))} to {esc(_fmt_point(harsh))})", "",
+        span = f"one point: {_fmt_point(mild)}" if mild == harsh else f"{_fmt_point(mild)} to {_fmt_point(harsh)}"
+        lines += [f"**{esc(res.study.spec.title)}** ({esc(span)})", "",
                   "| rank | run | ACC, mildest | ACC, harshest | change | runs ok, harshest | MB, mildest → harshest |",
                   "|---|---|---|---|---|---|---|"]
         for i, e in enumerate(ranking, 1):

@@ -243,8 +243,6 @@ def test_quorum_reaches_fcuif_and_waits_out_data_tied_absences(tmp_path):
     """FCUIF's server is FedDMVC's: with every client away half the rounds (availability tied
     to view width; the three views are equally wide) a quorum of all three is rarely met, so
     the run takes its patience's extra rounds and says so."""
-    import json
-
     faults = {"faults.availability.model": "data", "faults.availability.by": "dimension",
               "faults.availability.rate": 0.5, "faults.min_clients": 0}
     sc = tiny_scenario(**faults, **{"params.quorum": 1.0, "params.patience": 3})

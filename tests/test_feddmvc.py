@@ -416,8 +416,18 @@ def test_quorum_counts_every_round_past_its_patience():
 
 
 def test_quorum_changes_nothing_when_every_client_replies():
+    _, _, server = _run_by_hand(tiny_scenario(), lambda r: {1} if r == 1 else set())
+    assert "counted" not in server.info and "waited" not in server.info  # off: the round log as before
     base = _labels(tiny_scenario())
     np.testing.assert_array_equal(base, _labels(tiny_scenario(**{"params.quorum": 1.0})))
     sc = tiny_scenario(**{"params.quorum": 1.0})
     _, asked, server = _run_by_hand(sc, lambda r: set())
     assert server.waited == 0 and server.counted == len(asked) == TINY["rounds"] + 1
+
+
+def test_quorum_repeats_a_fine_tune_round_below_it():
+    sc = tiny_scenario(**{"params.quorum": 1.0, "params.patience": 5})
+    # all in at pretraining; client 1 away in rounds 1 and 2: those fine-tune rounds do not count
+    _, asked, server = _run_by_hand(sc, lambda r: {1} if r in (1, 2) else set())
+    assert asked[1] == asked[2] == [0, 1, 2]  # a fine-tune round below the quorum runs as usual
+    assert server.waited == 2 and len(asked) == TINY["rounds"] + 1 + 2

@@ -647,8 +647,12 @@ study:
     - {{id: many, label: five starts, variant: baseline, scenario: ../tiny.yaml, set: {{params.kmeans_init: 5}}}}
 """
     (studies / "robustness-drop.yaml").write_text(atlas.format(extra="params.max_iter: 1"))
+    # a kind of one grid point: ranked, but no change to report
+    (studies / "robustness-one.yaml").write_text(atlas.format(extra="params.max_iter: 1").replace(
+        "title: Dropouts", "title: One point").replace("[0.0, 0.6]", "[0.3]"))
     monkeypatch.chdir(tmp_path)
     assert main(["sweep", "--allow-uncommitted", "studies/robustness-drop.yaml", "--quiet"]) == 0
+    assert main(["sweep", "--allow-uncommitted", "studies/robustness-one.yaml", "--quiet"]) == 0
     write_pages(studies, tmp_path / "runs" / "studies", None)
     page = (studies / "robustness.md").read_text()
     rows = _csv(tmp_path / "runs" / "studies" / "robustness-drop" / "sweep.csv")
@@ -659,7 +663,8 @@ study:
     label = {"few": "one start", "many": "five starts"}
     assert "## Ranking per fault kind" in page
     assert f"| 1 | {label[first]} |" in page and f"| 2 | {label[second]} |" in page
-    assert "**Ranks at a glance**" in page and "| run | drop |" in page
+    assert "**Ranks at a glance**" in page and "| run | drop | one |" in page
+    assert "**One point** (one point: " in page and " (n/a) |" in page and "+0.000" not in page
     assert (studies / "figures" / "robustness-atlas.png").stat().st_size > 1000
     record = _csv(studies / "results" / "robustness-drop.csv")
     assert all(r["virtual_s"] != "" for r in record)  # the virtual clock of every cell is kept

@@ -69,15 +69,13 @@ server asks again with ``pretrain``. Samples that no member holds are labelled -
 Project option ``quorum: q`` (off by default): a round counts toward the schedule only if
 at least ``ceil(q M)`` of the ``M`` clients took part in it: before fine-tuning, had
 delivered an embedding (a pretraining round below the quorum is repeated, asking only the
-clients not in yet); after, replied in the round (a fine-tune round below it runs as
-usual and is run again). ``patience`` caps the rounds that fail to count; past them every
-round counts. A pretraining round below the quorum asks only the clients not in yet, so
-if those are all away the round has no reply: pair a quorum with ``faults.min_clients: 0``
-(the round is then repeated, not the run failed). ``stale_clients`` in such a round also
-lists the members it did not ask. Without faults every round counts, so the labels are
-the paper's. Under
-availability tied to what a client holds it gives the narrow, often-away views more
-rounds in which to reply; the measured effect is on ``studies/robustness.md`` (Remedies).
+clients not in yet, so it has no reply when those are all away: pair a quorum with
+``faults.min_clients: 0``; ``stale_clients`` there also lists the members it did not ask);
+after, replied in the round (a fine-tune round below it runs as usual and is run again).
+``patience`` caps the rounds that fail to count; past them every round counts. Without
+faults every round counts, so the labels are the paper's. Under availability tied to what
+a client holds it gives the narrow, often-away views more rounds in which to reply; the
+measured effect is on ``studies/robustness.md`` (Remedies).
 
 Departures from the paper (each an option; the default is the paper's setting)
 -------------------------------------------------------------------------------

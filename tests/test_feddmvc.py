@@ -162,14 +162,21 @@ def test_analytic_bytes_match_the_ledger(tmp_path):
     assert per["up"] == sum(int(r["data_bytes"]) for r in rows if r["src"] == "client:0")
 
 
-def _labels(sc):
+def _run_by_hand(sc, away):
+    """Drive a server and its clients; ``away(r)`` is the set of clients whose reply is lost in round r."""
     _, _, clients, server = parties(sc)
-    out, r = server.start(), 0
+    out, r, asked = server.start(), 0, []
     while True:
-        out = server.step(r, deliver(clients, out, r), set())
+        asked.append(sorted(out))
+        lost = away(r) & set(out)
+        out = server.step(r, deliver(clients, out, r, drop=lost), lost)
         if isinstance(out, Done):
-            return out.labels
+            return out.labels, asked, server
         r += 1
+
+
+def _labels(sc):
+    return _run_by_hand(sc, lambda r: set())[0]
 
 
 def test_same_seed_same_labels_and_bytes(tmp_path):
@@ -383,19 +390,6 @@ def test_the_paper_losses_sum_over_features_and_the_authors_average():
 
 # ---------------------------------------------------------------------------
 # quorum: a remedy for availability tied to what a client holds
-def _run_by_hand(sc, away):
-    """Drive a server and its clients; ``away(r)`` is the set of clients whose reply is lost in round r."""
-    _, _, clients, server = parties(sc)
-    out, r, asked = server.start(), 0, []
-    while True:
-        asked.append(sorted(out))
-        lost = away(r) & set(out)
-        out = server.step(r, deliver(clients, out, r, drop=lost), lost)
-        if isinstance(out, Done):
-            return out.labels, asked, server
-        r += 1
-
-
 def test_quorum_repeats_rounds_below_it_and_then_counts_them():
     sc = tiny_scenario(**{"params.quorum": 0.6, "params.patience": 5})
     # clients 1 and 2 away in rounds 0-1: pretraining below the quorum (1 of 3 < 2) twice

@@ -672,6 +672,25 @@ ATLAS_VALUE = re.compile(r"\{\{atlas:([a-z0-9-]+):([A-Za-z0-9_.-]+):(mild|harsh|
 ATLAS_ORDER = re.compile(r"\{\{atlas-order:([^{}]*)\}\}")
 
 
+ATLAS_SHARE = re.compile(r"\{\{atlas-share:([a-z0-9-]+):([A-Za-z0-9_.-]+):([A-Za-z0-9_.-]+):([A-Za-z0-9_.-]+)\}\}")
+
+
+def atlas_share(m: re.Match, rankings: dict[str, dict[str, dict]], where: Path) -> str:
+    """``{{atlas-share:KIND:A:B:C}}``: the part of the ACC change from run A to run C that run
+    B's ACC makes, ``(A - B) / (A - C)`` at the harshest point, as a whole percentage (what
+    share of a drop one cause accounts for, or what share a remedy wins back). A run with no
+    ACC there, or no change from A to C, is a ScenarioError naming the notes file."""
+    kind, *runs = m.groups()
+    table = rankings.get(kind)
+    if table is None:
+        raise ScenarioError(f"{where}: {m.group(0)}: no atlas kind {kind!r}")
+    a, b, c = (table.get(r, {}).get("harsh") for r in runs)
+    if None in (a, b, c) or a == c:
+        raise ScenarioError(f"{where}: {m.group(0)}: needs the harshest ACC of three runs of {kind!r} and a change "
+                            "from the first to the third")
+    return f"{100 * (a - b) / (a - c):.0f}%"
+
+
 def check_atlas_order(m: re.Match, rankings: dict[str, dict[str, dict]], where: Path) -> str:
     """``{{atlas-order:KIND/RUN>KIND/RUN>...}}``: a sentence's ordering claim, checked against
     the tables and rendered as nothing. Each item's drop (ACC at the mildest point less ACC at
@@ -809,9 +828,11 @@ def fill_atlas_values(text: str, results: list[StudyResult], where: Path) -> str
         return time_to_accuracy_table(by_kind[kind], ref, run, where)
 
     out = ATLAS_ORDER.sub(lambda m: check_atlas_order(m, rankings, where), ATLAS_VALUE.sub(value, text))
+    out = ATLAS_SHARE.sub(lambda m: atlas_share(m, rankings, where), out)
     out = TIME_TO_ACC.sub(tta, out)
     for start, form in (("{{time-to-accuracy:", "{{time-to-accuracy:KIND:REF:RUN}}"),
-                        ("{{atlas:", "{{atlas:KIND:RUN:mild|harsh|change|mild_s|harsh_s}}")):
+                        ("{{atlas:", "{{atlas:KIND:RUN:mild|harsh|change|mild_s|harsh_s}}"),
+                        ("{{atlas-share:", "{{atlas-share:KIND:A:B:C}}")):
         if start in out:  # a placeholder none of the patterns took
             bad = out[out.index(start):][:80].split("}}")[0]
             raise ScenarioError(f"{where}: {bad}}}}}: expected {form}")
@@ -820,8 +841,10 @@ def fill_atlas_values(text: str, results: list[StudyResult], where: Path) -> str
 
 def atlas_overview(results: list[StudyResult], fig_dir: Path, page_dir: Path) -> str:
     """The atlas across its fault kinds: a ranking per kind, a rank matrix, and a figure of
-    ACC against MB and against the virtual time of every cell."""
-    results = [res for res in results if res.rows]
+    ACC against MB and against the virtual time of every cell. A study of the atlas with no
+    grid is no kind of device behaviour (it compares runs at one setting): it keeps its own
+    section, and its numbers can be quoted, but stays out of the rankings and the figure."""
+    results = [res for res in results if res.rows and res.study.spec.grid]
     if not results:
         return ""
     walls = [res.wall() for res in results]

@@ -753,6 +753,47 @@ def test_atlas_notes_quote_the_ranking_instead_of_copying_it(tmp_path):
         assert str(notes) in str(err.value)
 
 
+def test_a_share_of_a_drop_in_the_atlas_notes_is_computed_from_its_tables(tmp_path):
+    """``{{atlas-share:KIND:A:B:C}}`` becomes ``(A - B) / (A - C)`` of the runs' ACC at the
+    harshest point, in percent, so a sentence saying what part of a drop one cause accounts
+    for cannot drift from the table; runs without that ACC or without a change are one error
+    naming the notes file."""
+    from raymvc_reports.pages import StudyResult, atlas_ranking, fill_atlas_values
+
+    st = load_study(ROOT / "studies" / "robustness-crash.yaml")
+    res = StudyResult.from_record(st, ROOT / "studies" / "results" / "robustness-crash.csv")
+    harsh = {e["run"].id: e["harsh"] for e in atlas_ranking(res)}
+    a, b, c = "cefmc", "kfed", "efimvc"
+    notes = tmp_path / "robustness.md"
+    text = fill_atlas_values(f"{{{{atlas-share:crash:{a}:{b}:{c}}}}} of it", [res], notes)
+    assert text == f"{100 * (harsh[a] - harsh[b]) / (harsh[a] - harsh[c]):.0f}% of it"
+    assert fill_atlas_values(f"{{{{atlas-share:crash:{a}:{c}:{c}}}}}", [res], notes) == "100%"
+    for bad, words in [(f"{{{{atlas-share:crash:{a}:{b}:{a}}}}}", "a change from the first to the third"),
+                       (f"{{{{atlas-share:crash:{a}:nobody:{c}}}}}", "needs the harshest ACC of three runs"),
+                       (f"{{{{atlas-share:flood:{a}:{b}:{c}}}}}", "no atlas kind 'flood'"),
+                       (f"{{{{atlas-share:crash:{a}:{b}}}}}", "expected {{atlas-share:KIND:A:B:C}}")]:
+        with pytest.raises(ScenarioError, match=re.escape(words)) as err:
+            fill_atlas_values(f"x {bad} y", [res], notes)
+        assert str(notes) in str(err.value)
+
+
+def test_a_study_of_the_atlas_without_a_grid_stays_out_of_its_rankings(tmp_path):
+    """robustness-data-attribution compares runs at one setting: its numbers fill the notes'
+    placeholders, but the ranking per kind, the rank matrix and the figure leave it out; a
+    kind of one grid point (robustness-async-mnist) stays in."""
+    from raymvc_reports.pages import StudyResult, atlas_overview, fill_atlas_values
+
+    names = ("robustness-crash", "robustness-async-mnist", "robustness-data-attribution")
+    results = [StudyResult.from_record(load_study(ROOT / "studies" / f"{n}.yaml"),
+                                       ROOT / "studies" / "results" / f"{n}.csv") for n in names]
+    assert not results[2].study.spec.grid and len(results[1].points()) == 1
+    text = atlas_overview(results, tmp_path, tmp_path)
+    assert "what the drop of FedDMVC and FCUIF is made of" not in text and "data-attribution" not in text
+    assert "over 2 kinds" in text and "| async-mnist | crash |" in text
+    quoted = fill_atlas_values("{{atlas:data-attribution:feddmvc-no-mor:harsh}}", results, tmp_path / "n.md")
+    assert re.fullmatch(r"0\.\d{3}", quoted)
+
+
 def test_an_ordering_claim_of_the_atlas_notes_is_checked_against_its_tables(tmp_path):
     """``{{atlas-order:KIND/RUN>KIND/RUN...}}`` renders nothing when the drops fall in that
     order (``KIND/*``: every other run) and stops the page, naming the notes file, when the

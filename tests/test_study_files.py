@@ -744,13 +744,20 @@ def test_this_repositorys_seed_policy_is_kept_by_its_pages_not_by_the_library(tm
         check_policy(load_study(path))
 
 
+def _atlas_kind(study: str):
+    """A shipped study of the atlas (``robustness-...``) read from its committed record."""
+    from raymvc_reports.pages import StudyResult
+
+    return StudyResult.from_record(load_study(ROOT / "studies" / f"{study}.yaml"),
+                                   ROOT / "studies" / "results" / f"{study}.csv")
+
+
 def test_atlas_notes_quote_the_ranking_instead_of_copying_it(tmp_path):
     """``{{atlas:KIND:RUN:FIELD}}`` in a notes file becomes that run's number in the kind's
     ranking; a placeholder naming nothing there is one error naming the notes file."""
-    from raymvc_reports.pages import StudyResult, atlas_ranking, fill_atlas_values
+    from raymvc_reports.pages import atlas_ranking, fill_atlas_values
 
-    st = load_study(ROOT / "studies" / "robustness-crash.yaml")
-    res = StudyResult.from_record(st, ROOT / "studies" / "results" / "robustness-crash.csv")
+    res = _atlas_kind("robustness-crash")
     e = {x["run"].id: x for x in atlas_ranking(res)}["efimvc"]
     notes = tmp_path / "robustness.md"
     text = fill_atlas_values("EFIMVC: {{atlas:crash:efimvc:mild}} -> {{atlas:crash:efimvc:harsh}} "
@@ -770,13 +777,9 @@ def test_a_share_of_a_drop_in_the_atlas_notes_is_computed_from_its_tables(tmp_pa
     accounts for cannot drift from the table. Means over different seeds (a run not all of
     whose runs finished there), a change too small to share out, and a run or kind not there
     are each one error naming the notes file and what is wrong."""
-    from raymvc_reports.pages import StudyResult, atlas_ranking, fill_atlas_values
+    from raymvc_reports.pages import atlas_ranking, fill_atlas_values
 
-    def kind(name):
-        st = load_study(ROOT / "studies" / f"robustness-{name}.yaml")
-        return StudyResult.from_record(st, ROOT / "studies" / "results" / f"robustness-{name}.csv")
-
-    crash, data = kind("crash"), kind("data")
+    crash, data = _atlas_kind("robustness-crash"), _atlas_kind("robustness-data")
     harsh = {e["run"].id: e["harsh"] for e in atlas_ranking(crash)}
     a, b, c = "cefmc", "kfed", "efimvc"
     notes = tmp_path / "robustness.md"
@@ -799,11 +802,10 @@ def test_a_study_of_the_atlas_without_a_grid_stays_out_of_its_rankings(tmp_path)
     """robustness-data-attribution compares runs at one setting: its numbers fill the notes'
     placeholders, but the ranking per kind, the rank matrix and the figure leave it out; a
     kind of one grid point (robustness-async-mnist) stays in."""
-    from raymvc_reports.pages import StudyResult, atlas_overview, fill_atlas_values
+    from raymvc_reports.pages import atlas_overview, fill_atlas_values
 
     names = ("robustness-crash", "robustness-async-mnist", "robustness-data-attribution")
-    results = [StudyResult.from_record(load_study(ROOT / "studies" / f"{n}.yaml"),
-                                       ROOT / "studies" / "results" / f"{n}.csv") for n in names]
+    results = [_atlas_kind(n) for n in names]
     assert not results[2].study.spec.grid and len(results[1].points()) == 1
     text = atlas_overview(results, tmp_path, tmp_path)
     assert "what the drop of FedDMVC and FCUIF is made of" not in text and "data-attribution" not in text
@@ -816,10 +818,9 @@ def test_an_ordering_claim_of_the_atlas_notes_is_checked_against_its_tables(tmp_
     """``{{atlas-order:KIND/RUN>KIND/RUN...}}`` renders nothing when the drops fall in that
     order (``KIND/*``: every other run) and stops the page, naming the notes file, when the
     tables say otherwise; the shipped notes' claims hold for the committed records."""
-    from raymvc_reports.pages import StudyResult, atlas_ranking, fill_atlas_values
+    from raymvc_reports.pages import atlas_ranking, fill_atlas_values
 
-    st = load_study(ROOT / "studies" / "robustness-crash.yaml")
-    res = StudyResult.from_record(st, ROOT / "studies" / "results" / "robustness-crash.csv")
+    res = _atlas_kind("robustness-crash")
     drops = sorted(((-e["change"], e["run"].id) for e in atlas_ranking(res) if e["change"] is not None), reverse=True)
     worst, runner_up = drops[0][1], drops[1][1]
     notes = tmp_path / "robustness.md"
@@ -835,8 +836,7 @@ def test_an_ordering_claim_of_the_atlas_notes_is_checked_against_its_tables(tmp_
             fill_atlas_values(f"x {bad} y", [res], notes)
         assert str(notes) in str(err.value)
     shipped = ROOT / "studies" / "notes" / "robustness.md"
-    kinds = [load_study(p) for p in sorted((ROOT / "studies").glob("robustness-*.yaml"))]
-    results = [StudyResult.from_record(k, ROOT / "studies" / "results" / f"{k.name}.csv") for k in kinds]
+    results = [_atlas_kind(p.stem) for p in sorted((ROOT / "studies").glob("robustness-*.yaml"))]
     text = fill_atlas_values(shipped.read_text(), results, shipped)
     assert "{{" not in text and "atlas-order" in shipped.read_text()
 

@@ -91,9 +91,24 @@ def run_ours(setting: str, seed: int, extra: dict) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         res = raymvc.run(str(REPO / scenario), overrides=overrides, out=Path(tmp) / "run", progress=False)
         m = res.metrics
+        labels = (Path(tmp) / "run" / "labels.csv").read_bytes() if m is not None else b""
     if m is None:  # no labels came back: say why rather than stop the comparison
         raise SystemExit(f"ours/{setting}/{seed}: the run ended {res.status.value} ({res.summary.get('error')})")
-    return {"acc": m["acc"], "nmi": m["nmi"], "ari": m["ari"], "wall_s": time.perf_counter() - t0}
+    return {"acc": m["acc"], "nmi": m["nmi"], "ari": m["ari"], "wall_s": time.perf_counter() - t0,
+            **provenance(res.summary), "labels_sha256": __import__("hashlib").sha256(labels).hexdigest()}
+
+
+def provenance(summary=None) -> dict:
+    """What a row of results.json ran at: the commit, raymvc's code version (ours), the
+    platform and the arithmetic mode."""
+    from raymvc.results.provenance import platform_text
+
+    head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    out = {"commit": head or "unknown"}
+    if summary is not None:
+        out.update(code_version=summary.get("code_version"), platform=platform_text(summary.get("platform")),
+                   arithmetic=(summary.get("arithmetic") or {}).get("mode"))
+    return out
 
 
 def run_theirs(harness: Path, setting: str, seed: int, budget: dict | None = None) -> dict:
@@ -109,7 +124,7 @@ def run_theirs(harness: Path, setting: str, seed: int, budget: dict | None = Non
         d = json.loads(out.read_text())
     f = d["final"]
     return {"acc": f["acc"], "nmi": f["nmi"], "ari": f["ari"], "wall_s": wall,
-            "label_based_report": d.get("authors_label_based_final (LABEL-BASED)")}
+            "label_based_report": d.get("authors_label_based_final (LABEL-BASED)"), **provenance()}
 
 
 def load() -> dict:
@@ -139,6 +154,8 @@ def _mean_std(xs: list[float]) -> str:
 
 
 # ours with one setting changed, each a column of the table
+# (results.json also keeps "l1" runs, params.server_norm: l1, made before the loss and initialisation
+# changes of the same code version as the other columns: not comparable, so not shown)
 VARIANTS = {"torch": {"params.init": "torch"}, "l1": {"params.server_norm": "l1"}}
 METHOD_SETTINGS = {"feddmvc": ("fully", "partial", "pf-fully", "nm-fully"), "fcuif": ("a", "b", "c", "pf-b", "nm-b")}
 
@@ -147,9 +164,37 @@ def _secs(xs: list[float]) -> str:
     return f"{sum(xs) / len(xs):.0f}" if xs else "-"
 
 
+def _same_runs(results: dict, setting: str, seeds: list[int]) -> str | None:
+    """The earlier setting whose "theirs" runs are these, score for score at every seed (their
+    code runs FedDMVC partially and FCUIF (b) as one), or None."""
+    mine = [results.get(key("theirs", setting, s)) for s in seeds]
+    if not all(mine):
+        return None
+    for other in SETTINGS:
+        if other == setting:
+            return None
+        theirs = [results.get(key("theirs", other, s)) for s in seeds]
+        if all(theirs) and all((a["acc"], a["nmi"]) == (b["acc"], b["nmi"]) for a, b in zip(mine, theirs)):
+            return other
+    return None
+
+
+def _difference(ours: list, theirs: list) -> str:
+    """Ours minus theirs, paired over the seeds both ran, with its bootstrap interval and the
+    word it allows."""
+    from raymvc.study.intervals import ci_text, paired_ci, verdict
+
+    pairs = [(o["acc"], t["acc"]) for o, t in zip(ours, theirs) if o and t]
+    if len(pairs) < 2:
+        return "-"
+    ci = paired_ci([o for o, _ in pairs], [t for _, t in pairs])
+    mean = sum(o - t for o, t in pairs) / len(pairs)
+    return f"{mean:+.3f} ({ci_text(ci)}; {verdict(ci, 'ours above', 'theirs above', 'within noise')})"
+
+
 def table(results: dict, settings: tuple[str, ...] | None = None) -> str:
-    rows = ["| setting | seeds | ours ACC | ours NMI | ours s a run | ours + `init: torch` ACC | "
-            "ours + `server_norm: l1` ACC | theirs ACC | theirs NMI | theirs s a run | "
+    rows = ["| setting | seeds | ours ACC | ours NMI | ours s a run | ours + `init: torch` ACC | theirs ACC | "
+            "theirs NMI | theirs s a run | ours - theirs ACC, paired over seeds | "
             "ACC per seed (ours / torch / theirs) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for setting, (label, *_rest) in SETTINGS.items():
         if settings is not None and setting not in settings:
@@ -158,7 +203,7 @@ def table(results: dict, settings: tuple[str, ...] | None = None) -> str:
         if not seeds:
             continue
         get = {(impl, v): [results.get(key(impl, setting, s, v)) for s in seeds]
-               for impl, v in (("ours", ""), ("ours", "torch"), ("ours", "l1"), ("theirs", ""))}
+               for impl, v in (("ours", ""), ("ours", "torch"), ("theirs", ""))}
 
         def col(impl, v, m, get=get):
             return [r[m] for r in get[(impl, v)] if r]
@@ -167,12 +212,14 @@ def table(results: dict, settings: tuple[str, ...] | None = None) -> str:
             f"{s}: " + " / ".join(f"{r['acc']:.3f}" if r else "-" for r in (get[("ours", "")][i], get[("ours", "torch")][i],
                                                                            get[("theirs", "")][i]))
             for i, s in enumerate(seeds))
+        same = _same_runs(results, setting, seeds)
+        theirs = (f"{_mean_std(col('theirs', '', 'acc'))} (the runs of {SETTINGS[same][0]}: one run of their code)"
+                  if same else _mean_std(col('theirs', '', 'acc')))
         rows.append(f"| {label} | {','.join(map(str, seeds))} | {_mean_std(col('ours', '', 'acc'))} | "
                     f"{_mean_std(col('ours', '', 'nmi'))} | {_secs(col('ours', '', 'wall_s'))} | "
-                    f"{_mean_std(col('ours', 'torch', 'acc'))} | "
-                    f"{_mean_std(col('ours', 'l1', 'acc'))} | {_mean_std(col('theirs', '', 'acc'))} | "
+                    f"{_mean_std(col('ours', 'torch', 'acc'))} | {theirs} | "
                     f"{_mean_std(col('theirs', '', 'nmi'))} | {_secs(col('theirs', '', 'wall_s'))} | "
-                    f"{per_seed} |")
+                    f"{_difference(get[('ours', '')], get[('theirs', '')])} | {per_seed} |")
     return "\n".join(rows)
 
 

@@ -11,8 +11,8 @@ A scenario's ``method`` is one of three things, looked up in this order:
    value is a module defining ``PROTOCOL``, or a ``module:attribute`` naming a Protocol);
 3. an import path of a module that defines ``PROTOCOL`` (``method: mylab.mymethod``).
    The module must be importable by the driver and by the Ray workers: installed, on
-   ``PYTHONPATH``, beside the scenario file that names it, or under the current
-   directory. The engine hands the folders it searched to every party it starts.
+   ``PYTHONPATH`` or beside the scenario file that names it; never from the working
+   directory alone. The engine hands the folders it searched to every party it starts.
 """
 
 from __future__ import annotations
@@ -79,33 +79,50 @@ def search_paths() -> list[str]:
     return list(_SEARCH)
 
 
-def import_user_module(path: str):
-    """Import ``path``; if it is not importable, from the first of the scenario files' folders
-    (:func:`add_search_path`) and the current directory that holds its top-level module.
+def _not_here() -> list[str]:
+    """``sys.path`` without the working directory (``""``, ``"."`` or its absolute path):
+    a module is never taken from wherever the command happens to run."""
+    cwd = os.path.realpath(os.getcwd())
+    return [p for p in sys.path if p not in ("", ".") and os.path.realpath(p) != cwd]
 
-    The module (or its top-level package) is loaded from that folder by its file location;
-    ``sys.path`` and the environment are left as they are. Every party the engine starts
-    gets the same folders, so a Ray worker finds the module the same way.
+
+def import_user_module(path: str):
+    """Import ``path`` from the installed packages and ``PYTHONPATH`` (never the working
+    directory), else from the first of the scenario files' folders (:func:`add_search_path`)
+    that holds its top-level module.
+
+    A module already imported is used as it is. Otherwise the module (or its top-level
+    package) is loaded from the folder it was found in, by its file location; ``sys.path``
+    and the environment are left as they are. Every party the engine starts gets the same
+    folders, so a Ray worker finds the module the same way. A scenario that names a module
+    runs that module's code: see docs/threat-model.md.
     """
-    try:
+    top = path.split(".")[0]
+    if top in sys.modules or top in sys.builtin_module_names:
         return importlib.import_module(path)
-    except ModuleNotFoundError as e:
-        top = path.split(".")[0]
-        if e.name not in {top, path}:
+    for folders in (_not_here(), *([f] for f in _SEARCH)):
+        spec = importlib.machinery.PathFinder.find_spec(top, folders)
+        if spec is None or spec.loader is None:
+            continue
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[top] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(top, None)
             raise
-        for folder in [*_SEARCH, os.getcwd()]:
-            spec = importlib.machinery.PathFinder.find_spec(top, [folder])
-            if spec is None or spec.loader is None:
-                continue
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[top] = module
-            try:
-                spec.loader.exec_module(module)
-            except BaseException:
-                sys.modules.pop(top, None)
-                raise
-            return module if path == top else importlib.import_module(path)
-        raise
+        return module if path == top else importlib.import_module(path)
+    raise ModuleNotFoundError(f"No module named {top!r}", name=top)
+
+
+def module_files(top: str, folders) -> list[str]:
+    """The distinct files that module ``top`` would be loaded from in each of ``folders``."""
+    found = []
+    for folder in folders:
+        spec = importlib.machinery.PathFinder.find_spec(top, [os.path.abspath(folder)])
+        if spec is not None and spec.origin and os.path.realpath(spec.origin) not in found:
+            found.append(os.path.realpath(spec.origin))
+    return found
 
 
 def get(name: str) -> Protocol:
@@ -126,7 +143,7 @@ def get(name: str) -> Protocol:
             if e.name and name.startswith(e.name):
                 raise KeyError(_unknown(name)) from None
             raise KeyError(f"method {name!r}: importing it failed: {e}") from None
-        except Exception as e:  # the user's module raised while importing
+        except (Exception, SystemExit) as e:  # the user's module raised (or called sys.exit) while importing
             raise KeyError(f"method {name!r}: importing it failed: {type(e).__name__}: {e}") from None
         return _from_module(module, name)
     raise KeyError(_unknown(name))
@@ -139,4 +156,4 @@ def _unknown(name: str) -> str:
     close = difflib.get_close_matches(name, names, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
     return (f"unknown method {name!r}; {hint}choose one of {', '.join(names)}, or the import path of a "
-            "module that defines PROTOCOL (installed, on PYTHONPATH or in the current directory)")
+            "module that defines PROTOCOL (installed, on PYTHONPATH or beside the scenario file)")

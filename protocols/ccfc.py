@@ -161,7 +161,7 @@ from ._torch import W_PREFIX, arrays_from_message, fedavg, seeded, state_to_arra
 __all__ = ["W_PREFIX", "UPDATE", "arrays_from_message", "fedavg", "load_arrays", "state_to_arrays"]
 
 # the model weights of an update: the server needs only their n-weighted sum
-UPDATE = SecureSum("update", (W_PREFIX + "*",), weight="n")
+UPDATE = SecureSum("update", (W_PREFIX + "*",), weight="n", weight_is_rows=True)
 
 
 class Config(ProtocolConfig):
@@ -730,5 +730,6 @@ PROTOCOL = Protocol(
                   "latent_dim": 8, "pred_dim": 4, "kmeans_init": 1, "server_kmeans_init": 2},
     secure_sums=(UPDATE,),
     honours_partial_work=True,  # local epochs scaled by ctx.work (faults.partial_work)
+    final_model=True,  # Done.final: the trained encoder and centroids (faults.inference_round)
     async_kinds=("train",),  # faults.asynchronous: buffered, staleness-weighted steps (Config.staleness)
 )

@@ -22,8 +22,9 @@ Server, every step (FedDMVC's global self-supervision with two additions)
 ---------------------------------------------------------------------------
 1. Prototypes ``C`` = k-means centres of the rows that are complete *and aligned*
    (the trusted rows); each ``Q_m``'s columns are put in ``C``'s order (Hungarian method
-   on the trusted rows). Of ``kmeans_init`` k-means restarts (and one started at the
-   previous round's clusters) the server keeps the one with the lowest k-means objective
+   on the trusted rows). Of ``kmeans_init`` k-means restarts (and, only with FedDMVC's
+   project option ``prototype_restart: fresh_or_warm``, one started at the previous
+   round's clusters) the server keeps the one with the lowest k-means objective
    (FedDMVC's rule and the paper's, ``prototypes: inertia``, the default). The project's
    option ``prototypes: score`` keeps instead the one whose labels score best by the
    label-free criterion of step 4 (why: ``benchmarks/fcuif_tuning.md``; what it changes
@@ -34,7 +35,8 @@ Server, every step (FedDMVC's global self-supervision with two additions)
    rows: in a batch of ``B`` trusted rows each other member's rows are shuffled by a
    known permutation (``A_gt``), ``A^m = softmax((H^a W^a)(H̃^m W^m)^T / sqrt(Σd))``
    (row-wise) and the loss is ``Σ_m mean_i ||(H^a W^a)_i - (A^m H̃^m W^m)_i||^2 +
-   α mean_i ||A^m_i - A^m_gt,i||^2``. Then for every member's unaligned rows the
+   α mean_i CE(A^m_gt,i, A^m_i)`` (the regulariser ``f`` as a cross-entropy of each row of
+   ``A^m`` against the known permutation's row: see below). Then for every member's unaligned rows the
    logits ``(H_U^a W^a)(H_U^m W^m)^T`` give the match: the permutation with the largest
    total logit (Hungarian method), which re-orders that member's ``Z_U^m`` and ``Q_U^m``
    into the anchor's order. The anchor is client 0 (the lowest member when client 0 has
@@ -81,14 +83,19 @@ Departures from the paper
   round; the paper initialises them from those rows and then updates them in its fusion
   step. The k-means of step 5 starts at ``C`` and uses every covered row.
 * ``rounds`` counts the fine-tune rounds after the pretraining round, so ``rounds: 3``
-  (the paper's R = 3) is four server steps; the first only pretrains.
+  (the paper's R = 3) is four server steps; the first only pretrains. The value is the
+  paper's, its meaning is not: the paper's R = 3 may count the pretraining round among
+  its three (not stated), which would be ``rounds: 2`` here. ``raymvc params fcuif``
+  marks ``rounds`` as a departure for that reason.
 * The match is a permutation (Hungarian method on the logits) rather than the soft
   ``A^m`` applied to the rows: unaligned rows are a permutation of each other, and a
   soft average of rows would blur a sample's embedding with its neighbours'.
 * The imputation is judged by an internal criterion on the clients' embeddings; the
   authors' code compares the accuracy of both branches against ground truth, which a
   clustering method cannot know. Labels are never read here.
-* Anchor: client 0 (see step 2) instead of "the client with the best training result".
+* Anchor: client 0 (see step 2) instead of "the client with the best training result",
+  which the paper measures by accuracy (labels a clustering method cannot read). It is
+  the parameter ``anchor`` (``first``, the only value), listed by ``raymvc params fcuif``.
 * FedDMVC's losses (Eqs. 1 and 3 as sums, ``loss: sum``) and its option of standardised embeddings. The
   training budget is the paper's by default (Sec. 4.1: 500-500-2000, 500 pretraining and
   300 local epochs, batch 256, Adam 1e-3, R = 3); the shipped scenarios shorten it by
@@ -177,7 +184,13 @@ class Config(fd.Config):
     # inherited from FedDMVC's Config, marked again where FCUIF's own paper speaks (defaults unchanged)
     rounds: int = remark(
         fd.Config, "rounds",
-        paper("Sec. 4.1.3 (R = 3 communication rounds; here after the pretraining round)", value=3))
+        departure("Sec. 4.1.3 (R = 3 communication rounds)",
+                  "3 fine-tune rounds after the pretraining round, four server steps; whether the paper's three "
+                  "count the pretraining round is not stated"))
+    anchor: Literal["first"] = Field(default="first", description="the alignment's anchor: the first member to "
+                                                                   "deliver (client 0 when it has)",
+        **departure("Sec. 3.3.1 (the client with the best training result)",
+                    "the first member: the paper judges 'best' by accuracy, which needs labels"))
     pretrain_epochs: int = remark(
         fd.Config, "pretrain_epochs",
         paper("Sec. 4.1.3 (pretrained for 500 epochs)", value=500))

@@ -77,8 +77,10 @@ faults every round counts, so the labels are the paper's. Under availability tie
 a client holds it gives the narrow, often-away views more rounds in which to reply; the
 measured effect is on ``studies/robustness.md`` (Remedies).
 
-Departures from the paper (each an option; the default is the paper's setting)
--------------------------------------------------------------------------------
+Departures from the paper (each an option; where the default is not the paper's own
+setting, the item says so: ``target: dec`` and the closed-form ``W_m`` are readings of
+what the paper leaves open or prints ambiguously, and are defaults)
+-------------------------------------------------------------------------------------
 * Anchor of the alignment (``align_to``): the paper aligns every client to client 1's
   labels (``client1``, the default): every ``Q_m``'s columns and ``C``'s rows are put in
   the first member's cluster order (Hungarian method on the overlapping samples), so

@@ -255,4 +255,5 @@ PROTOCOL = Protocol(
     paper="D. K. Dennis, T. Li, V. Smith: Heterogeneity for the Win: One-Shot Federated Clustering (ICML 2021)",
     quick_params={"kmeans_init": 2},
     analytic_bytes=analytic_bytes,
+    final_model=True,  # Done.final: the k global centroids (faults.inference_round)
 )

@@ -11,11 +11,18 @@ The Python API (details in each name's docstring)::
     raymvc.testing.check_protocol("mylab.mymethod")                  # a method of your own
 
 The command line (``raymvc run | sweep | ...``) is a thin layer over the same calls.
-Names are imported on first use, so ``import raymvc`` stays cheap in every actor.
+Names are imported on first use, so ``import raymvc`` stays cheap in every actor. Importing
+raymvc pins the numerical libraries' code paths (:mod:`raymvc.arithmetic`; import raymvc
+before numpy and torch, or set ``RAYMVC_ARITHMETIC=native`` to leave them free).
 """
 
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _installed_version
+
+from . import arithmetic as _arithmetic
+
+# before anything of raymvc imports numpy or torch: their code paths are chosen when they load
+_arithmetic.apply()
 
 try:  # the version lives in pyproject.toml only
     __version__ = _installed_version("raymvc")

@@ -62,6 +62,33 @@ class AvailabilityModel:
         raise NotImplementedError
 
 
+class AvailabilityError(ValueError):
+    """An availability model answered something that is not a probability."""
+
+
+def checked(model: AvailabilityModel, round: int, client: int) -> float:
+    """``model.unavailable(round, client)``, refused unless it is a real number in [0, 1]:
+    NaN, a negative number, infinity, None or a string would otherwise mean "always there"
+    or "always away" without a word."""
+    try:
+        p = model.unavailable(round, client)
+    except SystemExit as e:  # sys.exit in a model's code is its error, not the end of the process
+        name = getattr(model, "name", type(model).__name__)
+        raise AvailabilityError(f"availability model {name!r}: unavailable(round={round}, client={client}) called "
+                                f"sys.exit({e.code!r})") from None
+    ok = isinstance(p, (int, float, np.integer, np.floating)) and not isinstance(p, bool) and 0.0 <= float(p) <= 1.0
+    if not ok:
+        name = getattr(model, "name", type(model).__name__)
+        raise AvailabilityError(f"availability model {name!r}: unavailable(round={round}, client={client}) returned "
+                                f"{short_repr(p)}; it must return a probability in [0, 1]")
+    return float(p)
+
+
+def short_repr(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 REGISTRY: dict[str, type[AvailabilityModel]] = {}
 
 
@@ -273,7 +300,7 @@ def get_model(name: str) -> type[AvailabilityModel]:
     module_name, _, attr = name.partition(":")
     try:
         module = import_user_module(module_name)
-    except Exception as e:  # not found, or the user's module raised while importing
+    except (Exception, SystemExit) as e:  # not found, or the user's module raised (or exited) while importing
         raise KeyError(f"availability model {name!r}: importing {module_name} failed: {type(e).__name__}: {e}") \
             from None
     cls = getattr(module, attr, None)

@@ -19,7 +19,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from .scenario import ScenarioError, load_scenario, merge_overrides, one_line, parse_sets
+from .scenario import ScenarioError, ScenarioWarning, load_scenario, merge_overrides, one_line, parse_sets
 
 EXIT_USAGE = 2
 
@@ -33,7 +33,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
     """Our own data warnings as one ``warning:`` line; anything else as Python prints it."""
     from .data.datasets import DataWarning
 
-    if issubclass(category, DataWarning):
+    if issubclass(category, (DataWarning, ScenarioWarning)):
         print(f"warning: {one_line(str(message))}", file=file or sys.stderr)
     else:
         _default_showwarning(message, category, filename, lineno, file, line)
@@ -383,6 +383,19 @@ def cmd_sweep(args) -> int:
         return _fail(str(e))
 
 
+def cmd_verify(args) -> int:
+    from .results.folder import ResultsError
+    from .study.records import verify_studies
+
+    d = Path(args.studies)
+    if not d.is_dir():
+        return _fail(f"{d}: not a folder of study files")
+    try:
+        return verify_studies(d, only=args.only or None)
+    except (ScenarioError, ResultsError) as e:
+        return _fail(str(e))
+
+
 def cmd_plot(args) -> int:
     from .study.plot import plot_sweep
 
@@ -579,6 +592,12 @@ def _add_sweep_and_plot(sub, scenario_args) -> None:
     sw.add_argument("--quiet", action="store_true", help="no progress on stderr")
     sw.set_defaults(fn=cmd_sweep)
 
+    ve = sub.add_parser("verify", help="recompute every study record's numbers from its stored labels; list the "
+                                       "rows no mean may use (exit 1 if a row's numbers differ)")
+    ve.add_argument("studies", nargs="?", default="studies", help="folder of study files (default: studies)")
+    ve.add_argument("--only", action="append", default=[], metavar="STUDY", help="one study (repeatable)")
+    ve.set_defaults(fn=cmd_verify)
+
     pl = sub.add_parser("plot", help="plot a sweep: metrics and MB against the swept key (PNG + SVG)")
     pl.add_argument("sweep_dir", help="a folder written by raymvc sweep")
     pl.add_argument("--metric", action="append", default=[], metavar="NAME",
@@ -603,6 +622,10 @@ def _jobs(text: str) -> int | None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     warnings.showwarning = _show_warning
+    from . import arithmetic
+
+    if arithmetic.check():  # RAYMVC_ARITHMETIC holds no known mode
+        return _fail(arithmetic.check())
     try:
         return args.fn(args)
     except KeyboardInterrupt:

@@ -91,6 +91,14 @@ def last_commit(path: str | Path, root: Path | None = None) -> str | None:
     return got.stdout.strip() or None
 
 
+@functools.lru_cache(maxsize=256)
+def file_at(root: Path, commit: str, rel: str) -> str | None:
+    """The text of ``rel`` (relative to the checkout ``root``) at ``commit``; None where the
+    checkout holds no such file or commit, or git is not installed."""
+    got = _git(root, "show", f"{commit}:{rel}")
+    return got.stdout if got is not None and got.returncode == 0 else None
+
+
 @functools.lru_cache(maxsize=4096)  # a page asks once per cell; many cells share a commit
 def is_ancestor(root: Path, older: str, newer: str) -> bool | None:
     """Whether commit ``older`` is ``newer`` or one of its ancestors; None when the

@@ -333,11 +333,17 @@ class SecureSum:
     holding ``w_i`` (``None``: every client weighs 1); the weight itself travels in the
     clear. With ``channel.secure_aggregation`` the engine strips the declared fields from
     the reply, masks them, and the server sees only their sum (:func:`weighted_sum`).
+    ``weight_is_rows``: ``w_i`` counts client ``i``'s rows, so the summed weight must lie in
+    (0, the contributors' rows]; a sum outside is refused as failed (one client lied about
+    its weight: the sum cannot say which).
     """
 
     kind: str
     fields: tuple[str, ...]
     weight: str | None = None
+    # the weight is the client's number of rows: the server refuses a sum whose total weight
+    # is not in (0, rows the contributors hold] (a client that sent another weight)
+    weight_is_rows: bool = False
 
     def covers(self, name: str) -> bool:
         """Whether field ``name`` is one of the summed fields."""
@@ -462,3 +468,6 @@ class Protocol:
     # behind c's update is; a message of any other kind pre-empts the work in flight (those
     # updates are discarded) and goes to everyone at once. Empty: synchronous rounds only.
     async_kinds: tuple[str, ...] = ()
+    # whether its server ends with a final model (``Done.final``) that faults.inference_round can
+    # hand to every client; a scenario asking for that round of a method without one is refused
+    final_model: bool = False

@@ -113,3 +113,23 @@ def within(base: Path, path: Path) -> bool:
     except ValueError:
         return False
     return confined(base, rel) is not None
+
+
+def available_memory() -> int | None:
+    """Bytes this process may still allocate: the kernel's ``MemAvailable``, or less under an
+    address-space limit (``ulimit -v``); ``None`` where neither can be read."""
+    import resource
+
+    avail = None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        avail = soft if avail is None else min(avail, soft)
+    return avail

@@ -55,6 +55,11 @@ MAX_SYNTHETIC_VALUES = 100_000_000  # synthetic data: n_samples x total dims (80
 MAX_VIEWS = 10_000  # synthetic views (each one array, and one client of a vertical split)
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
 
+class ScenarioWarning(UserWarning):
+    """Something a scenario's reader should know that is not an error (shown as one
+    ``warning:`` line by the command line)."""
+
+
 class ScenarioError(ValueError):
     """A scenario problem, already phrased as one line for the user (at most 400 characters)."""
 
@@ -243,7 +248,7 @@ class AsyncCfg(_Strict):
     final model, which pre-empts the work in flight). Only for methods that declare they
     take updates this way (``raymvc params METHOD`` says)."""
 
-    buffer: int = Field(ge=1, description="updates the server waits for before each step")
+    buffer: int = Field(ge=1, strict=True, description="updates the server waits for before each step")
     max_staleness: int = Field(default=10, ge=0, le=1000, description="older updates are discarded, not used")
 
 
@@ -518,12 +523,13 @@ class RuntimeCfg(_Strict):
                                                                 "share one GPU); with params.device: auto the "
                                                                 "deep methods train on it")
     server_gpus: float = Field(default=0.0, ge=0.0, description="GPUs reserved for the server actor")
-    num_cpus: int | None = Field(default=None, ge=1)
-    reply_timeout_s: float = Field(default=600.0, gt=0.0)
-    threads: int = Field(default=1, ge=1)
+    num_cpus: int | None = Field(default=None, ge=1, le=1 << 16)
+    # at most ~11.6 days: a longer wait overflows the timers underneath (threading's TIMEOUT_MAX)
+    reply_timeout_s: float = Field(default=600.0, gt=0.0, le=1e6)
+    threads: int = Field(default=1, ge=1, le=1024)  # per process; a native pool of 10^5 threads crashes it
     checkpoint: bool = False  # save every party's state after each round (raymvc run --resume)
     evict_after: int = Field(default=3, ge=1)  # consecutive reply timeouts before a client is evicted
-    clients_per_actor: int = Field(default=1, ge=1)  # logical clients hosted by one Ray actor
+    clients_per_actor: int = Field(default=1, ge=1, le=1_000_000)  # logical clients hosted by one Ray actor
     placement: Literal["default", "spread"] = "default"  # spread: client actors over the cluster's nodes
     placement_timeout_s: float = Field(default=60.0, gt=0.0)  # waiting for the cluster to place the actors
     score_every: int = Field(default=0, ge=0, description="score the model as it stands after every N-th round "
@@ -542,7 +548,7 @@ class Scenario(_Strict):
     network: NetworkCfg = NetworkCfg()
     devices: DevicesCfg | None = None  # per-client speed and links on the virtual clock (docs/fault-models.md)
     runtime: RuntimeCfg = RuntimeCfg()
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)  # the range scikit-learn's random_state takes
 
     # where the file lives; relative data paths resolve against it
     source: str | None = Field(default=None, exclude=True)
@@ -929,6 +935,26 @@ def _check_split_options(sc: Scenario) -> None:
                                      f"this is a vertical split ({sc.method})"))
 
 
+def _drop_other_methods_params(raw: dict, file_method, file_params: Mapping, overrides: Mapping, source) -> None:
+    """A ``method`` override (``--set method=X``, a grid of methods) starts from X's own
+    defaults: the file's ``params``, written for its own method, are dropped -- even where a
+    name is shared, since its value was chosen for the other method -- except those the
+    overrides set again; a warning names what was dropped."""
+    import warnings
+
+    if "params" in overrides:  # the overrides give the whole params block
+        return
+    again = {k.split(".", 2)[1] for k in overrides if k.startswith("params.")}
+    params = raw.get("params") if isinstance(raw.get("params"), dict) else {}
+    raw["params"] = {k: v for k, v in params.items() if k in again}
+    dropped = sorted(str(k) for k in file_params if k not in again)
+    if dropped:
+        where = f"{source}: " if source else ""
+        warnings.warn(f"{where}method {raw.get('method')!r} replaces {file_method!r}: the file's params for "
+                      f"{file_method!r} are not carried over ({', '.join(dropped)}); {raw.get('method')!r} starts "
+                      "from its own defaults", ScenarioWarning, stacklevel=3)
+
+
 def scenario_from_dict(raw: dict, source: str | None = None, overrides: Mapping[str, Any] | Iterable[str] | None = None,
                        values: Mapping[str, Any] | None = None) -> Scenario:
     """A validated :class:`Scenario` from a raw mapping. ``overrides``: key -> value, as
@@ -939,11 +965,14 @@ def scenario_from_dict(raw: dict, source: str | None = None, overrides: Mapping[
     for key, value in (values or {}).items():
         _set_path(raw, key, copy.deepcopy(value), source)
     overrides = as_overrides(overrides)
+    file_method, file_params = raw.get("method"), raw.get("params")
     for key, value in overrides.items():
         try:
             _apply_override(raw, key, copy.deepcopy(value), source)
         except ScenarioError as e:
             raise ScenarioError(str(e).replace(f"--set {key}=...", f"--set {show_override(key, value)}", 1)) from None
+    if "method" in overrides and raw.get("method") != file_method and isinstance(file_params, Mapping):
+        _drop_other_methods_params(raw, file_method, file_params, overrides, source)
     raw.pop("source", None)
     try:
         sc = Scenario(**raw, source=source)

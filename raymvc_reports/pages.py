@@ -15,20 +15,36 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import re
 from collections import defaultdict
 from pathlib import Path
 
 from raymvc.declared import COMMIT_FIELDS, NOT_RECORDED, UNCOMMITTED, checkout_root, commit_status, last_commit
-from raymvc.results.folder import ResultsError, read_file, short_value, write_file
+from raymvc.results.folder import ResultsError, short_value, write_file
 from raymvc.results.provenance import platform_text
 from raymvc.results.runfolder import RunFolder
 from raymvc.results.status import FINISHED
-from raymvc.safeio import SafeReadError, confined, csv_rows
+from raymvc.safeio import confined
 from raymvc.scenario import ScenarioError
 from raymvc.study.files import METRIC_NAMES, Study, load_study
+from raymvc.study.intervals import ci_text, mean_ci, paired_ci, share_ci, verdict, wilson
 from raymvc.study.plot import literal
-from raymvc.study.sweep import MAX_SWEEP_CSV, mean_std, num, read_sweep, short_key
+from raymvc.study.records import (
+    REASONS,
+    RecordCheck,
+    cell_digests,
+    check_rows,
+    encode_labels,
+    labels_path,
+    point_key,
+    read_labels_store,
+    read_legacy,
+    read_record,
+    row_cell,
+    write_labels_store,
+)
+from raymvc.study.sweep import mean_std, num, read_sweep, short_key
 
 NAMES = {"acc": "ACC", "nmi": "NMI", "ari": "ARI", "mb": "MB"}
 DIGITS = {"acc": 3, "nmi": 3, "ari": 3, "mb": 3}
@@ -53,9 +69,9 @@ def code(text) -> str:
     return " ".join(str(text).split()).replace("`", "'").replace("|", "/").replace("<", "(").replace(">", ")")
 
 
-def _key(point: dict, text: bool = False) -> tuple:
-    """A grid point as a hashable key; ``text``: its values are already as sweep.csv writes them."""
-    return tuple((k, v if text else short_value(v)) for k, v in sorted(point.items()))
+_key = point_key  # a grid point as a hashable key
+_row_cell = row_cell  # (run id, grid point, seed): one cell of a study
+_read_record = read_record
 
 
 RECORD_DIR = "results"  # studies/results/<study>.csv: the cells a page was written from
@@ -91,42 +107,41 @@ class StudyResult:
     same page, so pages can be regenerated after the run folders are gone.
     """
 
-    def __init__(self, study: Study, rows: list[dict]):
+    def __init__(self, study: Study, rows: list[dict], codes: dict | None = None, record: Path | None = None,
+                 legacy: dict | None = None):
         self.study = study
+        self.codes = dict(codes or {})  # (cell digest, fingerprint) -> labels code (raymvc.study.records)
+        self.check: RecordCheck = check_rows(study, rows, self.codes, record=record, legacy=legacy)
         self.cells: dict[tuple, list[dict]] = defaultdict(list)
-        self.rows: list[dict] = []  # every cell's row, the main folder's first
-        self.joined = 0  # cells joined from other machines' folders
-        self.foreign = 0  # rows whose cell digest is not the study's for that cell (left out)
-        ids, seeds = set(study.labels()), {str(s) for s in study.seeds()}
-        digests = cell_digests(study)
-        seen = set()
-        for r in rows:
-            if r["scenario"] not in ids or str(r["seed"]) not in seeds:  # a run or seed the file no longer names
-                continue
-            key = _row_cell(r, study)
-            if not r.get("cell") or r.get("cell") != digests.get(key):  # another study's cell, or an edited one
-                self.foreign += 1
-                continue
-            if key in seen:  # the main folder's cell first, then the first other one's
-                continue
-            seen.add(key)
-            self.cells[key[:2]].append(r)
-            self.rows.append(r)
-            self.joined += bool(r.get("joined"))
+        self.rows: list[dict] = list(self.check.admitted)  # what enters means, tables and sentences
+        self.all_rows: list[dict] = list(self.check.rows)  # every cell's row, admitted or apart (the record)
+        self.foreign = self.check.foreign  # rows whose cell digest is not the study's for that cell (left out)
+        self.joined = sum(bool(r.get("joined")) for r in self.rows)  # cells joined from other machines' folders
+        for r in self.rows:
+            self.cells[_row_cell(r, study)[:2]].append(r)
 
     @classmethod
     def from_sweep(cls, study: Study, sweep_dir: Path, elsewhere: list[Path] = (),
-                   record: Path | None = None) -> StudyResult:
+                   record: Path | None = None, legacy: dict | None = None) -> StudyResult:
         """The sweep folder's cells, then those of ``elsewhere``'s folders, then the cells of
         an earlier ``record`` that neither holds (e.g. a GPU machine's, joined once with
         ``--also``): a rewritten record never loses a cell. A row whose run folder is gone
         keeps the record's code version and labels hash where the fingerprint is the same."""
         ids, digests = set(study.labels()), cell_digests(study)
-        out = []
+        out, codes = [], {}
         for d, joined in [(sweep_dir, ""), *((e, "1") for e in elsewhere)]:
-            out += [{**r, **_run_facts(d, r), "joined": joined, "cell": digests.get(_row_cell(r, study), "")}
-                    for r in read_sweep(d)[1] if r["scenario"] in ids]
+            for r in read_sweep(d)[1]:
+                if r["scenario"] not in ids:
+                    continue
+                facts = _run_facts(d, r)
+                code = facts.pop(LABELS_CODE, "")
+                row = {**r, **facts, "joined": joined, "cell": digests.get(_row_cell(r, study), "")}
+                if code:
+                    codes.setdefault((row["cell"], row.get("fingerprint", "")), code)
+                out.append(row)
         if record is not None and record.is_file():
+            for k, v in read_labels_store(labels_path(record)).items():
+                codes.setdefault(k, v)
             earlier = _read_record(record, study)
             by_cell = {_row_cell(r, study): r for r in earlier}
             for r in out:
@@ -137,24 +152,33 @@ class StudyResult:
                     if not r.get(CURVE) and old.get(CURVE):
                         r[CURVE] = old[CURVE]
             out += earlier
-        return cls(study, out)
+        return cls(study, out, codes, record, legacy)
 
     @classmethod
-    def from_record(cls, study: Study, path: Path) -> StudyResult:
-        return cls(study, _read_record(path, study))
+    def from_record(cls, study: Study, path: Path, legacy: dict | None = None) -> StudyResult:
+        """The cells of a record; ``legacy``: the legacy file's leave (default: the one beside the record)."""
+        legacy = read_legacy(path.parent.parent) if legacy is None else legacy
+        return cls(study, _read_record(path, study), read_labels_store(labels_path(path)), path, legacy)
 
     def write_record(self, path: Path) -> Path:
-        for r in self.rows:
+        """The record (every cell's row, admitted or apart) and, beside it, the labels of
+        each row that has them (``<study>.labels``)."""
+        rows = self.all_rows
+        for r in rows:
             r["study"] = self.study.name  # a record names its study: a copy under another name is not read
         fields: dict[str, None] = {}
-        for r in self.rows:
+        for r in rows:
             fields.update(dict.fromkeys(k for k in r if k not in RECORD_EXTRA))
         fields.update(dict.fromkeys(RECORD_EXTRA))
         buf = io.StringIO()
         w = csv.DictWriter(buf, fieldnames=list(fields), restval="", lineterminator="\n")
         w.writeheader()
-        w.writerows(self.rows)
+        w.writerows(rows)
         path.parent.mkdir(parents=True, exist_ok=True)
+        keep = {(r.get("cell", ""), r.get("fingerprint", "")) for r in rows}
+        codes = {k: v for k, v in self.codes.items() if k in keep}
+        if codes or labels_path(path).is_file():
+            write_labels_store(labels_path(path), codes)
         return write_file(path, buf.getvalue())
 
     def points(self) -> list[dict]:
@@ -168,6 +192,14 @@ class StudyResult:
         ok = [r for r in rows if r["status"] in OK]
         mean, std = mean_std([x for r in ok if (x := num(r.get(metric))) is not None])
         return mean, std, len(ok), len(rows)
+
+    def values(self, run_id: str, point: dict, metric: str) -> dict[str, float]:
+        """Seed -> ``metric`` of the finished runs of one cell."""
+        return {r["seed"]: x for r in self.cell(run_id, point) if r["status"] in OK and (x := num(r.get(metric))) is not None}
+
+    def ci(self, run_id: str, point: dict, metric: str) -> tuple[float, float] | None:
+        """The 95% bootstrap interval of the mean of ``metric`` over the cell's finished seeds."""
+        return mean_ci(list(self.values(run_id, point, metric).values()))
 
     def mode_counts(self, run_id: str, point: dict) -> tuple[int, int] | None:
         """Seeds below and at or above the study's ``modes.split`` (finished runs only)."""
@@ -183,7 +215,10 @@ class StudyResult:
         if counts is None:
             return ""
         m = self.study.spec.modes
-        return f"{counts[1]} {esc(m.above)}, {counts[0]} {esc(m.below)}"
+        n = counts[0] + counts[1]
+        share = "" if n == 0 else (f" ({esc(m.above)} {100 * counts[1] / n:.0f}%, Wilson "
+                                   f"{ci_text(wilson(counts[1], n), percent=True)})")
+        return f"{counts[1]} {esc(m.above)}, {counts[0]} {esc(m.below)}{share}"
 
     def grid_mean(self, run_id: str, metric: str) -> tuple[float | None, float | None, int, int]:
         """Per seed, the mean over the grid's points; then mean ± std over the seeds that
@@ -212,32 +247,6 @@ class StudyResult:
         return sorted({r["platform"] for r in self.rows if r.get("platform")})
 
 
-def _read_record(path: Path, study: Study) -> list[dict]:
-    """The record's rows that name ``study`` (a record copied from another study has none)."""
-    try:
-        rows = csv_rows(read_file(path, limit=MAX_SWEEP_CSV), what=str(path),
-                        required=("study", "scenario", "seed", "status"))
-    except SafeReadError as e:
-        raise ResultsError(str(e)) from None
-    return [r for r in rows if r.get("study") == study.name]
-
-
-def cell_digests(study: Study) -> dict[tuple, str]:
-    """Each cell the study file declares (as :func:`_row_cell` keys it) -> its
-    :meth:`~raymvc.study.files.Study.cell_digest`."""
-    out = {}
-    for _, _, run in study.entries():
-        for point in study.points():
-            for seed in study.run_seeds(run):
-                out[(run.id, _key(point), str(seed))] = study.cell_digest(run, point, seed)
-    return out
-
-
-def _row_cell(row: dict, study: Study) -> tuple:
-    """(run id, grid point as sweep.csv writes it, seed): one cell of a study."""
-    return row["scenario"], _key({k: row.get(k, "") for k in study.spec.grid}, text=True), str(row["seed"])
-
-
 def _run_facts(sweep_dir: Path, row: dict) -> dict:
     """A row's run as its folder holds it: the code version, and a SHA-256 of ``labels.csv``
     only where the folder still holds the run the row reports (same fingerprint)."""
@@ -249,19 +258,24 @@ def _run_facts(sweep_dir: Path, row: dict) -> dict:
         s = run.summary()
     except (OSError, ResultsError):
         return dict.fromkeys(FACTS, "")
-    digest = ""
+    digest, labels = "", ""
     if s.get("fingerprint") == row.get("fingerprint"):
         try:
             digest = run.labels_sha256() or ""
-        except (OSError, ResultsError):
-            pass
+            labels = encode_labels(run.labels()) if digest else ""
+        except (OSError, ResultsError, ValueError):
+            digest = labels = ""
     virtual = (s.get("timing") or {}).get("virtual_s")
     study = s.get("study") if isinstance(s.get("study"), dict) else {}
     facts = {"code_version": s.get("code_version") or "", "platform": platform_text(s.get("platform")),
              "labels_sha256": digest, "virtual_s": "" if virtual is None else virtual,
              **{k: code(study.get(k) or "")[:40] for k in COMMIT_FIELDS}}
     curve = acc_curve(run) if digest else ""
+    facts[LABELS_CODE] = labels
     return {**facts, CURVE: curve} if curve else facts
+
+
+LABELS_CODE = "_labels"  # a run folder's labels, compactly, on their way to the record's .labels file
 
 
 CURVE = "acc_by_time"  # a record's column for runs scored along their rounds (runtime.score_every)
@@ -282,13 +296,27 @@ def acc_curve(run: RunFolder) -> str:
     return " ".join(items)
 
 
+def _finite(text: str, item: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = math.nan
+    if not math.isfinite(x):
+        raise ValueError(f"acc_by_time: {item[:40]!r} is not T:ACC or final@T with finite numbers")
+    return x
+
+
 def parse_curve(text: str) -> list[tuple[float, float]]:
-    """A record's ``acc_by_time`` as (virtual seconds, ACC) pairs, in round order."""
+    """A record's ``acc_by_time`` as (virtual seconds, ACC) pairs, in round order; a
+    ``ValueError`` (one line) for an item that is neither ``T:ACC`` nor ``final@T``."""
     out = []
     for item in (text or "").split():
+        if item.startswith("final@"):
+            continue
         t, sep, a = item.partition(":")
-        if sep:
-            out.append((float(t), float(a)))
+        if not sep:
+            raise ValueError(f"acc_by_time: {item[:40]!r} is not T:ACC or final@T")
+        out.append((_finite(t, item), _finite(a, item)))
     return out
 
 
@@ -296,7 +324,7 @@ def final_round_start(text: str) -> float | None:
     """When the run's last round began, from a record's ``acc_by_time`` (``None``: not known)."""
     for item in (text or "").split():
         if item.startswith("final@"):
-            return float(item.removeprefix("final@"))
+            return _finite(item.removeprefix("final@"), item)
     return None
 
 
@@ -399,9 +427,12 @@ def tuning_summary(res: StudyResult) -> str | None:
         return head + (f" That is the default ({default_text})." if len(tied) == 1 else
                        f" The default ({default_text}) is one of them.")
     rank = 1 + sum(1 for m, _, _ in scored if m > d_mean)
-    near = "within" if best_mean - d_mean <= max(best_std, d_std) else "beyond"
+    best_v, def_v = res.values(run.id, best_point, t.metric), res.values(run.id, t.default, t.metric)
+    both = sorted(set(best_v) & set(def_v), key=int)
+    ci = paired_ci([best_v[k] for k in both], [def_v[k] for k in both])
+    near = verdict(ci, "below it beyond noise", "above it", "within noise")
     return (head + f" The default ({default_text}) ranks {rank} of {len(scored)} with {d_mean:.3f} ± {d_std:.3f}, "
-            f"{best_mean - d_mean:.3f} below the best ({near} one std of either).")
+            f"{best_mean - d_mean:.3f} below the best ({near}: best minus default paired over seeds, {ci_text(ci)}).")
 
 
 def _label(study: Study, run_id: str) -> str:
@@ -436,16 +467,39 @@ def declared_text(res: StudyResult) -> str:
     root = checkout_root(st.path)
     declared = last_commit(st.path, root) if root is not None else None
     counts: dict[str, int] = defaultdict(int)
-    for r in res.rows:
+    rows = [r for r in res.all_rows if (r, "seed", "") not in res.check.apart]
+    for r in rows:
         counts[commit_status(root, declared, r)] += 1
-    n = len(res.rows)
+    n = len(rows)
     if declared is None:
         head = "Seeds declared in: no commit known here (the study file is not in a git checkout or not committed)"
     else:
         head = f"Seeds declared in `{declared[:7]}` (the study file's last commit: its seeds, grid and modes)"
     if declared is not None and counts["after"] == n:
-        return f"{head}; all {n} runs ran at or after it."
-    return f"{head}; of its {n} runs, " + ", ".join(f"{counts[k]} {w}" for k, w in SEEDS_WORDS.items() if counts[k]) + "."
+        return f"{head}; all {n} runs ran at or after it." + admission_text(res)
+    return (f"{head}; of its {n} runs, " + ", ".join(f"{counts[k]} {w}" for k, w in SEEDS_WORDS.items() if counts[k])
+            + "." + admission_text(res))
+
+
+def admission_text(res: StudyResult) -> str:
+    """Which rows the tables and sentences below use: rows recomputed from their stored
+    labels, legacy rows admitted by studies/results/legacy.yaml (with its reason), and every row
+    left out, counted by reason (refused rows one by one)."""
+    c = res.check
+    parts = [f" Recomputed from their stored labels (`raymvc verify studies`): {c.recomputed} of the "
+             f"{len(res.rows)} rows used here"
+             + ("" if c.recomputed == len(res.rows) else
+                "; the others were recorded before records kept labels, so their numbers are as recorded") + "."]
+    if c.legacy:
+        parts.append(f" {c.legacy} rows carry no commit and are used as legacy (studies/results/legacy.yaml: "
+                     f"{esc(c.legacy_reason)}).")
+    counts = c.apart_counts()
+    if counts:
+        parts.append(" Left out of every mean, table and sentence: " + "; ".join(
+            f"{n} {REASONS[k]}" for k, n in sorted(counts.items())) + ".")
+    for r, _, why in c.refused:
+        parts.append(f" Refused: {esc(r.get('scenario'))} seed {esc(r.get('seed'))} ({esc(why)}).")
+    return "".join(parts)
 
 
 def study_section(res: StudyResult, fig_dir: Path | None, page_dir: Path) -> str:
@@ -469,7 +523,8 @@ def study_section(res: StudyResult, fig_dir: Path | None, page_dir: Path) -> str
     refs = [m for m in metrics if any(getattr(pr, m) is not None for pr in spec.paper_results)]
     modes = spec.modes
     head = ["run", "variant", *(esc(short_key(k)) for k in spec.grid), "runs ok",
-            *(f"{NAMES[m]}" for m in metrics), *(f"paper {NAMES[m]}" for m in refs),
+            *(f"{NAMES[m]}" for m in metrics), f"{NAMES[metrics[0]]}, 95% CI of the mean",
+            *(f"paper {NAMES[m]}" for m in refs),
             *(["seeds per mode"] if modes else []), f"{NAMES[metrics[0]]} per seed"]
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
@@ -486,8 +541,10 @@ def study_section(res: StudyResult, fig_dir: Path | None, page_dir: Path) -> str
             for m in refs:
                 v = _paper_value(st, r.id, point, m)
                 paper.append(f"{v:.3f}" if v is not None else "")
+            ci = res.ci(r.id, point, metrics[0])
+            ci_cell = "" if ci is None else f"{ci[0]:.{DIGITS[metrics[0]]}f} to {ci[1]:.{DIGITS[metrics[0]]}f}"
             row = [esc(r.label), r.variant, *(esc(short_value(point[k])) for k in spec.grid), ok_total or "0/0",
-                   *cells, *paper, *([res.mode_text(r.id, point)] if modes else []),
+                   *cells, ci_cell, *paper, *([res.mode_text(r.id, point)] if modes else []),
                    _seed_list(res, r.id, point, metrics[0])]
             lines.append("| " + " | ".join(row) + " |")
     fewer = [r for r in runs if r.seeds is not None]
@@ -495,12 +552,14 @@ def study_section(res: StudyResult, fig_dir: Path | None, page_dir: Path) -> str
     for pr in others:
         vals = [f"{getattr(pr, m):.3f}" if getattr(pr, m) is not None else "" for m in refs]
         row = [esc(pr.method), "paper's number", *(esc(short_value(pr.at.get(k, ""))) or "all" for k in spec.grid), "",
-               *([""] * len(metrics)), *vals, *([""] if modes else []), ""]
+               *([""] * len(metrics)), "", *vals, *([""] if modes else []), ""]
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     if fewer:
         lines += ["Fewer seeds (too slow here for all of the study's): " + "; ".join(
             f"*{esc(r.label)}* on seeds {esc(', '.join(map(str, st.run_seeds(r))))}" for r in fewer) + ".", ""]
+    lines += ["Intervals: the 95% CI of a mean is a percentile bootstrap over the cell's seeds (none with fewer "
+              "than two); a share of seeds in one mode carries Wilson's 95% interval.", ""]
     if modes:
         lines += [f"Seeds per mode: {NAMES[modes.metric]} below {modes.split:g} counts as *{esc(modes.below)}*, "
                   f"at or above it as *{esc(modes.above)}* (the split, from the study file, lies between the two "
@@ -655,6 +714,9 @@ def atlas_ranking(res: StudyResult) -> list[dict]:
     for r in [r for _, _, r in res.study.entries() if r.id not in res.study.spread_ids()]:
         m0, _, _, _ = res.stat(r.id, mild, "acc")
         m1, s1, ok, total = res.stat(r.id, harsh, "acc")
+        by_seed0, by_seed1 = res.values(r.id, mild, "acc"), res.values(r.id, harsh, "acc")
+        both = sorted(set(by_seed0) & set(by_seed1), key=int)
+        change_ci = None if mild == harsh else paired_ci([by_seed1[k] for k in both], [by_seed0[k] for k in both])
         mb0, _, _, _ = res.stat(r.id, mild, "mb")
         mb1, _, _, _ = res.stat(r.id, harsh, "mb")
         t0, _, _, _ = res.stat(r.id, mild, "virtual_s")
@@ -663,6 +725,8 @@ def atlas_ranking(res: StudyResult) -> list[dict]:
             continue  # not run yet
         out.append({"run": r, "mild": m0, "harsh": m1, "harsh_std": s1, "ok": ok, "total": total,
                     "change": None if m0 is None or m1 is None or mild == harsh else m1 - m0,
+                    "change_ci": change_ci, "harsh_by_seed": by_seed1,
+                    "seeds": sorted(str(x) for x in res.study.run_seeds(r)),
                     "mb_mild": mb0, "mb_harsh": mb1,
                     "mild_s": t0, "harsh_s": t1})
     out.sort(key=lambda e: (e["harsh"] is None, e["ok"] < e["total"], -(e["harsh"] or 0.0)))
@@ -696,11 +760,19 @@ def atlas_share(m: re.Match, rankings: dict[str, dict[str, dict]], where: Path) 
         if e["ok"] < e["total"]:
             raise ScenarioError(f"{where}: {m.group(0)}: run {r!r} finished {e['ok']} of {e['total']} runs there; "
                                 "a share needs means over the same seeds")
+    seeds = [table[r]["seeds"] for r in runs]
+    if any(s != seeds[0] for s in seeds):
+        raise ScenarioError(f"{where}: {m.group(0)}: the runs sweep different seeds ("
+                            + "; ".join(f"{r}: {', '.join(s)}" for r, s in zip(runs, seeds))
+                            + "); a share needs means over the same seeds")
     a, b, c = (table[r]["harsh"] for r in runs)
     if abs(a - c) < 0.005:
         raise ScenarioError(f"{where}: {m.group(0)}: {runs[0]!r} and {runs[2]!r} differ by {abs(a - c):.3f}, "
                             "too little to share out")
-    return f"{100 * (a - b) / (a - c):.0f}%"
+    keys = sorted(seeds[0], key=int)
+    ci = share_ci(*([table[r]["harsh_by_seed"][k] for k in keys] for r in runs))
+    word = "" if verdict(ci, "x", "x", "") else "; within noise"
+    return f"{100 * (a - b) / (a - c):.0f}% ({ci_text(ci, percent=True)}{word})"
 
 
 def check_atlas_order(m: re.Match, rankings: dict[str, dict[str, dict]], where: Path) -> str:
@@ -773,7 +845,15 @@ def time_to_accuracy_table(res: StudyResult, ref: str, run: str, where: Path) ->
     if ref not in labels or run not in labels:
         raise ScenarioError(f"{where}: time-to-accuracy: no run {ref if ref not in labels else run!r} "
                             f"in {res.study.name}")
-    rows = time_to_accuracy(res, ref, run)
+    try:
+        rows = time_to_accuracy(res, ref, run)
+    except ValueError as e:
+        raise ScenarioError(f"{where}: time-to-accuracy: {res.study.name}: {e}") from None
+    untimed = sorted({e["seed"] for e in rows if not e["ref_s"] > 0}, key=int)
+    if untimed:
+        raise ScenarioError(f"{where}: time-to-accuracy: {res.study.name}: {ref!r} has no virtual time at seed(s) "
+                            f"{', '.join(untimed)} (a run without a device or network model takes no virtual "
+                            "time, so there is nothing to share out)")
     if not rows:
         raise ScenarioError(f"{where}: time-to-accuracy: {res.study.name} has no finished cells of {run!r} scored "
                             "along their rounds (runtime.score_every)")
@@ -851,6 +931,10 @@ def fill_atlas_values(text: str, results: list[StudyResult], where: Path) -> str
         if start in out:  # a placeholder none of the patterns took
             bad = out[out.index(start):][:80].split("}}")[0]
             raise ScenarioError(f"{where}: {bad}}}}}: expected {form}")
+    left = re.search(r"\{\{[^{}\n]{0,80}\}\}", out)
+    if left:  # a misspelt or spaced placeholder (`{{atlas-shar:...}}`, `{{ atlas:... }}`) would be copied as it is
+        raise ScenarioError(f"{where}: {left.group(0)}: not a placeholder (known: {{{{atlas:...}}}}, "
+                            "{{atlas-order:...}}, {{atlas-share:...}}, {{time-to-accuracy:...}})")
     return out
 
 
@@ -869,9 +953,10 @@ def atlas_overview(results: list[StudyResult], fig_dir: Path, page_dir: Path) ->
              "(summed over runs; each section gives its own and the command that reproduces it).", "",
              "Per kind of device behaviour, the methods ranked by mean ACC at the kind's harshest point "
              "(finished runs only; a method not all of whose runs finished there ranks after those that all "
-             "did). \"change\" is ACC at the harshest point minus ACC at the mildest; \"runs ok\" counts the "
-             "runs that finished at the harshest point. Rows come from the sections below (their seeds, their "
-             "settings).", ""]
+             "did). \"change\" is ACC at the harshest point minus ACC at the mildest, with the 95% interval of "
+             "that difference paired over seeds (bootstrap); it reads as a drop only where the interval lies below "
+             "zero. \"runs ok\" counts the runs that finished at the harshest point. Rows come from the sections "
+             "below (their seeds, their settings).", ""]
     ranks: dict[str, dict[str, str]] = defaultdict(dict)
     kinds = []
     for res in sorted(results, key=lambda r: r.study.name):
@@ -883,13 +968,16 @@ def atlas_overview(results: list[StudyResult], fig_dir: Path, page_dir: Path) ->
         kinds.append(kind)
         span = f"one point: {_fmt_point(mild)}" if mild == harsh else f"{_fmt_point(mild)} to {_fmt_point(harsh)}"
         lines += [f"**{esc(res.study.spec.title)}** ({esc(span)})", "",
-                  "| rank | run | ACC, mildest | ACC, harshest | change | runs ok, harshest | MB, mildest → harshest |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| rank | run | ACC, mildest | ACC, harshest | change | change, 95% CI | runs ok, harshest | "
+                  "MB, mildest → harshest |",
+                  "|---|---|---|---|---|---|---|---|"]
         for i, e in enumerate(ranking, 1):
             change = "n/a" if e["change"] is None else f"{e['change']:+.3f}"
+            cci = e["change_ci"]
+            cci_text = "" if cci is None else f"{cci[0]:+.3f} to {cci[1]:+.3f} ({verdict(cci, 'a gain', 'a drop')})"
             mb = f"{_pm(e['mb_mild'], None, 3)} → {_pm(e['mb_harsh'], None, 3)}"
             lines.append(f"| {i} | {esc(e['run'].label)} | {_pm(e['mild'], None, 3)} | "
-                         f"{_pm(e['harsh'], e['harsh_std'], 3)} | {change} | {e['ok']}/{e['total']} | {mb} |")
+                         f"{_pm(e['harsh'], e['harsh_std'], 3)} | {change} | {cci_text} | {e['ok']}/{e['total']} | {mb} |")
             ranks[e["run"].id][kind] = f"{i} ({change})"
         lines.append("")
     labels = {r.id: r.label for res in results for r in res.study.spec.runs}
@@ -1022,9 +1110,10 @@ def check_text(check: StudyResult | None, run_id: str, point: dict | None, paper
     if modes:
         text += f", {modes}"
     if paper_acc is not None:
-        diff = round(acc[0], 3) - round(paper_acc, 3)
-        where = "below" if diff < 0 else "above" if diff > 0 else "at"
-        text += f"; {where} the paper's {paper_acc:.3f}"
+        ci = check.ci(run_id, point, "acc") if point is not None else None
+        shifted = None if ci is None else (ci[0] - paper_acc, ci[1] - paper_acc)
+        where = verdict(shifted, "above", "below", "within noise of")
+        text += f"; {where} the paper's {paper_acc:.3f} ({ci_text(ci)})"
     return text
 
 
@@ -1092,19 +1181,22 @@ def write_pages(studies_dir: Path, runs_dir: Path, readme: Path | None = None,
     studies = [load_study(f) for f in sorted(studies_dir.glob("*.yaml"))]
     for st in studies:  # every file is checked before anything is written
         check_policy(st)
+    legacy = read_legacy(studies_dir)
     records = []  # read every study's cells before writing any record
     for st in studies:
         d, record = runs_dir / st.name, studies_dir / RECORD_DIR / f"{st.name}.csv"
         res = None
         if (d / "sweep.csv").is_file():
             more = [e / st.name for e in elsewhere if (e / st.name / "sweep.csv").is_file()]
-            res = StudyResult.from_sweep(st, d, more, record)
+            res = StudyResult.from_sweep(st, d, more, record, legacy)
             records.append((res, record))
         elif record.is_file():
-            res = StudyResult.from_record(st, record)
+            res = StudyResult.from_record(st, record, legacy)
         if res is not None and res.foreign:
             say(f"{record}: {res.foreign} row(s) left out: not cells of {st.name} as its file declares them "
                 "(their cell digest differs)")
+        for r, _, why in (res.check.refused if res is not None else []):
+            say(f"{record}: refused {r.get('scenario')} seed {r.get('seed')}: {why}")
         by_paper[st.spec.paper].append((st, res))
     written += [res.write_record(record) for res, record in records]
     for paper, entries in sorted(by_paper.items()):

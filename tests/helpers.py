@@ -38,3 +38,22 @@ def validate_fails_in_one_line(path: Path, capsys, expected: str) -> None:
     assert err.count("\n") == 0, err
     assert err.startswith(f"error: {path}: "), err
     assert expected in err, err
+
+
+def git(repo: Path, *args: str) -> str:
+    """``git -C repo ARGS`` with a test identity; its output, stripped."""
+    import subprocess
+
+    done = subprocess.run(["git", "-C", str(repo), "-c", "user.name=raymvc tests", "-c", "user.email=tests@raymvc",
+                           "-c", "commit.gpgsign=false", *args], capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def commit_all(root: Path) -> str:
+    """Commit everything under ``root`` (made a git checkout if it is none); returns HEAD.
+    A study's seeds come before its runs: only rows swept from a commit enter its page."""
+    if not (root / ".git").exists():
+        git(root, "init", "-q")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "--allow-empty", "-m", "declare")
+    return git(root, "rev-parse", "HEAD")

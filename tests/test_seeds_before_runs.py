@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import commit_all
 from test_study_files import SCENARIO  # k-FED on synthetic blobs: a run takes a fraction of a second
 
 from raymvc.cli import main
@@ -144,12 +146,12 @@ def test_a_scenario_outside_the_checkout_is_refused(tmp_path):
     assert check_committed(repo / "s.yaml", []).seeds_commit == git(repo, "rev-parse", "HEAD")
 
 
-def _record(path: Path, study: str, run: str, seeds: range, accs: list[float], commits: bool = False) -> None:
+def _record(path: Path, study: str, run: str, seeds: range, accs: list[float], commits: str = "") -> None:
+    """A hand-made record; ``commits``: what its rows name as their commits ("" for none)."""
     rows = [{"scenario": run, "method": "cefmc", "seed": str(s), "status": "completed", "acc": str(a), "nmi": "0.9",
              "ari": "0.9", "mb": "1.0", "rounds": "3", "wall": "1.0", "fingerprint": f"f{s}", "run_dir": "",
              "code_version": "v", "platform": "numpy 2; Python 3.11, x86_64, 2 CPUs", "labels_sha256": "h",
-             **({"seeds_commit": "uncommitted", "head_commit": "uncommitted"} if commits else {}),
-             "joined": "", "study": study}
+             "seeds_commit": commits, "head_commit": commits, "joined": "", "study": study}
             for s, a in zip(seeds, accs)]
     st = load_study(path.parent.parent / f"{study}.yaml")  # the cell digest the page generator checks
     rows = [{**r, "cell": cell_digests(st).get(_row_cell(r, st), "")} for r in rows]
@@ -173,27 +175,39 @@ def test_readme_shows_a_headlines_second_draw_beside_it_and_old_records_read_as_
     studies.joinpath("demo-headline-check.yaml").write_text(
         f"study:\n  paper: demo\n  title: Second draw\n  seeds: 400-404\n  metrics: [acc]\n{modes}  readme: false\n"
         f"  runs:\n    - {{id: paper, label: Demo, scenario: {scenario}}}\n")
+    head = commit_all(tmp_path)  # the study files declared before their runs
     _record(studies / "results" / "demo-headline.csv", "demo-headline", "paper", range(300, 305),
-            [0.95, 0.96, 0.82, 0.95, 0.94])
+            [0.95, 0.96, 0.82, 0.95, 0.94], commits=head)
     _record(studies / "results" / "demo-headline-check.csv", "demo-headline-check", "paper", range(400, 405),
-            [0.95, 0.82, 0.83, 0.95, 0.81], commits=True)
+            [0.95, 0.82, 0.83, 0.95, 0.81], commits=head)
     readme = tmp_path / "README.md"
     readme.write_text(f"x\n{README_BEGIN}\n{README_END}\n")
     write_pages(studies, tmp_path / "runs", readme)
     rows = [line for line in readme.read_text().splitlines() if line.startswith("| [demo-headline]")]
     assert len(rows) == 2 and not any("[demo-headline-check]" in line for line in readme.read_text().splitlines())
     paper = next(line for line in rows if "| Demo |" in line)
-    assert paper.endswith("| 5/5 | 4 separated, 1 merged | seeds 400-404: 0.872 ± 0.072 (5/5), 2 separated, "
-                          "3 merged; below the paper's 0.900 |")
+    assert paper.endswith("| 5/5 | 4 separated, 1 merged (separated 80%, Wilson 95% CI 38% to 96%) | seeds 400-404: "
+                          "0.872 ± 0.072 (5/5), 2 separated, 3 merged (separated 40%, Wilson 95% CI 12% to 77%); within "
+                          "noise of the paper's 0.900 (95% CI 0.818 to 0.926) |")
     assert next(line for line in rows if "| Demo+ |" in line).endswith("| 0/0 | 0 separated, 0 merged |  |")  # no draw of its own
     page = (studies / "demo.md").read_text()
-    # records written before cells named their commit read as "not recorded"
-    assert "of its 5 runs, 5 not recorded (made before cell records named their commit)." in page
-    assert "of its 5 runs, 5 ran from a study file no commit held." in page
+    assert page.count("all 5 runs ran at or after it.") == 2
     # where a label hash holds: the platform, on every page that has one
     assert "Platform of these runs: numpy 2; Python 3.11, x86_64, 2 CPUs. The label hashes in " \
            "`studies/results/demo-headline.csv` are reproducible on the platform each row names" in page
     assert "a SHA-256 of a cell's labels is reproducible on the platform" in page
+    # records written before cells named their commit read as "not recorded"; rows run from no commit, so
+    # too; neither enters a mean
+    _record(studies / "results" / "demo-headline.csv", "demo-headline", "paper", range(300, 305),
+            [0.95, 0.96, 0.82, 0.95, 0.94])
+    _record(studies / "results" / "demo-headline-check.csv", "demo-headline-check", "paper", range(400, 405),
+            [0.95, 0.82, 0.83, 0.95, 0.81], commits="uncommitted")
+    write_pages(studies, tmp_path / "runs", readme)
+    page = (studies / "demo.md").read_text()
+    assert "of its 5 runs, 5 not recorded (made before cell records named their commit)." in page
+    assert "of its 5 runs, 5 ran from a study file no commit held." in page
+    assert "Left out of every mean, table and sentence: 5 ran from a study file no commit held." in page
+    assert "| Demo | paper | 0/0 | n/a |" in page
 
 
 def test_the_readme_rows_of_feddmvc_and_fcuif_carry_their_second_draw():
@@ -203,7 +217,8 @@ def test_the_readme_rows_of_feddmvc_and_fcuif_carry_their_second_draw():
         row = next(line for line in text.splitlines() if line.startswith(f"| [{study}]") and f"| {label} |" in line)
         draw = row.rstrip(" |").rsplit(" | ", 1)[1]
         assert draw.startswith("seeds 400-409: ") and "(10/10)" in draw and "two digits merged" in draw, row
-        assert draw.endswith(f"the paper's {paper}"), row
+        assert re.search(rf"(below|above|within noise of) the paper's {paper} \(95% CI 0\.\d{{3}} to 0\.\d{{3}}\)$",
+                         draw), row
 
 
 def test_the_feddmvc_page_names_the_platform_and_the_seed_whose_labels_moved():

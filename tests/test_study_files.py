@@ -7,10 +7,12 @@ import json
 import re
 import shutil
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import commit_all
 
 from raymvc.cli import main
 from raymvc.scenario import ScenarioError
@@ -19,6 +21,13 @@ from raymvc_reports.pages import README_BEGIN, README_END, write_pages
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDIES = sorted((ROOT / "studies").glob("*.yaml"))
+
+
+def sweep_committed(*argv: str) -> int:
+    """``raymvc sweep ARGV`` after committing the working directory (the study file and the
+    scenarios it names): rows swept from no commit would stay out of every page."""
+    commit_all(Path.cwd())
+    return main(["sweep", *argv])
 
 SCENARIO = """
 name: tiny
@@ -131,27 +140,39 @@ def test_a_study_takes_no_grid_or_seeds_from_the_command_line(tmp_path, capsys):
 
 
 def _with_cells(rows: list[dict], study_file) -> list[dict]:
-    """Hand-made record rows with the cell digest that the page generator writes and checks."""
+    """Hand-made record rows with the cell digest that the page generator writes and checks,
+    made (as far as git can tell) after a commit that declares the study: the study's folder
+    becomes a git checkout with everything committed, and each row names its HEAD."""
     from raymvc_reports.pages import _row_cell, cell_digests
 
     st = load_study(study_file)
     digests = cell_digests(st)
-    return [{**r, "cell": digests.get(_row_cell(r, st), "")} for r in rows]
+    head = commit_all(Path(study_file).resolve().parent.parent)
+    return [{"seeds_commit": head, "head_commit": head, **r, "cell": digests.get(_row_cell(r, st), "")} for r in rows]
 
 
 def _copy_papers(tmp_path: Path, *papers: str) -> Path:
     """The shipped study files, records and notes of ``papers`` (and every scenario) under
-    ``tmp_path``: enough to write those papers' pages without the other pages' time."""
+    ``tmp_path``: enough to write those papers' pages without the other pages' time.
+    ``tmp_path`` is a clone of this repository first (sharing its objects), so the commits the
+    records name, and the records as they were before they named commits, are there too."""
+    import subprocess
+
+    done = subprocess.run(["git", "clone", "-q", "--shared", "--no-checkout", str(ROOT), str(tmp_path)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"needs this repository's git history ({done.stderr.strip()[:100]})")
     studies = tmp_path / "studies"
     for sub in ("results", "notes"):
         (studies / sub).mkdir(parents=True, exist_ok=True)
     for paper in papers:
         for f in (ROOT / "studies").glob(f"{paper}-*.yaml"):
             shutil.copy(f, studies / f.name)
-        for f in (ROOT / "studies" / "results").glob(f"{paper}-*.csv"):
+        for f in (ROOT / "studies" / "results").glob(f"{paper}-*.*"):
             shutil.copy(f, studies / "results" / f.name)
         if (ROOT / "studies" / "notes" / f"{paper}.md").is_file():
             shutil.copy(ROOT / "studies" / "notes" / f"{paper}.md", studies / "notes" / f"{paper}.md")
+    shutil.copy(ROOT / "studies" / "results" / "legacy.yaml", studies / "results" / "legacy.yaml")
     shutil.copytree(ROOT / "scenarios", tmp_path / "scenarios")
     return studies
 
@@ -167,13 +188,13 @@ def test_a_tiny_study_runs_resumes_and_gets_its_page(tmp_path, monkeypatch, caps
     studies.mkdir()
     (studies / "tiny-study.yaml").write_text(STUDY)
     monkeypatch.chdir(tmp_path)
-    assert main(["sweep", "--allow-uncommitted", "studies/tiny-study.yaml", "--quiet"]) == 0
+    assert sweep_committed("studies/tiny-study.yaml", "--quiet") == 0
     out = tmp_path / "runs" / "studies" / "tiny-study"  # the study's default folder
     rows = _csv(out / "sweep.csv")
     assert len(rows) == 3 * 2 * 3  # (paper, ours, paper with 2 threads) x 2 noise levels x 3 seeds
     assert {r["scenario"] for r in rows} == {"paper", "ours", "paper.threads2"}
     capsys.readouterr()
-    assert main(["sweep", "--allow-uncommitted", "studies/tiny-study.yaml"]) == 0
+    assert sweep_committed("studies/tiny-study.yaml") == 0
     assert "0 runs executed" in capsys.readouterr().err  # nothing changed: every cell reused
     import raymvc
 
@@ -217,7 +238,7 @@ def test_a_tiny_study_runs_resumes_and_gets_its_page(tmp_path, monkeypatch, caps
     for name, title in (("other", "Another look"), ("zz", "Last look")):
         (studies / f"{name}.yaml").write_text(f"study: {{paper: kfed, title: {title}, seeds: 0-1, runs: "
                                               "[{id: paper, label: k-FED, scenario: ../tiny.yaml}]}\n")
-        assert main(["sweep", "--allow-uncommitted", f"studies/{name}.yaml", "--quiet"]) == 0
+        assert sweep_committed(f"studies/{name}.yaml", "--quiet") == 0
     (studies / "kfed.md").write_text("\n".join(x for x in page.splitlines() if not x.startswith("<!-- study:")) + "\n")
     for _ in range(2):
         told = []
@@ -249,7 +270,7 @@ study:
     - {method: "k-FED (paper, mean of the points)", acc: 0.777}
 """)
     monkeypatch.chdir(tmp_path)
-    assert main(["sweep", "--allow-uncommitted", "studies/avg.yaml", "--quiet"]) == 0
+    assert sweep_committed("studies/avg.yaml", "--quiet") == 0
     rows = _csv(tmp_path / "runs" / "studies" / "avg" / "sweep.csv")
     per_seed = [statistics.mean(float(r["acc"]) for r in rows if r["seed"] == s) for s in ("0", "1", "2")]
     readme = tmp_path / "README.md"
@@ -293,7 +314,7 @@ def test_a_tuning_page_names_the_best_point_and_where_the_default_stands(tmp_pat
     studies.mkdir()
     (studies / "tune.yaml").write_text(TUNING)
     monkeypatch.chdir(tmp_path)
-    assert main(["sweep", "--allow-uncommitted", "studies/tune.yaml", "--quiet"]) == 0
+    assert sweep_committed("studies/tune.yaml", "--quiet") == 0
     rows = _csv(tmp_path / "runs" / "studies" / "tune" / "sweep.csv")
     assert {r["seed"] for r in rows} == {"100", "101", "102"}
     means = {}
@@ -330,6 +351,11 @@ class _FakeResult:
         ok, total = counts or (3, 3)
         return (mean if ok else None), std, ok, total
 
+    def values(self, run_id, point, metric):
+        """Three seeds at mean - std, mean, mean + std (their sample std is std)."""
+        mean, std, *_ = self.means[point["params.kmeans_init"]]
+        return {"100": mean - std, "101": mean, "102": mean + std}
+
 
 @pytest.mark.parametrize("means, words", [
     ({1: (0.90, 0.01), 5: (0.80, 0.02)}, "the best mean ACC is 0.900 ± 0.010, at kmeans_init = 1. That is the default"),
@@ -341,8 +367,10 @@ class _FakeResult:
     ({1: (0.80, 0.01, 2, 3), 5: (0.95, 0.01)}, "The default (kmeans_init = 1) has 2 of 3 seeds finished (1 failed)"),
     ({1: (0.80, 0.01, 1, 1), 5: (0.95, 0.01)}, "The default (kmeans_init = 1) has 1 of 3 seeds finished: no verdict"),
     ({1: (0.80, 0.01), 5: (0.90, 0.05)}, "The default (kmeans_init = 1) ranks 2 of 2 with 0.800 ± 0.010, 0.100 "
-                                         "below the best (beyond one std of either)."),
-    ({1: (0.88, 0.01), 5: (0.90, 0.05)}, "0.020 below the best (within one std of either)."),
+                                         "below the best (below it beyond noise: best minus default paired over "
+                                         "seeds, 95% CI 0.060 to 0.140)."),
+    ({1: (0.88, 0.01), 5: (0.90, 0.05)}, "0.020 below the best (within noise: best minus default paired over seeds, "
+                                         "95% CI -0.020 to 0.060)."),
 ])
 def test_the_tuning_line_says_where_the_default_stands(tmp_path, means, words):
     from raymvc_reports.pages import tuning_summary
@@ -398,11 +426,11 @@ def test_spreads_swept_apart_join_one_page(tmp_path, monkeypatch, capsys):
     assert load_study(studies / "tiny-study.yaml").spread_ids() == ["paper.threads2", "paper.devicecuda"]
     monkeypatch.chdir(tmp_path)
     main_dir, other = tmp_path / "main" / "tiny-study", tmp_path / "other" / "tiny-study"
-    assert main(["sweep", "--allow-uncommitted", "studies/tiny-study.yaml", "--only", "paper,ours", "--out", str(main_dir)]) == 0
+    assert sweep_committed("studies/tiny-study.yaml", "--only", "paper,ours", "--out", str(main_dir)) == 0
     assert {r["scenario"] for r in _csv(main_dir / "sweep.csv")} == {"paper", "ours"}
     capsys.readouterr()
-    assert main(["sweep", "--allow-uncommitted", "studies/tiny-study.yaml", "--only", "paper.threads2",
-                 "--only", "paper.devicecuda", "--out", str(other)]) == 0
+    assert sweep_committed("studies/tiny-study.yaml", "--only", "paper.threads2",
+                 "--only", "paper.devicecuda", "--out", str(other)) == 0
     assert "skipped paper.devicecuda (a spread on CUDA; torch sees no CUDA device here)" in capsys.readouterr().err
     assert {r["scenario"] for r in _csv(other / "sweep.csv")} == {"paper.threads2"}
     import raymvc
@@ -440,20 +468,20 @@ def test_spreads_swept_apart_join_one_page(tmp_path, monkeypatch, capsys):
         w.writeheader()
         w.writerows(rows)
     capsys.readouterr()
-    assert main(["sweep", "--allow-uncommitted", "studies/tiny-study.yaml", "--only", "ours", "--out", str(main_dir),
-                 "--quiet"]) == 0
+    assert sweep_committed("studies/tiny-study.yaml", "--only", "ours", "--out", str(main_dir),
+                 "--quiet") == 0
     assert "1 earlier rows of other runs left out of sweep.csv" in capsys.readouterr().err
     after = _csv(main_dir / "sweep.csv")
     assert {r["scenario"] for r in after} == {"paper", "ours"}
     assert [r["acc"] for r in after if r["run_dir"] == edited["run_dir"]] == [true_acc]
     assert not [r for r in after if r["run_dir"] == gone["run_dir"]]
-    assert main(["sweep", "--allow-uncommitted", "studies/tiny-study.yaml", "--quiet", "--out", str(main_dir)]) == 0
+    assert sweep_committed("studies/tiny-study.yaml", "--quiet", "--out", str(main_dir)) == 0
     assert {r["scenario"] for r in _csv(main_dir / "sweep.csv")} == {"paper", "ours", "paper.threads2"}
     assert "skipped paper.devicecuda" in capsys.readouterr().err  # said even with --quiet
     for bad, words in ((["--only", "nope"], "--only nope: no such run (runs: paper, ours, paper.threads2"),
                        (["--only", "paper.devicecuda"], "nothing to run here (runs picked: paper.devicecuda; "
                                                          "skipped paper.devicecuda (a spread on CUDA")):
-        assert main(["sweep", "--allow-uncommitted", "studies/tiny-study.yaml", *bad, "--out", str(tmp_path / "x")]) == 2
+        assert sweep_committed("studies/tiny-study.yaml", *bad, "--out", str(tmp_path / "x")) == 2
         assert words in capsys.readouterr().err
     assert main(["sweep", "tiny.yaml", "--only", "paper"]) == 2
     assert "--only: picks runs of a study file" in capsys.readouterr().err
@@ -507,7 +535,7 @@ def test_a_study_with_modes_counts_seeds_per_mode_on_its_page_and_in_readme(tmp_
     write_pages(tmp_path / "studies", tmp_path / "runs", readme)
     page = (tmp_path / "studies" / "demo.md").read_text()
     assert "2 separated, 3 merged" in page and "seeds per mode" in page
-    assert "| 5/5 | 2 separated, 3 merged |" in readme.read_text()
+    assert "| 5/5 | 2 separated, 3 merged (separated 40%, Wilson 95% CI 12% to 77%) |" in readme.read_text()
 
 
 def test_a_papers_notes_open_its_page(tmp_path):
@@ -629,7 +657,7 @@ def test_a_run_may_sweep_a_subset_of_the_seeds(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["validate", "studies/few.yaml"]) == 0
     assert "fewer seeds for ours" in capsys.readouterr().out
-    assert main(["sweep", "--allow-uncommitted", "studies/few.yaml", "--quiet"]) == 0
+    assert sweep_committed("studies/few.yaml", "--quiet") == 0
     rows = _csv(tmp_path / "runs" / "studies" / "few" / "sweep.csv")
     assert sorted({r["seed"] for r in rows if r["scenario"] == "ours"}) == ["1"]
     assert sorted({r["seed"] for r in rows if r["scenario"] == "paper"}) == ["0", "1", "2"]
@@ -662,8 +690,8 @@ study:
     (studies / "robustness-one.yaml").write_text(atlas.format(extra="params.max_iter: 1").replace(
         "title: Dropouts", "title: One point").replace("[0.0, 0.6]", "[0.3]"))
     monkeypatch.chdir(tmp_path)
-    assert main(["sweep", "--allow-uncommitted", "studies/robustness-drop.yaml", "--quiet"]) == 0
-    assert main(["sweep", "--allow-uncommitted", "studies/robustness-one.yaml", "--quiet"]) == 0
+    assert sweep_committed("studies/robustness-drop.yaml", "--quiet") == 0
+    assert sweep_committed("studies/robustness-one.yaml", "--quiet") == 0
     write_pages(studies, tmp_path / "runs" / "studies", None)
     page = (studies / "robustness.md").read_text()
     rows = _csv(tmp_path / "runs" / "studies" / "robustness-drop" / "sweep.csv")
@@ -689,7 +717,7 @@ def test_a_study_figure_is_the_sweep_figure_with_failures_counted_and_the_papers
     studies.mkdir()
     (studies / "tiny-study.yaml").write_text(STUDY.replace("  spread: {run: paper, set: {runtime.threads: 2}}\n", ""))
     monkeypatch.chdir(tmp_path)
-    assert main(["sweep", "--allow-uncommitted", "studies/tiny-study.yaml", "--quiet"]) == 0
+    assert sweep_committed("studies/tiny-study.yaml", "--quiet") == 0
     out = tmp_path / "runs" / "studies" / "tiny-study"
     sweep = out / "sweep.csv"  # one seed of "ours" at noise 3.0 failed
     rows = _csv(sweep)
@@ -744,6 +772,12 @@ def test_this_repositorys_seed_policy_is_kept_by_its_pages_not_by_the_library(tm
         check_policy(load_study(path))
 
 
+def _key_of(point: dict) -> tuple:
+    from raymvc_reports.pages import _key
+
+    return _key(point)
+
+
 def _atlas_kind(study: str):
     """A shipped study of the atlas (``robustness-...``) read from its committed record."""
     from raymvc_reports.pages import StudyResult
@@ -784,9 +818,14 @@ def test_a_share_of_a_drop_in_the_atlas_notes_is_computed_from_its_tables(tmp_pa
     a, b, c = "cefmc", "kfed", "efimvc"
     notes = tmp_path / "robustness.md"
     text = fill_atlas_values(f"{{{{atlas-share:crash:{a}:{b}:{c}}}}} of it", [crash, data], notes)
-    assert text == f"{100 * (harsh[a] - harsh[b]) / (harsh[a] - harsh[c]):.0f}% of it"
-    assert fill_atlas_values(f"{{{{atlas-share:crash:{a}:{c}:{c}}}}}", [crash], notes) == "100%"
-    unfinished = next(e["run"].id for e in atlas_ranking(data) if e["ok"] < e["total"])
+    share = f"{100 * (harsh[a] - harsh[b]) / (harsh[a] - harsh[c]):.0f}%"
+    assert re.fullmatch(re.escape(share) + r" \(95% CI -?\d+% to -?\d+%(; within noise)?\) of it", text), text
+    assert fill_atlas_values(f"{{{{atlas-share:crash:{a}:{c}:{c}}}}}", [crash], notes) == "100% (95% CI 100% to 100%)"
+    from raymvc_reports.pages import _extremes
+
+    unfinished = "feddmvc"  # one of its runs at the harshest point failed
+    data.cells[(unfinished, _key_of(_extremes(data)[1]))][0]["status"] = "failed"
+    assert next(e for e in atlas_ranking(data) if e["run"].id == unfinished)["ok"] == 4
     for bad, words in [(f"{{{{atlas-share:crash:{a}:{b}:{a}}}}}", "differ by 0.000, too little to share out"),
                        (f"{{{{atlas-share:crash:{a}:nobody:{c}}}}}", "no ACC of run 'nobody'"),
                        (f"{{{{atlas-share:data:kfed:{unfinished}:ccfc}}}}",
@@ -849,10 +888,13 @@ def test_time_to_accuracy_reads_when_a_scored_run_first_reached_the_reference(tm
 
     st = load_study(ROOT / "studies" / "robustness-async.yaml")
     key, digests = "faults.stragglers.fraction", cell_digests(st)
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    if not head:
+        pytest.skip("needs this repository's git history")
 
-    def row(run, seed, acc, virtual_s, curve=""):
+    def row(run, seed, acc, virtual_s, curve=""):  # made after the study file's commit: rows it uses
         r = {"scenario": run, key: "0.4", "seed": str(seed), "status": "completed", "acc": str(acc),
-             "virtual_s": str(virtual_s), CURVE: curve}
+             "virtual_s": str(virtual_s), CURVE: curve, "seeds_commit": head, "head_commit": head}
         return {**r, "cell": digests[_row_cell(r, st)]}
 
     res = StudyResult(st, [row("ccfc", 700, 0.5, 100.0, "30:0.4 60:0.52 90:0.5"), row("ccfc", 701, 0.6, 100.0),
@@ -870,3 +912,56 @@ def test_time_to_accuracy_reads_when_a_scored_run_first_reached_the_reference(tm
         fill_atlas_values("{{time-to-accuracy:async:nobody:ccfc-async}}", [res], tmp_path / "notes.md")
     with pytest.raises(ScenarioError, match=re.escape("expected {{time-to-accuracy:KIND:REF:RUN}}")):
         fill_atlas_values("{{time-to-accuracy:async:ccfc}}", [res], tmp_path / "notes.md")
+
+
+def test_a_share_refuses_runs_of_different_seed_sets_and_says_when_it_is_within_noise(tmp_path):
+    """A run that names its own seed subset cannot be shared out against the others' means;
+    a share whose interval (seeds resampled together) holds zero says so."""
+    from raymvc_reports.pages import ATLAS_SHARE, atlas_share
+
+    def entry(accs, seeds=("700", "701", "702", "703", "704")):
+        by_seed = dict(zip(seeds, accs))
+        return {"harsh": sum(accs) / len(accs), "ok": len(accs), "total": len(accs), "seeds": list(seeds),
+                "harsh_by_seed": by_seed}
+
+    table = {"a": entry([0.9, 0.88, 0.91, 0.89, 0.9]), "c": entry([0.7, 0.72, 0.65, 0.7, 0.71]),
+             "half": entry([0.8, 0.8, 0.78, 0.8, 0.8]), "flip": entry([0.9, 0.7, 0.91, 0.7, 0.9]),
+             "sub": entry([0.8, 0.8, 0.8], seeds=("700", "701", "702"))}
+    notes = tmp_path / "n.md"
+
+    def share(text):
+        return atlas_share(ATLAS_SHARE.search(text), {"k": table}, notes)
+
+    assert share("{{atlas-share:k:a:half:c}}") == "50% (95% CI 49% to 52%)"
+    assert share("{{atlas-share:k:a:flip:c}}").endswith("; within noise)")
+    with pytest.raises(ScenarioError, match=r"the runs sweep different seeds \(a: 700, 701, 702, 703, 704; sub: 700, "
+                                            r"701, 702; c: 700, 701, 702, 703, 704\)"):
+        share("{{atlas-share:k:a:sub:c}}")
+
+
+def test_misspelt_placeholders_malformed_curves_and_untimed_runs_are_one_line_errors(tmp_path):
+    """A misspelt or spaced placeholder was copied into the page as it was; a run without
+    virtual time divided by zero; a malformed acc_by_time raised a traceback."""
+    from raymvc_reports.pages import CURVE, StudyResult, _row_cell, cell_digests, fill_atlas_values
+
+    notes = tmp_path / "notes.md"
+    for bad in ("{{atlas-shar:crash:a:b:c}}", "{{ atlas-share:crash:a:b:c }}"):
+        with pytest.raises(ScenarioError, match=re.escape(f"{notes}: {bad}: not a placeholder")):
+            fill_atlas_values(f"x {bad} y", [], notes)
+    st = load_study(ROOT / "studies" / "robustness-async.yaml")
+    key, digests = "faults.stragglers.fraction", cell_digests(st)
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    if not head:
+        pytest.skip("needs this repository's git history")
+
+    def row(run, virtual_s, curve):
+        r = {"scenario": run, key: "0.4", "seed": "700", "status": "completed", "acc": "0.5",
+             "virtual_s": str(virtual_s), CURVE: curve, "seeds_commit": head, "head_commit": head}
+        return {**r, "cell": digests[_row_cell(r, st)]}
+
+    untimed = StudyResult(st, [row("ccfc", 0.0, ""), row("ccfc-async", 0.0, "0.0:0.6 final@0.0")])
+    with pytest.raises(ScenarioError, match=r"'ccfc' has no virtual time at seed\(s\) 700"):
+        fill_atlas_values("{{time-to-accuracy:async:ccfc:ccfc-async}}", [untimed], notes)
+    bad = StudyResult(st, [row("ccfc", 9.0, ""), row("ccfc-async", 5.0, "3:0.4 oops final@4")])
+    with pytest.raises(ScenarioError, match=r"acc_by_time: 'oops' is not T:ACC or final@T"):
+        fill_atlas_values("{{time-to-accuracy:async:ccfc:ccfc-async}}", [bad], notes)

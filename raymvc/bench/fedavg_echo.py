@@ -26,7 +26,7 @@ from pydantic import Field
 from raymvc.messages import Done, Message
 from raymvc.protocol import Client, Protocol, ProtocolConfig, RunFacts, SecureSum, Server, weighted_sum
 
-ECHO = SecureSum("update", ("w",), weight="n")
+ECHO = SecureSum("update", ("w",), weight="n", weight_is_rows=True)
 
 
 class Config(ProtocolConfig):

@@ -334,12 +334,53 @@ def image_shapes_for(ds: MultiViewDataset, shape) -> dict[int, tuple[int, int]]:
 
 
 
+def _check_npz_size(path: Path) -> None:
+    """Refuse an archive whose arrays would not fit in memory, from their headers and the
+    archive's directory alone, before anything is decompressed: a few hundred bytes can
+    declare 800 GB, and a small zip can inflate to gigabytes."""
+    import zipfile
+
+    from .. import safeio
+
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise DataError(f"{path}: cannot read .npz archive ({exc})") from None
+    declared, inflated, biggest = 0, 0, ("", 0)
+    with zf:
+        for info in zf.infolist():
+            inflated += info.file_size
+            if not info.filename.endswith(".npy"):
+                continue
+            try:
+                with zf.open(info) as fh:
+                    version = np.lib.format.read_magic(fh)
+                    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                        np.lib.format.read_array_header_2_0
+                    shape, _, dtype = read(fh)
+            except Exception:  # noqa: BLE001 - a header numpy cannot read is left to np.load's error
+                continue
+            n = int(np.prod(shape, dtype=object)) * int(dtype.itemsize)
+            declared += n
+            if n > biggest[1]:
+                biggest = (f"{info.filename[:-4]}: {' x '.join(map(str, shape))} {dtype}", n)
+            if n > info.file_size:
+                raise DataError(f"{path}: array {biggest[0] if biggest[1] == n else info.filename} declares {n / 1e9:.3g} "
+                                f"GB but holds {info.file_size} bytes: the archive is corrupt")
+    avail = safeio.available_memory()
+    need = max(declared, inflated)
+    if avail is not None and need > avail:  # what it takes after reading is checked once it is read
+        raise DataError(f"{path}: its arrays take {need / 1e9:.3g} GB once read (largest {biggest[0]}), more than "
+                        f"the {avail / 1e9:.3g} GB this machine has available")
+
+
 def _read_npz(path: Path):
     """Views, labels, present mask, index and view names from an ``.npz`` archive.
 
     Archives are read without unpickling: a list of views of different widths must be
     stored as separate arrays ``X0, X1, ...`` (numpy would pickle an object array).
     """
+    _check_npz_size(path)
     try:
         f = np.load(path, allow_pickle=False)
     except Exception as exc:  # noqa: BLE001 - any reader failure is a data error

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .. import streams
 from ..protocol import scores_mid_run
+from ..safeio import available_memory  # noqa: F401 (re-exported; checks here call this name)
 from ..scenario import ChannelCfg, Scenario, ScenarioError
 from ..streams import stream
 from . import normalize
@@ -123,6 +124,7 @@ def prepare(sc: Scenario, dataset=None):
             raise
         raise scenario_error(sc, "data", str(e)) from None
     _check_faults_fit(sc, proto, part)
+    _check_machine_bounds(sc, proto, part)
     if sc.runtime.score_every and not scores_mid_run(proto):
         raise scenario_error(sc, "runtime.score_every", f"method {sc.method} has no model to score along its rounds "
                                                         "(its server does not define current_model); leave it out")
@@ -130,26 +132,6 @@ def prepare(sc: Scenario, dataset=None):
 
 
 COPIES = 3  # the data, its normalised copy and the clients' shards live side by side while a run starts
-
-
-def available_memory() -> int | None:
-    """Bytes this process may still allocate: the kernel's ``MemAvailable``, or less under an
-    address-space limit (``ulimit -v``); ``None`` where neither can be read."""
-    import resource
-
-    avail = None
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-                    break
-    except (OSError, ValueError, IndexError):
-        pass
-    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    if soft != resource.RLIM_INFINITY:
-        avail = soft if avail is None else min(avail, soft)
-    return avail
 
 
 def _check_memory(sc: Scenario, data_bytes: int) -> None:
@@ -179,13 +161,58 @@ def _check_asynchronous(sc: Scenario, proto, part) -> None:
                                           "that arrived, whenever they were asked for)")
     if cfg.buffer > part.n_clients:
         raise scenario_error(sc, key, f"buffer {cfg.buffer} is more than the {part.n_clients} clients")
+    if sc.devices is None and sc.faults.stragglers.fraction <= 0:
+        # every update would arrive at virtual time 0: the lowest client ids would fill every buffer
+        raise scenario_error(sc, key, "needs clients that take different times: give a devices block (speeds, "
+                                      "links) or faults.stragglers.fraction > 0; without either every update "
+                                      "arrives at once and the same clients fill every buffer")
     if sc.faults.min_clients > cfg.buffer:
         raise scenario_error(sc, "faults.min_clients", f"{sc.faults.min_clients} is more than the {cfg.buffer} updates "
                                                        "a buffered step takes (faults.asynchronous.buffer)")
 
 
+ACTOR_BYTES = 150 * 10**6  # resident memory of one Ray actor process with numpy and scikit-learn loaded
+ACTORS_PER_CPU = 64  # beyond this many actor processes a core, start-up alone takes minutes
+SECAGG_PAIR_BYTES = 400  # key agreement, encrypted shares and bookkeeping per pair of clients, over the set-up
+
+
+def _check_machine_bounds(sc: Scenario, proto, part) -> None:
+    """Refuse, before any actor or key starts, a run this machine cannot hold: more Ray actor
+    processes than its cores and memory carry (an embedded instance), or a secure aggregation
+    whose pairwise set-up does not fit in memory. Each error names the setting that fixes it."""
+    import math
+    import os
+
+    n, rt = part.n_clients, sc.runtime
+    avail = available_memory()
+    cpus = os.cpu_count() or 1
+    if rt.backend == "ray" and not rt.address:
+        actors = math.ceil(n / rt.clients_per_actor) + 1  # + the server
+        cap = ACTORS_PER_CPU * cpus
+        if avail is not None:
+            cap = min(cap, max(2, avail // ACTOR_BYTES))
+        if actors > cap:
+            per = math.ceil(n / max(1, cap - 1))
+            raise scenario_error(sc, "runtime.clients_per_actor",
+                                 f"{rt.clients_per_actor} makes {actors} actor processes for {n} clients; this machine "
+                                 f"({cpus} CPUs, {(avail or 0) / 1e9:.1f} GB available) holds at most {cap}: set "
+                                 f"runtime.clients_per_actor to {per} or more (clients share an actor)")
+    if sc.channel.secure_aggregation and proto.secure_sums:
+        group = min(n, sc.channel.secagg_neighbours or n)
+        need = n * group * SECAGG_PAIR_BYTES
+        if avail is not None and need > avail // 2:
+            fit = max(1, int((avail // 2) // (n * SECAGG_PAIR_BYTES)))
+            raise scenario_error(sc, "channel.secagg_neighbours",
+                                 f"secure aggregation among {group} of {n} clients needs about {need / 1e9:.1f} GB for "
+                                 f"its pairwise set-up, more than half of the {avail / 1e9:.1f} GB available: set "
+                                 f"channel.secagg_neighbours to {fit} or fewer (SecAgg+), or use fewer clients")
+
+
 def _check_faults_fit(sc: Scenario, proto, part) -> None:
     """The scenario's faults name clients that exist and ask for no more clients than answer."""
+    if sc.faults.inference_round and not proto.final_model:
+        raise scenario_error(sc, "faults.inference_round", f"method {sc.method} ends with no final model to hand "
+                                                            "to the clients (Protocol.final_model); leave it out")
     if sc.faults.stale_replies is not None:
         if not proto.uses_stale_replies:
             raise scenario_error(sc, "faults.stale_replies", f"method {sc.method} does not use old replies "

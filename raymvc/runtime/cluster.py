@@ -20,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+from .. import arithmetic
 from ..scenario import Scenario
 
 TOKEN_FILE = Path("~/.ray/auth_token")
@@ -149,7 +150,9 @@ def _init_ray(sc: Scenario, n_clients: int) -> float:
         stop_embedded()
     t = time.perf_counter()
     rt = sc.runtime
-    kwargs = dict(include_dashboard=False, log_to_driver=LOG_TO_DRIVER["on"], configure_logging=False)
+    # every worker of the job computes in this driver's arithmetic mode (raymvc.arithmetic)
+    kwargs = dict(include_dashboard=False, log_to_driver=LOG_TO_DRIVER["on"], configure_logging=False,
+                  runtime_env=arithmetic.ray_runtime_env())
     if rt.address:
         _join(ray, rt.address, kwargs)
         if not _enough(ray, sc, n_clients):

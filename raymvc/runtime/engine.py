@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import arithmetic
 from ..channel import Ledger
 from ..data.prepare import prepare  # noqa: F401 (the engine's entry point as before)
 from ..metrics import clustering_scores, label_free_scores, preload
@@ -384,6 +385,8 @@ def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: C
     """
     progress = progress or _progress_default
     wall0 = time.perf_counter()
+    if arithmetic.check():
+        raise ScenarioError(arithmetic.check())
     ds, part = prepared or prepare(sc)
     if resume and not out_dir:
         raise ScenarioError("--resume: give the run folder")
@@ -422,7 +425,7 @@ def _run_in(sc: Scenario, out: Path, ck, ds, part, wall0: float, progress, on_ro
             interrupted = True
             wait_s = FORCED_WAIT_S if getattr(e, "forced", False) else 30.0
             end = run.salvage("interrupted", str(e) or "SIGINT", writer, wait_s=wait_s)
-        except Exception as e:  # keep whatever we have; the summary says what went wrong
+        except (Exception, SystemExit) as e:  # keep whatever we have (sys.exit in party code included)
             stop.saving = stop.finishing = True
             if _is_failure(e):  # a party gone or out of reach: the run could not finish
                 end = run.salvage("failed", one_line(e), writer)
@@ -471,6 +474,7 @@ def _write_files(sc, ds, part, end: RunEnd, timing: dict, ray_init_s: float, wal
                             "reused_actors": bool(timing.get("reused_actors")),
                             "actors_started": int(timing.get("actors_started") or 0),
                             "gpu_ids": where.get("gpu_ids")}
+    summary["arithmetic"] = arithmetic.combine({"driver": arithmetic.describe(), **(where.get("arithmetic") or {})})
     if study:
         summary["study"] = dict(study)
     writer.summary(summary)
@@ -601,7 +605,7 @@ def _secagg_totals(ledger: Ledger) -> dict:
     return sub.totals("protocol")
 
 
-def _scores(sc, ds, proto, labels) -> tuple[dict | None, dict | None]:
+def final_scores(sc, ds, proto, labels) -> tuple[dict | None, dict | None]:
     """The scores of ``labels`` over all rows, and over the labelled ones where some are not."""
     metrics = metrics_labelled = None
     kappa = proto.partition == "horizontal"
@@ -619,12 +623,12 @@ def probe_scores(sc, ds, part, proto, probe: dict[int, np.ndarray | None]) -> di
     """``runtime.score_every``: a round's probe labels scored as a run's final labels are
     (over all rows, -1 where a client had no label), with the labelled share."""
     y = _place(part, probe)  # wrong labels were that client's error in the round already
-    metrics, _ = _scores(sc, ds, proto, y)
+    metrics, _ = final_scores(sc, ds, proto, y)
     return {**metrics, "labelled": float(np.mean(y >= 0)) if len(y) else 0.0}
 
 
 def _summarise(sc, ds, part, proto, end: RunEnd, labels, ray_init_s, protocol_s, wall_s, out) -> dict:
-    metrics, metrics_labelled = _scores(sc, ds, proto, labels)
+    metrics, metrics_labelled = final_scores(sc, ds, proto, labels)
     ledger = end.ledger if end.ledger is not None else Ledger()
     return {
         "name": sc.name,

@@ -133,16 +133,20 @@ class FaultPlan:
         model's (0 or 1 for markov and trace), else ``faults.dropout.rate``."""
         if self.availability is None:
             return self.cfg.dropout.rate
-        return self.availability.unavailable(round, client)
+        return availability.checked(self.availability, round, client)
 
-    def dropped(self, round: int, client: int, sub: int = 0) -> bool:
+    def dropped(self, round: int, client: int, sub: int = 0, exchanges: int | None = None) -> bool:
+        """Whether ``client`` misses exchange ``sub`` of ``round``; ``exchanges``: how many the
+        round has (default: the plan's, 3 under secure aggregation; 1 for a round known to
+        carry no secure sum, such as the inference round, which then draws the whole rate)."""
         if sub == 0 and (round, client) in self.drop_at:
             return True
         p = self.unavailable(round, client)
         if p <= 0:
             return False
-        if self.exchanges > 1 and p < 1:  # each exchange its share: the round still loses a client with p
-            p = 1.0 - (1.0 - p) ** (1.0 / self.exchanges)
+        exchanges = self.exchanges if exchanges is None else exchanges
+        if exchanges > 1 and p < 1:  # each exchange its share: the round still loses a client with p
+            p = 1.0 - (1.0 - p) ** (1.0 / exchanges)
         return bool(stream(self.seed, streams.DROPOUT, round, client, *_sub(sub)).random() < p)
 
     def delay(self, round: int, client: int, sub: int = 0) -> float:
@@ -174,10 +178,18 @@ class Injector:
     ``Injector(None)`` injects nothing (the evaluation path).
     """
 
-    def __init__(self, plan: FaultPlan | None, sub: int = 0):
+    def __init__(self, plan: FaultPlan | None, sub: int = 0, exchanges: int | None = None):
         self.plan = plan
         self.sub = sub
+        self.exchanges = exchanges  # None: the plan's count
         self.deadline = plan.cfg.deadline_s if plan is not None else None
+
+    def single(self) -> Injector:
+        """The decisions of a round of one exchange (no secure sum follows): its dropout is
+        the round's whole rate, not a share of it."""
+        other = Injector(self.plan, self.sub, exchanges=1)
+        other.deadline = self.deadline
+        return other
 
     def at(self, sub: int) -> Injector:
         """The decisions of the round's exchange number ``sub`` (0: the first)."""
@@ -193,7 +205,11 @@ class Injector:
         return self.plan.crashes_now(round) if self.plan is not None and self.sub == 0 else []
 
     def dropped(self, round: int, client: int) -> bool:
-        return self.plan is not None and self.plan.dropped(round, client, self.sub)
+        if self.plan is None:
+            return False
+        if self.exchanges is None:  # the plan's count (the usual case)
+            return self.plan.dropped(round, client, self.sub)
+        return self.plan.dropped(round, client, self.sub, exchanges=self.exchanges)
 
     def delay(self, round: int, client: int) -> float:
         return self.plan.delay(round, client, self.sub) if self.plan is not None else 0.0

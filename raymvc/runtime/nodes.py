@@ -26,6 +26,7 @@ import time
 
 import numpy as np
 
+from .. import arithmetic
 from ..channel import Endpoint, Ledger, RejectedMessage, codec
 from ..messages import Message, labels_array
 from ..protocol import ClientContext, ServerContext
@@ -118,14 +119,14 @@ class ClientNode:
     def probe(self, model: bytes) -> tuple[str, np.ndarray | str | None, str | None]:
         """``runtime.score_every``: the labels this client would give its rows after receiving
         ``model`` (an encoded ``Server.current_model()``), worked out on a deep copy of the
-        protocol client (its config, shard and context shared, not copied), so the client
-        itself is never touched, whatever happens. Returns ``("ok", labels or None, None)`` or
-        ``("error", the exception in one line, its traceback)``."""
+        protocol client, its context and its shard included (a method may write into either
+        while it handles the model), so the client itself is never touched, whatever happens;
+        only its config, which validation froze, is shared. Returns ``("ok", labels or
+        None, None)`` or ``("error", the exception in one line, its traceback)``."""
         pin_threads(self.threads)
         c = self.client
         try:
-            shared = {id(x): x for x in (c.config, c.shard, c.ctx)}
-            twin = copy.deepcopy(c, memo=shared)
+            twin = copy.deepcopy(c, memo={id(c.config): c.config})
             twin.handle(codec.decode(model))
             y = twin.predict()
             return "ok", None if y is None else labels_array(y), None
@@ -284,11 +285,11 @@ class ClientPool:
         return {cid: self.nodes[cid].probe(model) for cid in cids
                 if cid not in self.dead and (cid not in self.busy or self.busy[cid].done.is_set())}
 
-    def where(self) -> tuple[str, list]:
-        """``(Ray node id, GPU ids Ray gave this actor)``."""
+    def where(self) -> tuple[str, list, dict]:
+        """``(Ray node id, GPU ids Ray gave this actor, its arithmetic)`` (:mod:`raymvc.arithmetic`)."""
         import ray
 
-        return ray.get_runtime_context().get_node_id(), [str(g) for g in ray.get_gpu_ids()]
+        return ray.get_runtime_context().get_node_id(), [str(g) for g in ray.get_gpu_ids()], arithmetic.describe()
 
 
 # ---------------------------------------------------------------------------
@@ -331,7 +332,8 @@ class ServerNode:
             from .secure import ServerLayer  # loaded (with cryptography) only when the layer is on
         self.rounds = RoundWorkflow(
             self.server, self.exchange, client_ids=self.client_ids, threads=spec.threads,
-            secure=ServerLayer(proto.secure_sums, ids, spec.seed, ch.secagg_neighbours, ch.secagg_threshold)
+            secure=ServerLayer(proto.secure_sums, ids, spec.seed, ch.secagg_neighbours, ch.secagg_threshold,
+                               client_sizes=dict(spec.client_sizes))
             if secure else None, secure_sums=proto.secure_sums,
             stale_max=stale.max_age if stale is not None and proto.uses_stale_replies else 0,
             buffered=self.plan.cfg.asynchronous, async_kinds=proto.async_kinds, score_every=spec.score_every)
@@ -387,7 +389,7 @@ class ServerNode:
     def placement(self) -> dict[str, object]:
         """Where the server and each client run (Ray node ids, or ``local``) and, on Ray,
         the GPU ids Ray gave the server's and each client's actor."""
-        server, gpus = "local", None
+        server, gpus, arith = "local", None, {}
         if not isinstance(self.transport, LocalTransport):
             import ray
 
@@ -396,7 +398,8 @@ class ServerNode:
         clients = self.transport.placement()
         if gpus is not None:
             gpus["clients"] = getattr(self.transport, "gpu_ids", {})
-        return {"server": server, "clients": clients, "gpu_ids": gpus}
+            arith = {"server": arithmetic.describe(), **getattr(self.transport, "arithmetic", {})}
+        return {"server": server, "clients": clients, "gpu_ids": gpus, "arithmetic": arith}
 
     # -- rounds --------------------------------------------------------------
     def begin(self) -> None:
@@ -424,7 +427,7 @@ class ServerNode:
         while True:
             try:
                 rec = self.rounds.run_round()
-            except Exception as e:
+            except (Exception, SystemExit) as e:
                 if not self.unreported:
                     raise
                 self.deferred = e
@@ -479,6 +482,6 @@ class ServerNode:
             return self.server.result()
         except NotImplementedError:  # the method keeps no early result: not a fault of its code
             return None
-        except Exception as e:
+        except (Exception, SystemExit) as e:
             self.state.errors.append(party_error(SERVER, "result", self.state.round, e))
             return None

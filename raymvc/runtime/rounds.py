@@ -251,7 +251,7 @@ class RoundWorkflow:
         except NoInput as e:  # the injected faults left the method nothing to work with: a failure
             state.status, state.error = "failed", f"round {r}: {one_line(e)}"
             return
-        except Exception as e:
+        except (Exception, SystemExit) as e:  # sys.exit in the method's code is its error, too
             state.status = "error"
             state.errors.append(party_error(SERVER, "step", r, e))
             state.error = f"server step {r} raised {one_line(e)}"
@@ -268,7 +268,8 @@ class RoundWorkflow:
         round ``r`` (the one after the last), metered with the protocol's traffic and subject
         to the scenario's faults; replies are not read. Returns what the summary says of it."""
         out = {c: final for c in self.exchange.live()}  # encoded once (same content)
-        st, self.state.clock = self.exchange.run(r, out, "protocol", self.faults)
+        # one exchange and no secure sum: the round's whole dropout rate, as without the layer
+        st, self.state.clock = self.exchange.run(r, out, "protocol", self.faults.single())
         self.state.crashed.update(st.crashed)
         self._tally(r, out, st)
         return {"round": r, "addressed": len(out), "reached": len(set(st.replies) | st.acked),
@@ -292,10 +293,14 @@ def probe(server, exchange: Exchange, r: int, threads: int) -> dict[int, np.ndar
     pin_threads(threads)
     try:
         model = server.current_model()
-    except Exception as e:
+    except (Exception, SystemExit) as e:
         state.errors.append(party_error(SERVER, "current_model", r, e))
         return None
     if model is None:
+        return None
+    if not isinstance(model, Message):
+        e = TypeError(f"current_model() returned {type(model).__name__}, not a Message (or None)")
+        state.errors.append(party_error(SERVER, "current_model", r, e))
         return None
     out = exchange.transport.probe(exchange.live(), codec.encode(model, exchange.channel.float_dtype))
     sizes = server.ctx.client_sizes or {}

@@ -112,9 +112,10 @@ class ServerLayer:
     """The server's side: set-up, then one masked aggregation per declared kind and round."""
 
     def __init__(self, specs: Iterable[SecureSum], client_ids: Iterable[int], seed: int, neighbours: int = 0,
-                 fraction: float = 0.5):
+                 fraction: float = 0.5, client_sizes: dict[int, int] | None = None):
         self.specs = {s.kind: s for s in specs}
         self.sa = SecAggServer(client_ids, params(neighbours, fraction), seed=seed)
+        self.client_sizes = dict(client_sizes or {})  # rows each client holds (a weight_is_rows sum's bound)
 
     def blame(self) -> dict[int, str]:
         """Clients whose secure-aggregation messages were malformed since the last call, and
@@ -171,7 +172,14 @@ class ServerLayer:
         except (KeyError, ValueError) as e:  # unmasked, then found unusable: the server saw the sum
             return WeightedSum(kind, {}, 0.0, [], secure=True, failed=f"inconsistent masked inputs: {e}",
                                disclosed=list(out.contributors))
-        return WeightedSum(kind, totals, float(out.weight), list(out.contributors), secure=True)
+        spec, weight = self.specs.get(kind), float(out.weight)
+        if spec is not None and spec.weight_is_rows and self.client_sizes:
+            rows = sum(self.client_sizes.get(c, 0) for c in out.contributors)
+            if not 0 < weight <= rows:
+                return WeightedSum(kind, {}, 0.0, [], secure=True, failed=f"summed weight {weight:.6g} is not in "
+                                   f"(0, {rows}], the rows its {len(out.contributors)} contributors hold: a client "
+                                   "sent a weight other than its row count", disclosed=list(out.contributors))
+        return WeightedSum(kind, totals, weight, list(out.contributors), secure=True)
 
     @staticmethod
     def _unflatten(v: np.ndarray, inputs: list[Message]) -> dict[str, np.ndarray]:

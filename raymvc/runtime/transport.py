@@ -89,6 +89,33 @@ def party_lost(e: BaseException) -> bool:
     return isinstance(e, tuple(getattr(rex, n) for n in LOST_NAMES if hasattr(rex, n)))
 
 
+def _limited(fn, seconds: float | None, busy: set, cid: int):
+    """``fn()`` within ``seconds`` of wall time. On the main thread SIGALRM interrupts it; on
+    any other thread (a run started from a thread of the caller's: no signal reaches it) it
+    runs on a thread of its own that the caller stops waiting for: a client that overruns is
+    then left busy (``busy``) and out of the run, as a hung actor is on Ray."""
+    if not seconds or threading.current_thread() is threading.main_thread():
+        with _wall_limit(seconds):
+            return fn()
+    box: dict = {}
+
+    def work():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # handed to the caller as it is
+            box["error"] = e
+
+    t = threading.Thread(target=work, name=f"raymvc-client-{cid}", daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        busy.add(cid)
+        raise _Hung()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
 class LocalTransport:
     """Calls client nodes directly, in this process, each call limited to ``timeout_s`` of wall time."""
 
@@ -96,13 +123,16 @@ class LocalTransport:
         self.clients = clients
         self.timeout_s = timeout_s
         self.dead: set[int] = set()
+        self.busy: set[int] = set()  # still inside a call that overran (off the main thread): never called again
+
+    def _run(self, cid: int, fn):
+        return _limited(fn, self.timeout_s, self.busy, cid)
 
     def call(self, cid: int, method: str, *args):
-        if cid in self.dead:
-            raise ConnectionError(f"client {cid} is dead")
+        if cid in self.dead or cid in self.busy:
+            raise ConnectionError(f"client {cid} is {'dead' if cid in self.dead else 'still busy past its deadline'}")
         try:
-            with _wall_limit(self.timeout_s):
-                return getattr(self.clients[cid], method)(*args)
+            return self._run(cid, lambda: getattr(self.clients[cid], method)(*args))
         except _Hung:
             raise TimeoutError(f"client {cid} did not answer within {self.timeout_s} s") from None
 
@@ -122,9 +152,11 @@ class LocalTransport:
             if cid in self.dead:
                 out[cid] = Outcome("crashed", detail="actor is dead")
                 continue
+            if cid in self.busy:
+                out[cid] = Outcome("timeout", detail="still busy with a call that overran its deadline")
+                continue
             try:
-                with _wall_limit(self.timeout_s):
-                    out[cid] = Outcome(*self.clients[cid].deliver(frame))
+                out[cid] = Outcome(*self._run(cid, lambda cid=cid, frame=frame: self.clients[cid].deliver(frame)))
             except _Hung:
                 out[cid] = Outcome("timeout", detail=f"no reply within {self.timeout_s} s wall time")
         return out
@@ -134,11 +166,10 @@ class LocalTransport:
         each within ``timeout_s`` of wall time like any call."""
         out = {}
         for cid in cids:
-            if cid in self.dead:
+            if cid in self.dead or cid in self.busy:
                 continue
             try:
-                with _wall_limit(self.timeout_s):
-                    out[cid] = self.clients[cid].probe(model)
+                out[cid] = self._run(cid, lambda cid=cid: self.clients[cid].probe(model))
             except _Hung:
                 out[cid] = ("error", f"no reply within {self.timeout_s} s wall time", None)
         return out
@@ -311,6 +342,8 @@ class RayTransport:
                 by_pool[pid] = ("unreachable", None)
         owners = sorted(self.pools.owner.items())
         self.gpu_ids = {cid: by_pool[pid][1] for cid, pid in owners}
+        # each client actor's arithmetic (raymvc.arithmetic), by pool
+        self.arithmetic = {f"pool {pid}": got[2] for pid, got in by_pool.items() if len(got) > 2}
         return {cid: by_pool[pid][0] for cid, pid in owners}
 
 

@@ -94,6 +94,8 @@ def seed_list(seeds: str | list[int]) -> list[int]:
     """A study's ``seeds`` (``"0-4"`` or a list) as a list."""
     from .grid import parse_seeds
 
+    if isinstance(seeds, bool):
+        raise ValueError("seeds: a seed, a range like 0-4 or a list of seeds, not a truth value")
     return list(seeds) if isinstance(seeds, list) else parse_seeds(str(seeds), "seeds")
 
 
@@ -119,7 +121,7 @@ class StudySpec(_Strict):
     paper: str
     title: str
     source: str = ""
-    seeds: str | list[int] = "0-4"
+    seeds: int | str | list[int] = "0-4"  # one seed, "0-4" or a list
     grid: dict[str, list] = Field(default_factory=dict)
     x: str | None = None
     x_label: str | None = None

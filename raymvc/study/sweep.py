@@ -99,6 +99,33 @@ def _run_dir_name(name: str, point: dict, seed: int) -> str:
     return folder
 
 
+def _one_module_per_name(cells: list[Cell]) -> None:
+    """A module of one's own (a method, an availability model) named the same beside two of
+    a sweep's scenario files would serve both from whichever loaded first: refused."""
+    from ..availability import is_import_path
+    from ..protocols import module_files
+
+    folders = sorted({str(Path(c.scenario).resolve().parent) for c in cells})
+    if len(folders) < 2:
+        return
+    names, seen = set(), set()
+    for c in cells:
+        if (c.scenario, c.name, str(c.point)) in seen:
+            continue
+        seen.add((c.scenario, c.name, str(c.point)))
+        sc = _load(c.scenario, c.overrides, [])
+        if "." in sc.method or sc.method.isidentifier():
+            names.add(sc.method.split(".")[0])
+        model = getattr(getattr(sc.faults, "availability", None), "model", None)
+        if isinstance(model, str) and is_import_path(model):
+            names.add(model.partition(":")[0].split(".")[0])
+    for top in sorted(names):
+        files = module_files(top, folders)
+        if len(files) > 1:
+            raise ScenarioError(f"module {top!r} lies beside two of the sweep's scenario files ({', '.join(files)}); "
+                                "one would serve both runs: give them different names")
+
+
 def plan(scenarios: list[str | tuple], grid: Mapping[str, list] | list[tuple[str, list]], seeds: list[int] | None,
          base: Mapping[str, Any], out: Path) -> list[Cell]:
     """Every (scenario, grid point, seed), validated before anything runs. A scenario is a
@@ -136,6 +163,7 @@ def plan(scenarios: list[str | tuple], grid: Mapping[str, list] | list[tuple[str
                                          "cpus": footprint(sc, n_clients), "address": sc.runtime.address,
                                          "crew": (crew_key(sc), actors_needed(sc, n_clients))},
                                   fingerprint=fingerprint(sc)))
+    _one_module_per_name(cells)
     dirs = [c.run_dir for c in cells]
     if len(set(dirs)) != len(dirs):
         dup = next(d for d in dirs if dirs.count(d) > 1)

@@ -1,0 +1,146 @@
+"""Pinned arithmetic (raymvc.arithmetic): the libraries' code paths are fixed in every process
+of a run, whatever the environment asks for, and the summary says how each run computed.
+
+The cells run in fresh processes: a library chooses its path when it first computes, so a
+process that already computed (this test process) cannot show it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from raymvc import arithmetic
+
+HERE = Path(__file__).resolve().parent
+# each makes a library choose another path on this CPU, or another thread count
+PERTURB = {"MKL_CBWR": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ATEN_CPU_CAPABILITY": "default",
+           "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "2"}
+# another set, for the Ray workers: two perturbed environments that give the same labels can only be pinned
+PERTURB_RAY = {"MKL_CBWR": "AUTO", "MKL_DEBUG_CPU_TYPE": "5", "ATEN_CPU_CAPABILITY": "avx512",
+               "NPY_ENABLE_CPU_FEATURES": "SSE SSE2 SSE3", "OMP_NUM_THREADS": "3"}
+OURS = (*arithmetic.PINNED, *arithmetic.CLEARED, arithmetic.MODE_VAR, *PERTURB, *PERTURB_RAY)
+
+# one float32 product on torch (MKL) and one float64 product on numpy (OpenBLAS), as exact bits
+CHECKSUM = """
+import sys
+if sys.argv[1] == "raymvc":
+    import raymvc  # noqa: F401  (pins before numpy and torch load)
+import numpy as np, torch, json
+from raymvc import arithmetic
+torch.set_num_threads(1)
+g = torch.Generator().manual_seed(0)
+a, b = torch.randn(300, 257, generator=g), torch.randn(257, 190, generator=g)
+r = np.random.default_rng(0)
+x, y = r.standard_normal((300, 257)), r.standard_normal((257, 190))
+print(json.dumps({"torch": float((a @ b).double().sum()).hex(), "numpy": float((x @ y).sum()).hex(),
+                  "arithmetic": arithmetic.describe()}))
+"""
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in OURS}
+    env.update(extra)
+    return env
+
+
+def _checksum(tmp_path, env: dict) -> dict:
+    done = subprocess.run([sys.executable, "-c", CHECKSUM, "raymvc"], env=env, capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _cells(tmp_path, backend: str, env: dict, name: str) -> dict:
+    done = subprocess.run([sys.executable, str(HERE / "arithmetic_cells.py"), backend, str(tmp_path / name)],
+                          env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# -- the variables ------------------------------------------------------------------------
+def test_pin_overrides_the_environment_keeps_a_machines_core_type_and_says_so():
+    env = {"MKL_CBWR": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX512", "ATEN_CPU_CAPABILITY": "avx512",
+           "NPY_ENABLE_CPU_FEATURES": "AVX2", "OPENBLAS_CORETYPE": "Zen", "PATH": "/bin"}
+    done = arithmetic.pin(env)
+    assert env["MKL_CBWR"] == "COMPATIBLE" and env["ATEN_CPU_CAPABILITY"] == "avx2"
+    assert "MKL_ENABLE_INSTRUCTIONS" not in env and "NPY_ENABLE_CPU_FEATURES" not in env  # both would choose again
+    assert env["OPENBLAS_CORETYPE"] == "Zen" and done["kept"] == {"OPENBLAS_CORETYPE": "Zen"}  # the machine's own
+    assert done["overridden"] == {"MKL_CBWR": "AVX2", "ATEN_CPU_CAPABILITY": "avx512"}
+    assert set(done["cleared"]) == {"MKL_ENABLE_INSTRUCTIONS", "NPY_ENABLE_CPU_FEATURES"} and env["PATH"] == "/bin"
+    fresh: dict = {}
+    arithmetic.pin(fresh)
+    assert fresh["OPENBLAS_CORETYPE"] == "Haswell" and set(fresh) == set(arithmetic.PINNED)
+
+
+def test_mode_comes_from_one_variable_and_a_bad_value_is_named():
+    assert arithmetic.mode_from({}) == ("pinned", None)
+    assert arithmetic.mode_from({arithmetic.MODE_VAR: " Native "}) == ("native", None)
+    mode, error = arithmetic.mode_from({arithmetic.MODE_VAR: "fast"})
+    assert error == "RAYMVC_ARITHMETIC: must be one of pinned, native, got 'fast'"
+
+
+def test_ray_workers_get_the_drivers_mode():
+    env = arithmetic.ray_runtime_env()["env_vars"]
+    assert env[arithmetic.MODE_VAR] == arithmetic.mode()
+    if arithmetic.mode() == "pinned":
+        assert {k: env[k] for k in arithmetic.PINNED} == arithmetic.settings_for(os.environ)[0]
+
+
+def test_a_run_is_pinned_only_if_every_process_was():
+    good = {"mode": "pinned", "pinned": True, "settings": {"MKL_CBWR": "COMPATIBLE"}}
+    bad = {"mode": "native", "pinned": False}
+    block = arithmetic.combine({"driver": good, "server": good, "pool 0": bad})
+    assert block["pinned"] is False and block["processes"] == 3 and block["differing"] == ["pool 0"]
+    assert arithmetic.combine({"driver": good, "server": good})["pinned"] is True
+
+
+def test_a_bad_mode_is_a_one_line_error_before_the_run(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "raymvc.cli", "validate", str(HERE.parent / "scenarios" / "hw-cefmc.yaml")],
+                          env=_env(RAYMVC_ARITHMETIC="fast"), capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "error: RAYMVC_ARITHMETIC: must be one of pinned, native, got 'fast'"
+    assert "Traceback" not in done.stderr
+
+
+# -- the bits ------------------------------------------------------------------------------
+def test_the_pinned_setting_wins_over_variables_that_move_the_bits(tmp_path):
+    native = _checksum(tmp_path, _env(RAYMVC_ARITHMETIC="native"))
+    moved = _checksum(tmp_path, _env(RAYMVC_ARITHMETIC="native", MKL_CBWR="COMPATIBLE"))
+    assert native["torch"] != moved["torch"]  # the variable bites: the test below could fail
+    assert native["arithmetic"] == {"mode": "native", "pinned": False, "found": {},
+                                    "reports": native["arithmetic"]["reports"]}
+    pinned = _checksum(tmp_path, _env())
+    perturbed = _checksum(tmp_path, _env(**PERTURB))
+    assert (pinned["torch"], pinned["numpy"]) == (perturbed["torch"], perturbed["numpy"])
+    assert pinned["arithmetic"]["pinned"] and perturbed["arithmetic"]["pinned"]
+    assert perturbed["arithmetic"]["overridden"] == {"MKL_CBWR": "AVX2", "ATEN_CPU_CAPABILITY": "default"}
+    assert perturbed["arithmetic"]["cleared"] == {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}
+
+
+@pytest.fixture(scope="module")
+def perturbed_in_process(tmp_path_factory):
+    """FedDMVC, FCUIF, EFIMVC and CCFC cells, in process, pinned, under PERTURB."""
+    return _cells(tmp_path_factory.mktemp("local"), "local", _env(**PERTURB), "local")
+
+
+def test_deep_cells_in_process_are_pinned_over_the_variables(perturbed_in_process):
+    for m, (_, block) in perturbed_in_process.items():
+        assert block["mode"] == "pinned" and block["pinned"], m
+        assert block["overridden"]["MKL_CBWR"] == "AVX2" and block["cleared"] == {"MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}, m
+
+
+def test_deep_cells_give_the_same_labels_on_ray_workers_of_another_perturbed_cluster(perturbed_in_process, tmp_path):
+    """Ray is started (in the subprocess) from another perturbed environment before raymvc is
+    imported, as a cluster someone else started: its workers have the perturbing variables,
+    and each pins itself when it imports raymvc. The same labels as in process under the
+    first set: two environments that pull the libraries two ways agree only if both are pinned."""
+    on_ray = _cells(tmp_path, "ray", _env(**PERTURB_RAY), "ray")
+    assert {m: v[0] for m, v in on_ray.items()} == {m: v[0] for m, v in perturbed_in_process.items()}
+    for m, (_, block) in on_ray.items():
+        assert block["pinned"] and block["processes"] >= 3 and not block["differing"], m

@@ -93,19 +93,21 @@ def render() -> str:
             lines.append(f"| {cid} | {r['what']} | {r['cpu']} | {r['code_version'][:17]} | "
                          f"{'yes' if r['arithmetic'].get('pinned') else 'no'} | {r['acc']:.4f} | {r['labels_sha256'][:16]} |")
         pinned = [r for r in runs if r["arithmetic"].get("pinned")]
+        kinds: dict[str, set] = defaultdict(set)
+        for r in pinned:
+            kinds["AMD" if "AMD" in r["cpu"] else "Intel" if "Intel" in r["cpu"] else r["cpu"]].add(r["labels_sha256"])
+        hashes = {h for hs in kinds.values() for h in hs}
         versions = {r["code_version"] for r in pinned}
-        for v in sorted(versions):
-            same_code = [r for r in pinned if r["code_version"] == v]
-            cpus = {r["cpu"] for r in same_code}
-            hashes = {r["labels_sha256"] for r in same_code}
-            kinds = {("AMD" if "AMD" in c else "Intel" if "Intel" in c else c) for c in cpus}
-            if len(kinds) < 2:
-                verdicts.append(f"- cell {cid} (code {v[:17]}): only {', '.join(sorted(cpus))} so far "
-                                f"({len(same_code)} run(s), {len(hashes)} labels hash(es)); the other CPU kind checks it.")
-            else:
-                verdicts.append(f"- cell {cid} (code {v[:17]}): {', '.join(sorted(cpus))}: "
-                                + ("the same labels on every one." if len(hashes) == 1 else
-                                   f"{len(hashes)} different labels hashes: NOT portable."))
+        if len(kinds) < 2:
+            verdicts.append(f"- cell {cid}: only {', '.join(sorted(kinds)) or 'no pinned run'} so far ({len(pinned)} "
+                            f"pinned run(s), {len(hashes)} labels hash(es)); a machine of the other kind checks it.")
+        elif len(hashes) == 1:
+            verdicts.append(f"- cell {cid}: {', '.join(sorted(kinds))}: the same labels"
+                            + ("" if len(versions) == 1 else f" (over {len(versions)} code versions)") + ".")
+        else:
+            verdicts.append(f"- cell {cid}: {', '.join(sorted(kinds))}: {len(hashes)} labels hashes: "
+                            + ("NOT portable." if len(versions) == 1 else
+                               "inconclusive, the runs differ in code version too; rerun both at one commit."))
     lines += ["", *verdicts, ""]
     return "\n".join(lines)
 

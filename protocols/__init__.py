@@ -100,7 +100,14 @@ def import_user_module(path: str):
     top = path.split(".")[0]
     if top in sys.modules or top in sys.builtin_module_names:
         return importlib.import_module(path)
-    for folders in (_not_here(), *([f] for f in _SEARCH)):
+    saved = sys.path[:]
+    try:  # installed packages and PYTHONPATH, every finder included (editable installs), never the working directory
+        sys.path[:] = _not_here()
+        if importlib.util.find_spec(top) is not None:
+            return importlib.import_module(path)
+    finally:
+        sys.path[:] = saved
+    for folders in ([f] for f in _SEARCH):
         spec = importlib.machinery.PathFinder.find_spec(top, folders)
         if spec is None or spec.loader is None:
             continue

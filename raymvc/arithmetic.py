@@ -50,10 +50,39 @@ PINNED: dict[str, tuple[str, str]] = {
     "ATEN_CPU_CAPABILITY": ("avx2", "ATen (torch's own kernels and their vector maths): the AVX2 build"),
     "ONEDNN_MAX_CPU_ISA": ("AVX2", "oneDNN (torch's fused kernels): at most AVX2"),
     "DNNL_MAX_CPU_ISA": ("AVX2", "oneDNN, under its older name"),
-    "NPY_DISABLE_CPU_FEATURES": ("X86_V4 AVX512F AVX512CD AVX512_KNL AVX512_KNM AVX512_SKX AVX512_CLX "
-                                 "AVX512_CNL AVX512_ICL AVX512_SPR",
-                                 "numpy's ufunc loops: at most AVX2 (X86_V3), never the AVX-512 ones"),
+    "NPY_DISABLE_CPU_FEATURES": ("", "numpy's ufunc loops: at most AVX2 (X86_V3), never the AVX-512 ones"),
 }
+# numpy's names for its AVX-512 dispatch targets (numpy warns of names it does not know)
+_NPY_AVX512 = {"new": "X86_V4 AVX512_ICL AVX512_SPR",  # numpy >= 2.3
+               "old": "AVX512F AVX512CD AVX512_KNL AVX512_KNM AVX512_SKX AVX512_CLX AVX512_CNL AVX512_ICL AVX512_SPR"}
+
+
+def _npy_avx512() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        major, minor = (int(x) for x in version("numpy").split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        return _NPY_AVX512["new"]
+    return _NPY_AVX512["new" if (major, minor) >= (2, 3) else "old"]
+
+
+def cpu_supports_pin() -> tuple[bool, str]:
+    """Whether this CPU can run the pinned kernels (x86-64 with AVX2 and FMA), and if not, why."""
+    import platform
+
+    machine = platform.machine().lower()
+    if machine not in ("x86_64", "amd64"):
+        return False, f"not an x86-64 CPU ({machine})"
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return ("avx2" in flags and "fma" in flags), "the CPU has no AVX2"
+    except OSError:
+        pass
+    return True, ""  # no /proc/cpuinfo to read: trust the architecture
 # variables that would let a library choose again (numpy refuses both NPY_* set at once)
 CLEARED = ("MKL_ENABLE_INSTRUCTIONS", "MKL_DEBUG_CPU_TYPE", "NPY_ENABLE_CPU_FEATURES")
 # set by a machine for its own sake: kept as found
@@ -72,11 +101,15 @@ def mode_from(environ) -> tuple[str, str | None]:
     return raw, None
 
 
+def pinned_value(var: str) -> str:
+    return _npy_avx512() if var == "NPY_DISABLE_CPU_FEATURES" else PINNED[var][0]
+
+
 def settings_for(environ) -> tuple[dict[str, str], dict[str, str]]:
     """``(settings, kept)``: the values pinned arithmetic puts in force given ``environ``."""
     settings, kept = {}, {}
-    for var, (value, _) in PINNED.items():
-        have = environ.get(var)
+    for var in PINNED:
+        value, have = pinned_value(var), environ.get(var)
         if var in KEPT and have:
             settings[var] = kept[var] = have
         else:
@@ -113,6 +146,10 @@ def apply(environ=None) -> str:
         return _state["mode"]
     environ = os.environ if environ is None else environ
     mode, error = mode_from(environ)
+    ok, why = cpu_supports_pin()
+    if mode == "pinned" and not ok:  # the pinned kernels would not run here: the libraries choose
+        mode, _state["unsupported"] = "native", why
+    _state["original"] = {v: environ.get(v) for v in (*PINNED, *CLEARED)}
     _state.update(mode=mode, error=error)
     if mode == "pinned":
         done = pin(environ)
@@ -127,14 +164,11 @@ def original_environ(environ=None) -> dict[str, str]:
     process started in ``native`` mode must get (it would otherwise inherit the pin)."""
     apply()
     env = dict(os.environ if environ is None else environ)
-    if _state["mode"] == "pinned":
-        settings, _ = settings_for(env)
-        for var in settings:
-            if var in _state["overridden"]:
-                env[var] = _state["overridden"][var]
-            elif var not in _state["kept"]:
-                env.pop(var, None)
-        env.update(_state["cleared"])
+    for var, value in (_state.get("original") or {}).items():
+        if value is None:
+            env.pop(var, None)
+        else:
+            env[var] = value
     return env
 
 
@@ -154,8 +188,10 @@ def ray_runtime_env() -> dict:
     apart for it)."""
     if apply() == "native":
         return {"env_vars": {MODE_VAR: "native"}}
-    settings, _ = settings_for(os.environ)
-    return {"env_vars": {MODE_VAR: "pinned", **settings}}
+    settings, kept = settings_for(os.environ)
+    # a value this machine kept is its own, not the other nodes': each worker's own pin decides there
+    env = {k: v for k, v in settings.items() if k not in kept}
+    return {"env_vars": {MODE_VAR: "pinned", **env, "NPY_ENABLE_CPU_FEATURES": ""}}
 
 
 def _openblas() -> list[str]:
@@ -205,6 +241,8 @@ def describe() -> dict:
     if mode == "native":
         out["pinned"] = False
         out["found"] = {v: os.environ[v] for v in (*PINNED, *CLEARED) if os.environ.get(v)}
+        if _state.get("unsupported"):
+            out["unsupported"] = _state["unsupported"]
     else:
         settings, _ = settings_for(os.environ)
         out["settings"] = settings
@@ -216,22 +254,27 @@ def describe() -> dict:
     out["reports"] = {k: v for k, v in reports.items() if v not in (None, [])}
     if mode == "pinned":
         want = settings["OPENBLAS_CORETYPE"].lower()
-        ok = all(settings[v] == PINNED[v][0] for v in settings)  # a kept machine value is not the pinned path
+        # what is in force now, read back: every pinned value, no variable that would choose again
+        ok = all(os.environ.get(v) == pinned_value(v) for v in PINNED) and not any(os.environ.get(v) for v in CLEARED)
         ok = ok and "torch" not in _state["late"] and all(a.lower() == want for a in reports["openblas"])
         ok = ok and reports["aten"] in (None, "AVX2") and reports["numpy"] in (None, "baseline", "X86_V3", "AVX2")
         out["pinned"] = bool(ok)
     return out
 
 
-def combine(parts: dict[str, dict]) -> dict:
+def combine(parts: dict[str, dict], expected: int | None = None) -> dict:
     """One summary block from the descriptions of a run's processes (``{"driver": d, ...}``):
     the driver's description, ``pinned`` only if every process was, and the processes whose
-    description differs from the driver's (by name)."""
+    description differs from the driver's (by name). ``expected``: how many processes the run
+    had; one that did not report (unreachable) makes ``pinned`` false (``unreported``)."""
     driver = parts.get("driver") or describe()
     others = {k: v for k, v in parts.items() if k != "driver" and v}
     out = dict(driver)
     out["pinned"] = bool(driver.get("pinned")) and all(v.get("pinned") for v in others.values())
     out["processes"] = 1 + len(others)
+    if expected is not None and expected > out["processes"]:
+        out["unreported"] = expected - out["processes"]
+        out["pinned"] = False
     key = _comparable(driver)
     out["differing"] = sorted(k for k, v in others.items() if _comparable(v) != key)
     return out

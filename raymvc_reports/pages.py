@@ -490,6 +490,9 @@ def admission_text(res: StudyResult) -> str:
              f"{len(res.rows)} rows used here"
              + ("" if c.recomputed == len(res.rows) else
                 "; the others were recorded before records kept labels, so their numbers are as recorded") + "."]
+    if c.unverifiable:
+        parts.append(f" {len(c.unverifiable)} rows keep labels whose data set is not on the machine that wrote this page: "
+                     "their numbers are as recorded.")
     if c.legacy:
         parts.append(f" {c.legacy} rows carry no commit and are used as legacy (studies/results/legacy.yaml: "
                      f"{esc(c.legacy_reason)}).")
@@ -558,7 +561,7 @@ def study_section(res: StudyResult, fig_dir: Path | None, page_dir: Path) -> str
     if fewer:
         lines += ["Fewer seeds (too slow here for all of the study's): " + "; ".join(
             f"*{esc(r.label)}* on seeds {esc(', '.join(map(str, st.run_seeds(r))))}" for r in fewer) + ".", ""]
-    lines += ["Intervals: the 95% CI of a mean is a percentile bootstrap over the cell's seeds (none with fewer "
+    lines += ["Intervals: the 95% CI of a mean is Student's t interval over the cell's seeds (none with fewer "
               "than two); a share of seeds in one mode carries Wilson's 95% interval.", ""]
     if modes:
         lines += [f"Seeds per mode: {NAMES[modes.metric]} below {modes.split:g} counts as *{esc(modes.below)}*, "
@@ -760,8 +763,8 @@ def atlas_share(m: re.Match, rankings: dict[str, dict[str, dict]], where: Path) 
         if e["ok"] < e["total"]:
             raise ScenarioError(f"{where}: {m.group(0)}: run {r!r} finished {e['ok']} of {e['total']} runs there; "
                                 "a share needs means over the same seeds")
-    seeds = [table[r]["seeds"] for r in runs]
-    if any(s != seeds[0] for s in seeds):
+    seeds = [sorted(table[r]["harsh_by_seed"], key=int) for r in runs]  # the seeds each mean is over
+    if any(s != seeds[0] for s in seeds) or seeds[0] != table[runs[0]]["seeds"]:
         raise ScenarioError(f"{where}: {m.group(0)}: the runs sweep different seeds ("
                             + "; ".join(f"{r}: {', '.join(s)}" for r, s in zip(runs, seeds))
                             + "); a share needs means over the same seeds")
@@ -771,7 +774,8 @@ def atlas_share(m: re.Match, rankings: dict[str, dict[str, dict]], where: Path) 
                             "too little to share out")
     keys = sorted(seeds[0], key=int)
     ci = share_ci(*([table[r]["harsh_by_seed"][k] for k in keys] for r in runs))
-    word = "" if verdict(ci, "x", "x", "") else "; within noise"
+    said = verdict(ci, "x", "x", "within noise")
+    word = "" if said == "x" else f"; {said}"
     return f"{100 * (a - b) / (a - c):.0f}% ({ci_text(ci, percent=True)}{word})"
 
 
@@ -954,7 +958,7 @@ def atlas_overview(results: list[StudyResult], fig_dir: Path, page_dir: Path) ->
              "Per kind of device behaviour, the methods ranked by mean ACC at the kind's harshest point "
              "(finished runs only; a method not all of whose runs finished there ranks after those that all "
              "did). \"change\" is ACC at the harshest point minus ACC at the mildest, with the 95% interval of "
-             "that difference paired over seeds (bootstrap); it reads as a drop only where the interval lies below "
+             "that difference paired over seeds (Student's t); it reads as a drop only where the interval lies below "
              "zero. \"runs ok\" counts the runs that finished at the harshest point. Rows come from the sections "
              "below (their seeds, their settings).", ""]
     ranks: dict[str, dict[str, str]] = defaultdict(dict)
@@ -1111,9 +1115,11 @@ def check_text(check: StudyResult | None, run_id: str, point: dict | None, paper
         text += f", {modes}"
     if paper_acc is not None:
         ci = check.ci(run_id, point, "acc") if point is not None else None
-        shifted = None if ci is None else (ci[0] - paper_acc, ci[1] - paper_acc)
-        where = verdict(shifted, "above", "below", "within noise of")
-        text += f"; {where} the paper's {paper_acc:.3f} ({ci_text(ci)})"
+        if ci is None:
+            text += f"; the paper's {paper_acc:.3f} ({ci_text(ci)})"
+        else:
+            where = verdict((ci[0] - paper_acc, ci[1] - paper_acc), "above", "below", "within noise of")
+            text += f"; {where} the paper's {paper_acc:.3f} ({ci_text(ci)})"
     return text
 
 

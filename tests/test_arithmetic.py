@@ -76,6 +76,7 @@ def test_pin_overrides_the_environment_keeps_a_machines_core_type_and_says_so():
     fresh: dict = {}
     arithmetic.pin(fresh)
     assert fresh["OPENBLAS_CORETYPE"] == "Haswell" and set(fresh) == set(arithmetic.PINNED)
+    assert fresh["NPY_DISABLE_CPU_FEATURES"] == "X86_V4 AVX512_ICL AVX512_SPR"  # the names this numpy knows
 
 
 def test_mode_comes_from_one_variable_and_a_bad_value_is_named():
@@ -89,7 +90,8 @@ def test_ray_workers_get_the_drivers_mode():
     env = arithmetic.ray_runtime_env()["env_vars"]
     assert env[arithmetic.MODE_VAR] == arithmetic.mode()
     if arithmetic.mode() == "pinned":
-        assert {k: env[k] for k in arithmetic.PINNED} == arithmetic.settings_for(os.environ)[0]
+        settings, kept = arithmetic.settings_for(os.environ)
+        assert {k: env[k] for k in arithmetic.PINNED if k not in kept} == {k: v for k, v in settings.items() if k not in kept}
 
 
 def test_a_run_is_pinned_only_if_every_process_was():
@@ -98,6 +100,24 @@ def test_a_run_is_pinned_only_if_every_process_was():
     block = arithmetic.combine({"driver": good, "server": good, "pool 0": bad})
     assert block["pinned"] is False and block["processes"] == 3 and block["differing"] == ["pool 0"]
     assert arithmetic.combine({"driver": good, "server": good})["pinned"] is True
+    silent = arithmetic.combine({"driver": good, "server": good}, expected=3)  # a pool that never answered
+    assert silent["pinned"] is False and silent["unreported"] == 1
+
+
+def test_what_is_in_force_is_read_back_and_a_child_in_native_mode_gets_the_original_environment(monkeypatch):
+    if arithmetic.mode() != "pinned":
+        pytest.skip("this process runs native")
+    assert arithmetic.describe()["pinned"]
+    monkeypatch.setenv("MKL_CBWR", "AUTO")  # changed after the pin: the block must not say pinned
+    assert arithmetic.describe()["pinned"] is False
+    monkeypatch.setenv("MKL_CBWR", "COMPATIBLE")
+    monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "AVX512")
+    assert arithmetic.describe()["pinned"] is False
+    monkeypatch.delenv("MKL_ENABLE_INSTRUCTIONS")
+    original = arithmetic.original_environ()
+    assert all(original.get(v) == arithmetic._state["original"][v] for v in arithmetic.PINNED)
+    env = arithmetic.ray_runtime_env()["env_vars"]
+    assert env["NPY_ENABLE_CPU_FEATURES"] == "" and all(k not in env for k in arithmetic._state["kept"])
 
 
 def test_a_bad_mode_is_a_one_line_error_before_the_run(tmp_path):

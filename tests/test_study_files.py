@@ -368,9 +368,9 @@ class _FakeResult:
     ({1: (0.80, 0.01, 1, 1), 5: (0.95, 0.01)}, "The default (kmeans_init = 1) has 1 of 3 seeds finished: no verdict"),
     ({1: (0.80, 0.01), 5: (0.90, 0.05)}, "The default (kmeans_init = 1) ranks 2 of 2 with 0.800 ± 0.010, 0.100 "
                                          "below the best (below it beyond noise: best minus default paired over "
-                                         "seeds, 95% CI 0.060 to 0.140)."),
+                                         "seeds, 95% CI 0.001 to 0.199)."),
     ({1: (0.88, 0.01), 5: (0.90, 0.05)}, "0.020 below the best (within noise: best minus default paired over seeds, "
-                                         "95% CI -0.020 to 0.060)."),
+                                         "95% CI -0.079 to 0.119)."),
 ])
 def test_the_tuning_line_says_where_the_default_stands(tmp_path, means, words):
     from raymvc_reports.pages import tuning_summary

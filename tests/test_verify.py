@@ -194,3 +194,21 @@ def test_a_number_that_is_no_score_is_refused_even_without_labels(swept):
     res = check_record(load_study(swept / "studies" / "s.yaml"), swept / "studies")
     assert [(r["seed"], why, detail) for r, why, detail in res.apart] == \
         [("0", "refused", "acc 1e308 is not a score (outside [0, 1])")]
+
+
+def test_a_row_made_since_records_keep_labels_must_have_them(swept):
+    """Deleting a row's line from the labels file would otherwise pass it as an old row."""
+    studies = swept / "studies"
+    record = studies / "results" / "s.csv"
+    first = git(swept, "rev-list", "--max-parents=0", "HEAD")
+    (studies / "results" / "legacy.yaml").write_text(f"scheme_commit: {first}\nlabels_commit: {first}\nstudies: {{}}\n")
+    st = load_study(studies / "s.yaml")
+    assert len(check_record(st, studies).admitted) == 3
+    lines = record.with_suffix(".labels").read_text().splitlines()
+    record.with_suffix(".labels").write_text("\n".join(lines[:-1]) + "\n")  # one row's labels gone
+    res = check_record(st, studies)
+    assert len(res.admitted) == 2 and [(why, d) for _, why, d in res.apart] == \
+        [("refused", "its labels are not stored beside the record")]
+    (studies / "results" / "legacy.yaml").write_text(f"scheme_commit: {first}\nlabels_commit: --output=x\nstudies: {{}}\n")
+    with pytest.raises(Exception, match="labels_commit: a full commit hash"):
+        check_record(st, studies, None)

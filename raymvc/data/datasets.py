@@ -350,10 +350,11 @@ def _check_npz_size(path: Path) -> None:
     with zf:
         for info in zf.infolist():
             inflated += info.file_size
-            if not info.filename.endswith(".npy"):
-                continue
-            try:
+            try:  # every member numpy would read as an array: by its magic, whatever its name
                 with zf.open(info) as fh:
+                    if fh.read(6) != b"\x93NUMPY":
+                        continue
+                    fh.seek(0)
                     version = np.lib.format.read_magic(fh)
                     read = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
                         np.lib.format.read_array_header_2_0
@@ -363,7 +364,7 @@ def _check_npz_size(path: Path) -> None:
             n = int(np.prod(shape, dtype=object)) * int(dtype.itemsize)
             declared += n
             if n > biggest[1]:
-                biggest = (f"{info.filename[:-4]}: {' x '.join(map(str, shape))} {dtype}", n)
+                biggest = (f"{info.filename.removesuffix('.npy')}: {' x '.join(map(str, shape))} {dtype}", n)
             if n > info.file_size:
                 raise DataError(f"{path}: array {biggest[0] if biggest[1] == n else info.filename} declares {n / 1e9:.3g} "
                                 f"GB but holds {info.file_size} bytes: the archive is corrupt")

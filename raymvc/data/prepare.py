@@ -51,9 +51,10 @@ def _check_sampled_secure_aggregation(sc: Scenario, asked: int, n_clients: int) 
                                           f"{ch.secagg_threshold}); lower the threshold below {asked / n_clients:g}")
 
 
-def prepare(sc: Scenario, dataset=None):
+def prepare(sc: Scenario, dataset=None, machine: bool = True):
     """Load, normalise and split the data as the scenario says (no Ray needed); ``dataset``
-    (a :class:`~raymvc.data.types.MultiViewDataset`) replaces ``data.path``/``data.dataset``.
+    (a :class:`~raymvc.data.types.MultiViewDataset`) replaces ``data.path``/``data.dataset``;
+    ``machine``: also refuse a run this machine could not hold (off: only the data are wanted).
 
     Every problem is raised as a :class:`ScenarioError` naming the key.
     """
@@ -124,7 +125,8 @@ def prepare(sc: Scenario, dataset=None):
             raise
         raise scenario_error(sc, "data", str(e)) from None
     _check_faults_fit(sc, proto, part)
-    _check_machine_bounds(sc, proto, part)
+    if machine:
+        _check_machine_bounds(sc, proto, part)
     if sc.runtime.score_every and not scores_mid_run(proto):
         raise scenario_error(sc, "runtime.score_every", f"method {sc.method} has no model to score along its rounds "
                                                         "(its server does not define current_model); leave it out")

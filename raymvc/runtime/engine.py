@@ -474,7 +474,9 @@ def _write_files(sc, ds, part, end: RunEnd, timing: dict, ray_init_s: float, wal
                             "reused_actors": bool(timing.get("reused_actors")),
                             "actors_started": int(timing.get("actors_started") or 0),
                             "gpu_ids": where.get("gpu_ids")}
-    summary["arithmetic"] = arithmetic.combine({"driver": arithmetic.describe(), **(where.get("arithmetic") or {})})
+    expected = 2 + actors_needed(sc, part.n_clients) if sc.runtime.backend == "ray" else 1  # driver, server, pools
+    summary["arithmetic"] = arithmetic.combine({"driver": arithmetic.describe(), **(where.get("arithmetic") or {})},
+                                               expected=expected)
     if study:
         summary["study"] = dict(study)
     writer.summary(summary)

@@ -175,7 +175,7 @@ class ServerLayer:
         spec, weight = self.specs.get(kind), float(out.weight)
         if spec is not None and spec.weight_is_rows and self.client_sizes:
             rows = sum(self.client_sizes.get(c, 0) for c in out.contributors)
-            if not 0 < weight <= rows:
+            if not (0 < weight <= rows if rows > 0 else weight == 0):
                 return WeightedSum(kind, {}, 0.0, [], secure=True, failed=f"summed weight {weight:.6g} is not in "
                                    f"(0, {rows}], the rows its {len(out.contributors)} contributors hold: a client "
                                    "sent a weight other than its row count", disclosed=list(out.contributors))

@@ -26,6 +26,7 @@ import base64
 import binascii
 import hashlib
 import math
+import re
 import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -172,15 +173,19 @@ def read_legacy(studies_dir: Path) -> dict:
         doc = yaml.safe_load(read_file(path, limit=1 << 20).decode("utf-8")) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise ScenarioError(f"{path}: not YAML ({str(e).splitlines()[0][:120]})") from None
-    if not isinstance(doc, dict) or set(doc) - {"scheme_commit", "studies"}:
-        raise ScenarioError(f"{path}: want the keys scheme_commit and studies")
+    if not isinstance(doc, dict) or set(doc) - {"scheme_commit", "labels_commit", "studies"}:
+        raise ScenarioError(f"{path}: want the keys scheme_commit, labels_commit and studies")
     commit, studies = doc.get("scheme_commit"), doc.get("studies") or {}
-    if not isinstance(commit, str) or len(commit) != 40 or not isinstance(studies, dict):
+    labels = doc.get("labels_commit")
+    if labels is not None and not (isinstance(labels, str) and re.fullmatch(r"[0-9a-f]{40}", labels)):
+        raise ScenarioError(f"{path}: labels_commit: a full commit hash")
+    if not isinstance(commit, str) or not re.fullmatch(r"[0-9a-f]{40}", commit) or not isinstance(studies, dict):
         raise ScenarioError(f"{path}: scheme_commit: a full commit hash; studies: name -> reason")
     for name, reason in studies.items():
         if not isinstance(reason, str) or len(reason.strip()) < 20:
             raise ScenarioError(f"{path}: studies.{name}: give the reason in a sentence")
-    return {"scheme_commit": commit, "studies": {str(k): v.strip() for k, v in studies.items()}}
+    return {"scheme_commit": commit, "labels_commit": labels,
+            "studies": {str(k): v.strip() for k, v in studies.items()}}
 
 
 LEGACY_SAME = ("scenario", "seed", "status", "fingerprint", "labels_sha256", "acc", "nmi", "ari", "mb")
@@ -229,7 +234,7 @@ class _Scorer:
         if key not in self.cache:
             over = merge_overrides({**run.set, "name": run.id}, point, {"seed": int(row["seed"])})
             sc = load_scenario(self.study.scenario_path(run), over)
-            ds, _ = prepare(sc)
+            ds, _ = prepare(sc, machine=False)  # the data and its split, not whether this machine could run it
             self.cache = {key: (sc, ds)}  # one data set held at a time
         sc, ds = self.cache[key]
         if len(labels) != ds.n_samples:
@@ -267,6 +272,11 @@ def out_of_range(row: dict) -> str | None:
     return None
 
 
+class Unverifiable(Exception):
+    """A row's stored labels could not be scored on this machine (its data set is not here):
+    nothing is known against the row, and nothing for it."""
+
+
 def recompute(row: dict, code: str, scorer: _Scorer) -> str | None:
     """None when the row's labels hash and scores are those its stored labels give, else why not."""
     try:
@@ -280,7 +290,7 @@ def recompute(row: dict, code: str, scorer: _Scorer) -> str | None:
     try:
         got = scorer.scores(row, labels)
     except (ScenarioError, ValueError, OSError) as e:
-        return f"cannot score its labels ({str(e).splitlines()[0][:160]})"
+        raise Unverifiable(f"its labels cannot be scored here ({str(e).splitlines()[0][:160]})") from None
     for col in SCORE_COLUMNS:
         name = col.removeprefix("metric.")
         if col in row and row[col] != "" and not _same(row[col], got.get(name)):
@@ -306,6 +316,7 @@ class RecordCheck:
     legacy: int = 0
     legacy_reason: str = ""
     foreign: int = 0
+    unverifiable: list[tuple[dict, str]] = field(default_factory=list)  # labels kept, but not scorable here
 
     @property
     def refused(self) -> list[tuple[dict, str, str]]:
@@ -327,6 +338,7 @@ def check_rows(study: Study, rows: list[dict], codes: dict[tuple[str, str], str]
     root = checkout_root(study.path)
     declared = last_commit(study.path, root) if root is not None else None
     legacy = legacy or {}
+    labels_kept = legacy.get("labels_commit")  # records keep labels from this commit on
     reason = (legacy.get("studies") or {}).get(study.name)
     old = _legacy_rows(root, legacy, record, study) if (reason and record is not None) else None
     out.legacy_reason = reason or ""
@@ -353,18 +365,28 @@ def check_rows(study: Study, rows: list[dict], codes: dict[tuple[str, str], str]
             out.apart.append((r, "refused", bad))
             continue
         code = codes.get((r.get("cell", ""), r.get("fingerprint", "")))
+        checked = False
         if code is not None and recompute_scores:
-            why = recompute(r, code, scorer)
-            if why is not None:
-                out.apart.append((r, "refused", why))
-                continue
+            try:
+                why = recompute(r, code, scorer)
+            except Unverifiable as e:
+                out.unverifiable.append((r, str(e)))
+            else:
+                if why is not None:
+                    out.apart.append((r, "refused", why))
+                    continue
+                checked = True
+        elif code is None and labels_kept and r.get("status") in FINISHED and \
+                commit_status(root, labels_kept, r) == ADMITTED:  # made since records keep labels: they must be here
+            out.apart.append((r, "refused", "its labels are not stored beside the record"))
+            continue
         status = commit_status(root, declared, r)
         if status == NOT_RECORDED and old is not None and tuple(r.get(k, "") for k in LEGACY_SAME) in old:
             out.legacy += 1
         elif status != ADMITTED:
             out.apart.append((r, status if status in REASONS else "unknown", ""))
             continue
-        out.recomputed += code is not None and recompute_scores
+        out.recomputed += checked
         out.admitted.append(r)
     return out
 
@@ -383,7 +405,11 @@ def verify_studies(studies_dir: Path, only: list[str] | None = None, say=print) 
     """``raymvc verify STUDIES``: check every study's record; print one line per study and
     one per refused row. Returns 0 when no row is refused, else 1."""
     legacy = read_legacy(studies_dir)
-    unknown = sorted(set(legacy.get("studies") or {}) - {p.stem for p in studies_dir.glob("*.yaml")})
+    names = {p.stem for p in studies_dir.glob("*.yaml")}
+    missing = sorted(set(only or ()) - names)
+    if missing:
+        raise ScenarioError(f"--only: no study file {missing[0]!r} in {studies_dir}")
+    unknown = sorted(set(legacy.get("studies") or {}) - names)
     if unknown:
         raise ScenarioError(f"{studies_dir / RECORD_DIR / LEGACY_FILE}: studies.{unknown[0]}: no such study file")
     refused = 0
@@ -398,6 +424,7 @@ def verify_studies(studies_dir: Path, only: list[str] | None = None, say=print) 
         counts = res.apart_counts()
         apart = ", ".join(f"{n} {REASONS[k]}" for k, n in sorted(counts.items()) if k != "refused")
         say(f"{st.name}: {len(res.admitted)} rows admitted ({res.recomputed} recomputed from their labels"
+            + (f", {len(res.unverifiable)} with labels not scorable here" if res.unverifiable else "")
             + (f", {res.legacy} legacy" if res.legacy else "") + ")"
             + (f"; apart: {apart}" if apart else "") + (f"; {len(res.refused)} REFUSED" if res.refused else ""))
         for r, _, why in res.refused:

@@ -407,3 +407,23 @@ def test_a_current_model_that_is_no_message_is_the_servers_error(tmp_path):
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert s["status"] == "error" and s["errors"][0].startswith("server current_model")
     assert "returned str, not a Message" in s["errors"][0]
+
+
+def test_an_own_availability_model_is_part_of_the_fingerprint(tmp_path):
+    """After editing one's own model, a sweep reused the old cell under the same fingerprint and
+    --resume accepted a run whose rounds ran different models."""
+    from raymvc.results.provenance import fingerprint
+
+    (tmp_path / "oddfp.py").write_text(BAD_MODEL.replace("odd:Odd", "oddfp:Odd"))
+    (tmp_path / "s.yaml").write_text(
+        "name: fp\nmethod: raymvc.bench.fedavg_echo\nparams: {rounds: 2, floats: 4}\n"
+        "data: {dataset: digits, partition: horizontal, n_clients: 4}\n"
+        "faults:\n  availability: {model: 'oddfp:Odd', answer: ok}\nruntime: {backend: local}\nseed: 0\n")
+    sc = load_scenario(tmp_path / "s.yaml")
+    before = fingerprint(sc)
+    assert fingerprint(sc) == before
+    import os
+
+    (tmp_path / "oddfp.py").write_text(BAD_MODEL.replace("odd:Odd", "oddfp:Odd").replace('"ok": 0.25', '"ok": 0.5'))
+    os.utime(tmp_path / "oddfp.py", ns=(1, 1))  # another time stamp even within one clock tick
+    assert fingerprint(sc) != before

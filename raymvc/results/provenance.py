@@ -45,6 +45,7 @@ def engine_version() -> str:
     return h.hexdigest()[:16]
 
 
+@functools.lru_cache(maxsize=64)  # which files: fixed once imported; their content is digested on every call
 def method_files(method: str) -> list[Path]:
     """The modules that define ``method`` (its client, server and config, and the classes
     they derive from beside them: FCUIF's are FedDMVC's) and the private helper modules
@@ -65,14 +66,27 @@ def method_files(method: str) -> list[Path]:
     return sorted(files)
 
 
-@functools.lru_cache(maxsize=64)
 def method_version(method: str) -> str:
-    """The digest of :func:`method_files`."""
-    files = method_files(method)
+    """The digest of :func:`method_files`, read again whenever a file changed (size or
+    modification time): a method of one's own edited between two runs of one process
+    gets another version."""
     h = hashlib.sha256(method.encode() + b"\0")
-    for f in sorted(files):
-        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    for f in sorted(method_files(method)):
+        st = f.stat()
+        h.update(f.name.encode() + b"\0" + _file_digest(str(f), st.st_size, st.st_mtime_ns).encode() + b"\0")
     return h.hexdigest()[:16]
+
+
+def own_model_files(sc) -> list[Path]:
+    """The module of an availability model of one's own (``model: module:Class``), as a file."""
+    from .. import availability
+
+    model = getattr(getattr(sc.faults, "availability", None), "model", None)
+    if not (isinstance(model, str) and availability.is_import_path(model)):
+        return []
+    cls = availability.get_model(model)
+    path = Path(getattr(sys.modules.get(cls.__module__), "__file__", "") or "")
+    return [path.resolve()] if path.is_file() else []
 
 
 PLATFORM_PACKAGES = ("numpy", "scipy", "scikit-learn", "torch", "ray")
@@ -146,7 +160,8 @@ def fingerprint(sc, data_source: str | None = None) -> str:
         h.update(data_source.encode())
     trace = [sc.trace_path()] if sc.trace_path() is not None else []  # an availability trace
     trace += [sc.profile_path()] if sc.profile_path() is not None else []  # a device profile
-    for p in (sc.data_files() if sc.data.path is not None else []) + trace:
+    # an availability model of one's own is code the result depends on, as the method's is
+    for p in (sc.data_files() if sc.data.path is not None else []) + trace + own_model_files(sc):
         p = p.resolve()
         st = p.stat()
         h.update(_file_digest(str(p), st.st_size, st.st_mtime_ns).encode())

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_seeds_before_runs import git
+from helpers import commit_all, git
 from test_study_files import SCENARIO
 
 from raymvc.cli import main
@@ -56,12 +56,10 @@ def test_labels_travel_compactly_and_hash_as_labels_csv(tmp_path):
 @pytest.fixture
 def swept(tmp_path, monkeypatch):
     """A committed three-seed k-FED study, swept and written to its record and page."""
-    git(tmp_path, "init", "-q")
     (tmp_path / "tiny.yaml").write_text(SCENARIO)
     (tmp_path / "studies").mkdir()
     (tmp_path / "studies" / "s.yaml").write_text(STUDY)
-    git(tmp_path, "add", ".")
-    git(tmp_path, "commit", "-q", "-m", "declare seeds 0-2")
+    commit_all(tmp_path)  # declares seeds 0-2
     monkeypatch.chdir(tmp_path)
     assert main(["sweep", "studies/s.yaml", "--quiet"]) == 0
     write_pages(tmp_path / "studies", tmp_path / "runs" / "studies")

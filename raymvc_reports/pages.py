@@ -91,8 +91,10 @@ def check_policy(st: Study) -> None:
     if st.spec.readme:
         raise ScenarioError(f"{st.path}: study.tuning: a tuning study has no rows in README's table "
                             "(set readme: false)")
-RECORD_EXTRA = ("code_version", "platform", "labels_sha256", "virtual_s", *COMMIT_FIELDS, "joined", "cell", "study")
-FACTS = ("code_version", "platform", "labels_sha256", "virtual_s", *COMMIT_FIELDS)  # what a run folder tells
+RECORD_EXTRA = ("code_version", "platform", "arithmetic", "labels_sha256", "virtual_s", *COMMIT_FIELDS, "joined",
+                "cell", "study")
+# what a run folder tells; arithmetic: "pinned", "native" or "" (a run from before summaries said)
+FACTS = ("code_version", "platform", "arithmetic", "labels_sha256", "virtual_s", *COMMIT_FIELDS)
 
 
 class StudyResult:
@@ -244,7 +246,8 @@ class StudyResult:
         return sorted({r["code_version"] for r in self.rows if r.get("code_version")})
 
     def platforms(self) -> list[str]:
-        return sorted({r["platform"] for r in self.rows if r.get("platform")})
+        return sorted({r["platform"] + (f", {r['arithmetic']} arithmetic" if r.get("arithmetic") else "")
+                       for r in self.rows if r.get("platform")})
 
 
 def _run_facts(sweep_dir: Path, row: dict) -> dict:
@@ -267,7 +270,10 @@ def _run_facts(sweep_dir: Path, row: dict) -> dict:
             digest = labels = ""
     virtual = (s.get("timing") or {}).get("virtual_s")
     study = s.get("study") if isinstance(s.get("study"), dict) else {}
+    arith = s.get("arithmetic") if isinstance(s.get("arithmetic"), dict) else {}
+    how = "pinned" if arith.get("pinned") else str(arith.get("mode") or "")[:10]
     facts = {"code_version": s.get("code_version") or "", "platform": platform_text(s.get("platform")),
+             "arithmetic": how,
              "labels_sha256": digest, "virtual_s": "" if virtual is None else virtual,
              **{k: code(study.get(k) or "")[:40] for k in COMMIT_FIELDS}}
     curve = acc_curve(run) if digest else ""

@@ -227,7 +227,8 @@ def test_a_tiny_study_runs_resumes_and_gets_its_page(tmp_path, monkeypatch, caps
     import numpy
 
     assert all(f"numpy {numpy.__version__}" in r["platform"] for r in record)  # what a cell may move with
-    assert f"Platform of these runs: {record[0]['platform']}." in page
+    assert f"Platform of these runs: {record[0]['platform']}, {record[0]['arithmetic']} arithmetic." in page
+    assert record[0]['arithmetic'] in ('pinned', 'native')
     shutil.rmtree(out)
     (studies / "kfed.md").write_text("stale")
     write_pages(studies, tmp_path / "runs" / "studies", readme)

@@ -84,6 +84,7 @@ def test_a_record_keeps_its_labels_and_verify_recomputes_every_row(swept, capsys
     rows = _rows(record)
     codes = read_labels_store(record.with_suffix(".labels"))
     assert len(rows) == 3 and len(codes) == 3
+    assert {r["arithmetic"] for r in rows} == {"pinned"}  # the record says how its numbers were computed
     for r in rows:
         assert labels_sha256(decode_labels(codes[(r["cell"], r["fingerprint"])])) == r["labels_sha256"]
     assert main(["verify", "studies"]) == 0

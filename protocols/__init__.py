@@ -64,6 +64,7 @@ def _from_module(module, name: str) -> Protocol:
 
 
 _SEARCH: list[str] = []  # folders of scenario files read in this process, searched for methods
+_FROM_FOLDER: dict[str, str] = {}  # top-level module name -> the file it was loaded from (one of _SEARCH)
 
 
 def add_search_path(folder: str | os.PathLike) -> None:
@@ -98,6 +99,8 @@ def import_user_module(path: str):
     runs that module's code: see docs/threat-model.md.
     """
     top = path.split(".")[0]
+    if top in _FROM_FOLDER:  # loaded from a scenario's folder earlier in this process
+        _one_file(top)
     if top in sys.modules or top in sys.builtin_module_names:
         return importlib.import_module(path)
     saved = sys.path[:]
@@ -107,6 +110,7 @@ def import_user_module(path: str):
             return importlib.import_module(path)
     finally:
         sys.path[:] = saved
+    _one_file(top)
     for folders in ([f] for f in _SEARCH):
         spec = importlib.machinery.PathFinder.find_spec(top, folders)
         if spec is None or spec.loader is None:
@@ -118,8 +122,32 @@ def import_user_module(path: str):
         except BaseException:
             sys.modules.pop(top, None)
             raise
+        _FROM_FOLDER[top] = os.path.realpath(spec.origin or folders[0])
         return module if path == top else importlib.import_module(path)
     raise ModuleNotFoundError(f"No module named {top!r}", name=top)
+
+
+class AmbiguousModuleError(ImportError):
+    """One module name lies beside two scenario files read in one process."""
+
+
+def _one_file(top: str) -> None:
+    """Refuse a name that two of the scenario folders read in this process hold as different
+    files: whichever loaded first would serve every scenario that names it (a run after
+    another in one process, a sweep, a notebook), and results would follow the order."""
+    files = module_files(top, _SEARCH)
+    if len({_content(f) for f in files}) > 1:
+        raise AmbiguousModuleError(
+            f"module {top!r} lies beside two scenario files read in this process, and one would serve both: "
+            f"give them different names ({', '.join(files)})", name=top)
+
+
+def _content(path: str) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError:
+        return path.encode()
 
 
 def module_files(top: str, folders) -> list[str]:

@@ -375,8 +375,8 @@ def test_two_scenario_folders_with_modules_of_one_name_are_refused(tmp_path, cap
     rc = main(["sweep", str(tmp_path / "a" / "s.yaml"), str(tmp_path / "b" / "s.yaml"), "--out", str(tmp_path / "sw"),
                "--quiet"])
     err = capsys.readouterr().err
-    assert rc == 2 and "module 'wk' lies beside two of the sweep's scenario files" in err
-    assert "one would serve both runs: give them different names" in err
+    assert rc == 2 and "module 'wk' lies beside two scenario files read in this process" in err
+    assert "one would serve both: give them different names" in err and err.count("\n") == 1
 
 
 def test_an_inference_round_for_a_method_without_a_final_model_is_refused(scenario_path):
@@ -427,3 +427,29 @@ def test_an_own_availability_model_is_part_of_the_fingerprint(tmp_path):
     (tmp_path / "oddfp.py").write_text(BAD_MODEL.replace("odd:Odd", "oddfp:Odd").replace('"ok": 0.25', '"ok": 0.5'))
     os.utime(tmp_path / "oddfp.py", ns=(1, 1))  # another time stamp even within one clock tick
     assert fingerprint(sc) != before
+
+
+def test_a_module_of_one_name_beside_two_scenarios_run_one_after_the_other_is_refused(tmp_path):
+    """Outside a sweep too: a second run in the same process (a notebook, a script) was served
+    by the first scenario's ``wk.py``, and its results were the first's."""
+    import raymvc
+    from raymvc.scenario import ScenarioError
+
+    for name, away in (("a1", 0.0), ("b1", 1.0)):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "wk1.py").write_text(BAD_MODEL.replace("odd:Odd", "wk1:Odd").replace(
+            '"ok": 0.25}[self.cfg.answer]', f'"ok": {away}}}[self.cfg.answer]'))
+        (d / "s.yaml").write_text(
+            f"name: {name}\nmethod: raymvc.bench.fedavg_echo\nparams: {{rounds: 2, floats: 4}}\n"
+            "data: {dataset: digits, partition: horizontal, n_clients: 4}\n"
+            "faults:\n  availability: {model: 'wk1:Odd', answer: ok}\n  min_clients: 0\nruntime: {backend: local}\n")
+    first = raymvc.run(tmp_path / "a1" / "s.yaml", out=tmp_path / "r1")
+    assert first.status == "completed"
+    with pytest.raises(ScenarioError, match=r"module 'wk1' lies beside two scenario files read in this process"):
+        raymvc.run(tmp_path / "b1" / "s.yaml", out=tmp_path / "r2")
+    # the same file content beside two scenarios is one module: no refusal
+    (tmp_path / "c1").mkdir()
+    (tmp_path / "c1" / "wk1.py").write_text((tmp_path / "a1" / "wk1.py").read_text())
+    (tmp_path / "b1" / "wk1.py").unlink()
+    assert raymvc.run(tmp_path / "a1" / "s.yaml", out=tmp_path / "r3").status == "completed"

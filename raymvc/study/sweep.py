@@ -99,33 +99,6 @@ def _run_dir_name(name: str, point: dict, seed: int) -> str:
     return folder
 
 
-def _module_names(sc) -> set[str]:
-    """The top-level names of the modules of one's own a scenario may name (method, availability model)."""
-    from ..availability import is_import_path
-
-    names = {sc.method.split(".")[0]} if ("." in sc.method or sc.method.isidentifier()) else set()
-    model = getattr(getattr(sc.faults, "availability", None), "model", None)
-    if isinstance(model, str) and is_import_path(model):
-        names.add(model.partition(":")[0].split(".")[0])
-    return names
-
-
-def _one_module_per_name(cells: list[Cell], names: set[str]) -> None:
-    """A module of one's own (a method, an availability model) named the same beside two of
-    a sweep's scenario files would serve both from whichever loaded first: refused. ``names``:
-    what the cells' scenarios name (:func:`_module_names`, collected while planning)."""
-    from ..protocols import module_files
-
-    folders = sorted({str(Path(c.scenario).resolve().parent) for c in cells})
-    if len(folders) < 2:
-        return
-    for top in sorted(names):
-        files = module_files(top, folders)
-        if len(files) > 1:
-            raise ScenarioError(f"module {top!r} lies beside two of the sweep's scenario files ({', '.join(files)}); "
-                                "one would serve both runs: give them different names")
-
-
 def plan(scenarios: list[str | tuple], grid: Mapping[str, list] | list[tuple[str, list]], seeds: list[int] | None,
          base: Mapping[str, Any], out: Path) -> list[Cell]:
     """Every (scenario, grid point, seed), validated before anything runs. A scenario is a
@@ -137,7 +110,6 @@ def plan(scenarios: list[str | tuple], grid: Mapping[str, list] | list[tuple[str
 
     grid = list(grid.items()) if isinstance(grid, Mapping) else list(grid)
     cells: list[Cell] = []
-    modules: set[str] = set()  # modules of one's own the scenarios name
     keys = [k for k, _ in grid]
     check_size(len(scenarios), [len(vals) for _, vals in grid], len(seeds) if seeds is not None else 1)
     for entry in scenarios:
@@ -156,8 +128,6 @@ def plan(scenarios: list[str | tuple], grid: Mapping[str, list] | list[tuple[str
                     except ScenarioError as e:
                         raise _grid_blame(sc.blame(e), keys) from None
                 cfg = sc.protocol_config()
-                if j == 0:
-                    modules |= _module_names(sc)
                 cells.append(Cell(scenario=path, name=sc.name, method=sc.method, point=point, seed=seed,
                                   overrides=merge_overrides(over, {"seed": seed}),
                                   run_dir=out / _run_dir_name(sc.name, point, seed),
@@ -166,7 +136,6 @@ def plan(scenarios: list[str | tuple], grid: Mapping[str, list] | list[tuple[str
                                          "cpus": footprint(sc, n_clients), "address": sc.runtime.address,
                                          "crew": (crew_key(sc), actors_needed(sc, n_clients))},
                                   fingerprint=fingerprint(sc)))
-    _one_module_per_name(cells, modules)
     dirs = [c.run_dir for c in cells]
     if len(set(dirs)) != len(dirs):
         dup = next(d for d in dirs if dirs.count(d) > 1)

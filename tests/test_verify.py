@@ -211,3 +211,24 @@ def test_a_row_made_since_records_keep_labels_must_have_them(swept):
     (studies / "results" / "legacy.yaml").write_text(f"scheme_commit: {first}\nlabels_commit: --output=x\nstudies: {{}}\n")
     with pytest.raises(Exception, match="labels_commit: a full commit hash"):
         check_record(st, studies, None)
+
+
+def test_rows_whose_scenario_file_changed_after_they_ran_are_listed_apart(swept):
+    """The cell digest names the scenario file, not what it holds: after an edit of its data
+    set or params every old row was still read as one of the study's cells."""
+    studies = swept / "studies"
+    st = load_study(studies / "s.yaml")
+    tiny = swept / "tiny.yaml"
+    # comments and where the parts run change no result: the rows stay in
+    tiny.write_text("# a comment\n" + SCENARIO.replace("runtime: {backend: local}", "runtime: {backend: local, threads: 1}"))
+    commit_all(swept)
+    assert len(check_record(st, studies).admitted) == 3
+    tiny.write_text(SCENARIO.replace("n_samples: 150", "n_samples: 180"))  # another data set, uncommitted
+    res = check_record(st, studies)
+    assert res.admitted == [] and {why for _, why, _ in res.apart} == {"scenario"}
+    assert all(detail.startswith("tiny.yaml is not what it was at ") for _, _, detail in res.apart)
+    commit_all(swept)  # committed, the same
+    assert [why for _, why, _ in check_record(st, studies).apart] == ["scenario"] * 3
+    write_pages(studies, swept / "runs")
+    page = (studies / "kfed.md").read_text()
+    assert "3 a scenario or side file its run names changed after it ran" in page

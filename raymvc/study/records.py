@@ -58,6 +58,7 @@ REASONS = {
     NOT_RECORDED: "no commit recorded (and not a legacy row of this study)",
     "seed": "its seed or grid point is no longer one the study file declares",
     "refused": "its numbers differ from those its stored labels give",
+    "scenario": "a scenario or side file its run names changed after it ran",
 }
 
 
@@ -329,6 +330,59 @@ class RecordCheck:
         return dict(out)
 
 
+class _SinceRun:
+    """Whether the files a study's run names are, now, what a row ran from: the run's
+    scenario file compared as YAML without its ``runtime`` block (where the run's parts are
+    placed and for how long it waits: nothing a result depends on) and without comments,
+    and every side file the run's settings name (a ``*.path`` value) byte for byte. The
+    study file's commit does not cover them, and a row's cell digest names a scenario file,
+    not what it holds."""
+
+    def __init__(self, root: Path | None):
+        self.root = root
+        self._cache: dict[tuple[str, str], bool] = {}
+
+    def since(self, study: Study, run, head: str) -> str:
+        """Empty when nothing changed (or no checkout or commit can tell), else which file did."""
+        if self.root is None or not head:
+            return ""
+        scenario = Path(study.scenario_path(run)).resolve()
+        files = [(scenario, True)]
+        files += [((scenario.parent / v).resolve(), False) for k, v in run.set.items()
+                  if k.endswith(".path") and isinstance(v, str)]
+        for path, is_scenario in files:
+            try:
+                rel = path.relative_to(self.root.resolve()).as_posix()
+            except ValueError:
+                continue  # outside the checkout: no commit to compare with
+            key = (rel, head)
+            if key not in self._cache:
+                self._cache[key] = self._differs(path, rel, head, is_scenario)
+            if self._cache[key]:
+                return f"{rel} is not what it was at {head[:7]}, where the row ran"
+        return ""
+
+    def _differs(self, path: Path, rel: str, head: str, is_scenario: bool) -> bool:
+        import yaml
+
+        then = file_at(self.root, head, rel)
+        try:
+            now = path.read_text() if path.is_file() else None
+        except OSError:
+            now = None
+        if then is None or now is None:
+            return then != now
+        if not is_scenario:
+            return then != now
+        try:
+            a, b = yaml.safe_load(then), yaml.safe_load(now)
+        except yaml.YAMLError:
+            return then != now
+        if isinstance(a, dict) and isinstance(b, dict):
+            a, b = ({k: v for k, v in d.items() if k != "runtime"} for d in (a, b))
+        return a != b
+
+
 def check_rows(study: Study, rows: list[dict], codes: dict[tuple[str, str], str], *, record: Path | None = None,
                legacy: dict | None = None, recompute_scores: bool = True) -> RecordCheck:
     """Sort ``rows`` (a record's, or a sweep's with its facts) as the module docstring says."""
@@ -343,6 +397,7 @@ def check_rows(study: Study, rows: list[dict], codes: dict[tuple[str, str], str]
     old = _legacy_rows(root, legacy, record, study) if (reason and record is not None) else None
     out.legacy_reason = reason or ""
     scorer = _Scorer(study)
+    files_changed = _SinceRun(root)
     seen = set()
     for r in rows:
         if r.get("scenario") not in ids:  # a run the file no longer names: another study's row
@@ -386,6 +441,11 @@ def check_rows(study: Study, rows: list[dict], codes: dict[tuple[str, str], str]
         elif status != ADMITTED:
             out.apart.append((r, status if status in REASONS else "unknown", ""))
             continue
+        else:
+            changed = files_changed.since(study, study.labels()[r["scenario"]], str(r.get("head_commit") or ""))
+            if changed:
+                out.apart.append((r, "scenario", changed))
+                continue
         out.recomputed += checked
         out.admitted.append(r)
     return out

@@ -26,7 +26,7 @@ SERVER = 3  # keys: round, then the method's tag
 # -- the fault plan (raymvc.runtime.faults) -------------------------------------------
 DISCONNECT = 101  # who never connects
 STRAGGLERS = 102  # who straggles
-DROPOUT = 103  # keys: round, client, exchange
+DROPOUT = 103  # keys: round, client (a second draw picks the exchange under secure aggregation)
 DELAY = 104  # a straggler's delay; keys: round, client, exchange
 PARTIAL = 108  # faults.partial_work; keys: client, round
 SAMPLING = 109  # faults.sampling; keys: round

@@ -43,13 +43,15 @@ time and any straggler delay, and travels its own uplink; the deadline acts on t
 Without them every link is :class:`Network` and compute takes no virtual time.
 
 A round may hold more than one exchange (secure aggregation adds two: masked input
-and unmasking). Exchange ``sub`` > 0 of a round draws dropouts and delays from streams
-of their own (``[seed, tag, round, client, sub]``). A dropout rate ``p`` is the chance a
-client misses a round: with secure aggregation on, each of the round's three exchanges
-draws ``1 - (1 - p)^(1/3)``, so a 10-client run at ``p = 0.2`` keeps about 8 clients to the
+and unmasking). Exchange ``sub`` > 0 of a round draws delays from streams of their own
+(``[seed, tag, round, client, sub]``). A dropout rate ``p`` is the chance a client misses a
+round, whatever the round holds: one draw at ``p`` decides whether it goes, and under
+secure aggregation a second draw of the same stream decides in which of the three
+exchanges, with the chances three draws of ``1 - (1 - p)^(1/3)`` in a row would give
+(:meth:`FaultPlan.leaves_at`). A 10-client run at ``p = 0.2`` keeps about 8 clients to the
 end of a round (the layer's default threshold needs 6), where ``p`` per exchange would
-keep about 5; a scheduled drop
-and a crash take effect in the round's first exchange.
+keep about 5; a round with no secure sum (one exchange) loses a client with ``p`` too. A
+scheduled drop and a crash take effect in the round's first exchange.
 """
 
 from __future__ import annotations
@@ -137,17 +139,34 @@ class FaultPlan:
 
     def dropped(self, round: int, client: int, sub: int = 0, exchanges: int | None = None) -> bool:
         """Whether ``client`` misses exchange ``sub`` of ``round``; ``exchanges``: how many the
-        round has (default: the plan's, 3 under secure aggregation; 1 for a round known to
-        carry no secure sum, such as the inference round, which then draws the whole rate)."""
+        round may have (default: the plan's, 3 under secure aggregation; 1 for a round known to
+        carry no secure sum, such as the inference round)."""
         if sub == 0 and (round, client) in self.drop_at:
             return True
+        leaves = self.leaves_at(round, client, self.exchanges if exchanges is None else exchanges)
+        return leaves == sub
+
+    def leaves_at(self, round: int, client: int, exchanges: int | None = None) -> int | None:
+        """The exchange of ``round`` in which ``client`` goes away (None: it stays the round).
+
+        Whether it goes is one draw at the round's whole rate ``p``, whatever the round holds;
+        with ``exchanges`` > 1 a second draw of the same stream picks the exchange, with the
+        chances of ``exchanges`` draws of ``1 - (1 - p)^(1/exchanges)`` one after the other.
+        A client that would leave in a later exchange of a round that turns out to have none
+        (no secure sum) loses its reply of the first (:meth:`RoundWorkflow <raymvc.runtime.
+        rounds.RoundWorkflow>` drops it), so every round loses a client with chance ``p``."""
         p = self.unavailable(round, client)
         if p <= 0:
-            return False
-        exchanges = self.exchanges if exchanges is None else exchanges
-        if exchanges > 1 and p < 1:  # each exchange its share: the round still loses a client with p
-            p = 1.0 - (1.0 - p) ** (1.0 / exchanges)
-        return bool(stream(self.seed, streams.DROPOUT, round, client, *_sub(sub)).random() < p)
+            return None
+        rng = stream(self.seed, streams.DROPOUT, round, client)
+        if not rng.random() < p:
+            return None
+        n = self.exchanges if exchanges is None else exchanges
+        if n <= 1 or p >= 1:
+            return 0
+        q = 1.0 - (1.0 - p) ** (1.0 / n)
+        w = np.array([(1.0 - q) ** k * q for k in range(n)])
+        return int(np.searchsorted(np.cumsum(w / w.sum()), rng.random(), side="right").clip(0, n - 1))
 
     def delay(self, round: int, client: int, sub: int = 0) -> float:
         if client not in self.stragglers:

@@ -161,9 +161,21 @@ class RoundWorkflow:
             return self._extra(r, out, self.faults.at(self.sub), st)
 
         self.secure.aggregate(st, extra)
+        if self.sub == 0:  # no secure sum this round: who would have left later leaves now
+            self._leave_after_first(r, st)
         self._blame_senders(r, st)
         return [{"kind": s.kind, "contributors": list(s.contributors), "failed": s.failed,
                  "disclosed": list(s.disclosed)} for s in getattr(st.replies, "sums", {}).values()]
+
+    def _leave_after_first(self, r: int, st: RoundState) -> None:
+        """A round without a secure sum has one exchange: a client drawn to leave in a later
+        one goes before its answer arrives, so the round loses it at the whole rate."""
+        for cid in sorted(set(st.replies) | st.acked):
+            if self.plan.leaves_at(r, cid) not in (None, 0):
+                st.replies.pop(cid, None)
+                st.acked.discard(cid)
+                st.dropped.append(cid)
+                st.missing.add(cid)
 
     def _sample(self, r: int, outgoing: dict[int, Message]) -> tuple[dict[int, Message], list[int]]:
         """The messages sent in round ``r`` under ``faults.sampling``, and the clients left out."""

@@ -304,3 +304,69 @@ def test_every_score_a_run_reports_reaches_the_sweep(tmp_path, capsys):
     capsys.readouterr()
     assert main(["plot", str(labelled), "--metric", "nope"]) == 2
     assert "--metric nope: the sweep has no such score" in capsys.readouterr().err
+
+
+def _csv_study(tmp_path):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = np.vstack([rng.normal(c, 0.3, size=(20, 3)) for c in (0, 3, 6)])
+    lines = ["a,b,c,y"] + [f"{r[0]:.4f},{r[1]:.4f},{r[2]:.4f},{k // 20}" for k, r in enumerate(x)]
+    (tmp_path / "mine.csv").write_text("\n".join(lines) + "\n")
+    sc = tmp_path / "own.yaml"
+    sc.write_text("name: own\nmethod: kfed\ndata: {path: mine.csv, label_column: y, n_clusters: 3, "
+                  "partition: horizontal, n_clients: 3}\nruntime: {backend: local}\n")
+    return sc
+
+
+def test_a_cell_task_on_a_node_without_the_data_file_ends_in_error_in_one_line(tmp_path, ray_session, monkeypatch):
+    """``--cells tasks`` on a cluster whose nodes lack the scenario's data file: every cell
+    failed with Ray's coloured remote traceback as its error, and the sweep exited 0."""
+    from raymvc.runtime import cell_tasks
+    from raymvc.study.sweep import execute, plan
+
+    sc = _csv_study(tmp_path)
+    cells = plan([str(sc)], [], [0, 1], {"runtime.backend": "local"}, tmp_path / "out")
+    submit = cell_tasks.submit
+
+    def elsewhere(*args):  # the driver has the file; the node each task runs on has not
+        (tmp_path / "mine.csv").unlink(missing_ok=True)
+        return submit(*args)
+
+    monkeypatch.setattr(cell_tasks, "submit", elsewhere)
+    res = execute(cells, quiet=True, as_tasks=True)
+    assert res.executed == 2 and len(res.errors) == 2
+    for c in cells:
+        s = json.loads((c.run_dir / "summary.json").read_text())
+        assert s["status"] == "error" and "\n" not in s["error"] and "\x1b" not in s["error"]
+        assert s["error"].startswith("ScenarioError: ") and "mine.csv" in s["error"]
+        assert "a cell runs on whichever node Ray picks, which must see the scenario's files" in s["error"]
+        assert "Traceback" not in s["error"]
+
+
+def test_a_sweep_in_which_a_run_ended_in_error_exits_1_and_says_so(tmp_path, capsys):
+    from raymvc.study.sweep import execute, plan
+
+    sc = _csv_study(tmp_path)
+    cells = plan([str(sc)], [], [0, 1], {}, tmp_path / "out")
+    (tmp_path / "mine.csv").unlink()
+    res = execute(cells, quiet=True)  # in process: the cell's own start fails
+    assert len(res.errors) == 2
+    assert json.loads((cells[0].run_dir / "summary.json").read_text())["status"] == "error"
+    # the command: one line that says how many and which came first, exit 1; no error: exit 0
+    d = tmp_path / "cmd"
+    d.mkdir()
+    (d / "boomecho.py").write_text(
+        "from dataclasses import replace\nfrom raymvc.bench import fedavg_echo\n\n\n"
+        "class Boom(fedavg_echo.EchoServer):\n    def step(self, round, replies, missing):\n"
+        "        if round == 1 and self.ctx.seed == 1:\n            raise RuntimeError('the server broke')\n"
+        "        return super().step(round, replies, missing)\n\n\n"
+        "PROTOCOL = replace(fedavg_echo.PROTOCOL, name='boomecho', server=Boom)\n")
+    (d / "s.yaml").write_text("name: boom\nmethod: boomecho\nparams: {rounds: 3, floats: 4}\n"
+                              "data: {dataset: digits, partition: horizontal, n_clients: 3}\nruntime: {backend: local}\n")
+    assert main(["sweep", str(d / "s.yaml"), "--seeds", "0", "--out", str(tmp_path / "ok"), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["sweep", str(d / "s.yaml"), "--seeds", "0-2", "--out", str(tmp_path / "bad"), "--quiet"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("sweep: 1 of 3 runs ended in error; the first: boom seed 1: ") and "the server broke" in err[-1]
+    assert len(read_csv(tmp_path / "bad" / "sweep.csv")) == 3  # the results are on disk all the same

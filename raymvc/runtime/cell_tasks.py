@@ -35,6 +35,7 @@ def run_cell_here(sc, run_name: str, search: list[str]) -> tuple[dict, dict[str,
     """The body of a cell's task: run ``sc`` in this process into a temporary folder and
     return (summary, the run folder's files by relative path, the Ray node id or "")."""
     from .. import protocols
+    from ..scenario import ScenarioError
     from . import run_scenario
 
     for folder in search:  # where the driver found user methods
@@ -50,7 +51,11 @@ def run_cell_here(sc, run_name: str, search: list[str]) -> tuple[dict, dict[str,
     tmp = Path(tempfile.mkdtemp(prefix="raymvc-cell-"))
     try:
         run_dir = tmp / run_name
-        summary = run_scenario(sc, run_dir, overwrite=True, progress=lambda line: None)
+        try:
+            summary = run_scenario(sc, run_dir, overwrite=True, progress=lambda line: None)
+        except ScenarioError as e:  # most often a file the driver's machine has and this node has not
+            raise ScenarioError(f"{e} (on node {node[:12] or 'unknown'}: a cell runs on whichever node Ray picks, "
+                                "which must see the scenario's files at the same paths)") from None
         files = {p.relative_to(run_dir).as_posix(): p.read_bytes()
                  for p in sorted(run_dir.rglob("*")) if p.is_file() and not p.name.startswith(".")}
     finally:

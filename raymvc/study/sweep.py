@@ -54,6 +54,7 @@ from ..runtime.cluster import AUTO_CAP, actors_needed
 from ..runtime.warm import crew_key
 from ..safeio import SafeReadError, confined, csv_rows, json_loads, within
 from ..scenario import ScenarioError, as_overrides, load_scenario, merge_overrides
+from ..text import one_line
 from .grid import MAX_SEEDS, check_size, parse_grid, parse_seeds, short_key, slug  # noqa: F401 (re-exported)
 
 METRICS = ("acc", "nmi", "ari")
@@ -187,9 +188,18 @@ def _run_cell(scenario: str, overrides: dict[str, Any], run_dir: str, progress=N
 
 
 def _failed_summary(cell: Cell, err: BaseException, status: Status = Status.FAILED) -> dict:
-    summary = RunSummary.failed(cell.name, cell.method, cell.seed, f"{type(err).__name__}: {err}", cell.run_dir,
-                                cell.fingerprint, status).to_dict()
+    summary = RunSummary.failed(cell.name, cell.method, cell.seed, one_line(f"{type(err).__name__}: {err}"),
+                                cell.run_dir, cell.fingerprint, status).to_dict()
     return _with_study(cell, summary)
+
+
+def _cause(err: BaseException) -> BaseException:
+    """The exception a Ray task raised, without Ray's wrapper (whose text is the remote
+    traceback, in colour); any other exception as it is."""
+    cause = getattr(err, "cause", None)
+    if isinstance(cause, BaseException) and type(err).__module__.startswith("ray."):
+        return cause
+    return err
 
 
 def _with_study(cell: Cell, summary: dict) -> dict:
@@ -215,9 +225,11 @@ def cell_state(cell: Cell) -> str:
 @dataclass
 class Outcome:
     """What :func:`execute` did: runs executed, reused, re-run because they were stale, and
-    whether a signal stopped the sweep (then the cells not started are left for later)."""
+    whether a signal stopped the sweep (then the cells not started are left for later);
+    ``errors``: the runs that ended ``error`` (the sweep then exits 1)."""
 
     executed: int = 0
+    errors: list[str] = field(default_factory=list)  # "cell: error" of each run that ended ``error``
     reused: int = 0
     stale: int = 0
     interrupted: bool = False
@@ -280,14 +292,16 @@ def _execute_here(todo: list[Cell], prog, stop, res: Outcome, run=None) -> None:
         else:
             try:
                 summary = _run_cell(cell.scenario, cell.overrides, str(cell.run_dir), progress=rp, study=cell.study)
-            except Exception as e:
-                summary = _failed_summary(cell, e)
+            except Exception as e:  # the cell could not start (its data, its module): an error
+                summary = _failed_summary(cell, e, Status.ERROR)
                 _write_failed(cell, summary)
         _record(cell, summary, prog, stop, res)
 
 
 def _record(cell: Cell, summary: dict, prog, stop, res: Outcome) -> None:
     res.executed += 1
+    if summary.get("status") == Status.ERROR.value:
+        res.errors.append(f"{cell.label}: {summary.get('error') or 'error'}")
     prog.finished(cell.label, summary)
     if summary.get("status") == "interrupted":
         stop.signal = stop.signal or "SIGINT"  # the run stopped on a signal: so does the sweep
@@ -434,8 +448,8 @@ def _drain(todo: list[Cell], slots: int, submit, prog, stop, res: Outcome, on_st
             cell = running.pop(fut)
             try:
                 summary = fut.result() if result is None else result(cell, fut)
-            except Exception as e:  # a worker that died or a task that could not finish: record it, go on
-                summary = _failed_summary(cell, e)
+            except Exception as e:  # a worker that died, a task that could not finish, a cell that could
+                summary = _failed_summary(cell, _cause(e), Status.ERROR)  # not start: an error; go on
                 _write_failed(cell, summary)
             _record(cell, summary, prog, stop, res)
 
@@ -803,8 +817,9 @@ def _has_cuda() -> bool:
 
 def run_sweep(req: SweepRequest) -> tuple[int, Path]:
     """Plan and execute ``req``; writes ``sweep.json``, ``sweep.csv`` and ``aggregate.csv``
-    into the sweep folder, prints the aggregate on stdout. Returns (exit code: 0, or 130
-    when a signal stopped it; the sweep folder)."""
+    into the sweep folder, prints the aggregate on stdout. Returns (exit code: 0; 1 when a
+    run ended ``error``, a party that raised or a cell that could not start; 130 when a
+    signal stopped it; the sweep folder)."""
     study, scenarios, req, kept, declared = _from_study(req)
     grid = [(k, list(v)) for k, v in req.grid]
     keys = [k for k, _ in grid]
@@ -856,7 +871,12 @@ def run_sweep(req: SweepRequest) -> tuple[int, Path]:
         if res.interrupted:
             print(f"sweep: stopped by a signal; {len(cells) - len(started)} runs not started "
                   "(the same command carries on)", file=sys.stderr)
-    return (130 if res.interrupted else 0), out
+    if res.errors:  # quiet or not: a party that raised, or a cell that could not start, is no result
+        print(f"sweep: {len(res.errors)} of {res.executed} runs ended in error; the first: {one_line(res.errors[0], 300)}",
+              file=sys.stderr)
+    if res.interrupted:
+        return 130, out
+    return (1 if res.errors else 0), out
 
 
 def _kept_rows(out: Path, runs: set[str]) -> list[dict]:

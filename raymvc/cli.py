@@ -224,33 +224,20 @@ def cmd_list(args) -> int:
     for name, (base, text) in DERIVED.items():
         print(f"  {name:<16} {text} (built from {base}, fetched on first use)")
     print("  (or data.path: a .npz/.mat file, a .csv/.tsv table, a list or folder of tables)")
-    print("faults:")
-    for name, text in [
-        ("dropout.rate", "chance that a client misses a round (per client and round; each "
-                         "secure-aggregation exchange draws again)"),
-        ("availability", "{model: NAME, ...}: which clients are there in a round, instead of dropout.rate; "
-                         "the models below, or module.path:ClassName of your own (docs/fault-models.md)"),
-        ("disconnect.rate", "fraction of clients offline for the whole run"),
-        ("drop", "[{client: C, at_round: R}]: the client misses round R (a scheduled dropout)"),
-        ("crash", "[{client: C, at_round: R}]: the client's actor is killed at round R"),
-        ("stragglers", "fraction of slow clients and their delay distribution (virtual seconds)"),
-        ("deadline_s", "round deadline on the virtual clock; later replies count as late"),
-        ("min_clients", "fewest replies a round needs; fewer ends the run as failed (0: the method decides)"),
-        ("partial_work", "{fraction: F, work: W}: per client and round, with chance F it does only W of its "
-                         "local work (deep methods; raymvc params METHOD says which honour it)"),
-        ("sampling", "{fraction: F}: the server asks F of the clients each round, the rest are not_sampled "
-                     "(horizontal methods; no fault)"),
-        ("inference_round", "true: after the last round the final model goes to every available client, "
-                            "metered (horizontal methods whose clients label their rows)"),
-    ]:
-        print(f"  {name:<16} {text}")
     from .availability import REGISTRY
+    from .scenario import FaultsCfg
+    from .selection import REGISTRY as RULES
 
-    print("availability models (faults.availability.model):")
-    for name, cls in REGISTRY.items():
-        keys = ", ".join(k for k in cls.Config.model_fields if k != "model")
-        doc = " ".join((cls.__doc__ or "").replace("``", "").replace(":func:", "").split()).split(". ")[0]
-        print(f"  {name:<16} {doc.rstrip('.')} ({keys})")
+    print("faults (docs/fault-models.md):")
+    for name, f in FaultsCfg.model_fields.items():  # every key the schema holds, as it describes itself
+        print(f"  {name:<16} {f.description or ''}")
+    for title, table, skip in (("availability models (faults.availability.model)", REGISTRY, "model"),
+                               ("selection rules (faults.sampling.rule)", RULES, "")):
+        print(f"{title}:")
+        for name, cls in table.items():
+            keys = ", ".join(k for k in cls.Config.model_fields if k != skip) or "no parameters"
+            doc = " ".join((cls.__doc__ or "").replace("``", "").replace(":func:", "").split()).split(". ")[0]
+            print(f"  {name:<16} {doc.rstrip('.')} ({keys})")
     return 0
 
 

@@ -46,6 +46,7 @@ from pydantic import (
 )
 
 from . import availability as _availability
+from . import selection as _selection
 from .text import MAX_ERROR_CHARS, MAX_VALUE_CHARS, one_line, short, short_value  # noqa: F401 (re-exported)
 
 MAX_FILE_BYTES = 1_000_000  # a scenario file
@@ -223,10 +224,33 @@ class PartialWorkCfg(_Strict):
 
 
 class SamplingCfg(_Strict):
-    """Client sampling (docs/fault-models.md), for horizontal methods: each round the server
-    asks round(``fraction`` x clients) of them (at least one), drawn from the seed; not a fault."""
+    """Client sampling and selection (docs/fault-models.md), for horizontal methods: each
+    round the server asks at most round(``fraction`` x clients) of them (at least one),
+    chosen by ``rule`` (:mod:`raymvc.selection`; the rule's own parameters sit beside it);
+    not a fault."""
 
-    fraction: float = Field(default=1.0, gt=0.0, le=1.0)
+    model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
+    fraction: float = Field(default=1.0, gt=0.0, le=1.0, description="the most a round asks, as a share of the clients")
+    rule: str = Field(default="uniform", description="which clients: uniform, deadline, power_of_choice, or "
+                                                     "module.path:ClassName of your own")
+
+    @model_validator(mode="after")
+    def _rule(self) -> SamplingCfg:
+        try:
+            cls = _selection.get_rule(self.rule)
+        except KeyError as e:
+            raise ValueError(str(e).strip("'\"")) from None
+        try:
+            cls.Config(**self.params())
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(x) for x in first["loc"])
+            raise ValueError(f"{where + ': ' if where else ''}{first['msg']}") from None
+        return self
+
+    def params(self) -> dict:
+        """The rule's own parameters (every key besides ``fraction`` and ``rule``)."""
+        return dict(self.model_extra or {})
 
 
 class StaleCfg(_Strict):
@@ -387,22 +411,37 @@ def _read_trace_lines(path: Path, lines: list[str]) -> dict[int, list[tuple[floa
 
 
 class FaultsCfg(_Strict):
-    availability: Availability | None = None  # which clients are reachable in a round (docs/fault-models.md)
-    dropout: RateCfg = RateCfg()
-    disconnect: RateCfg = RateCfg()
-    drop: list[DropCfg] = []  # scheduled dropouts: this client misses this round
-    crash: list[CrashCfg] = []
-    stragglers: StragglerCfg = StragglerCfg()
-    partial_work: PartialWorkCfg | None = None  # clients that finish only part of a round's work
-    stale_replies: StaleCfg | None = None  # a missing client's last reply, with its age, in its place
-    sampling: SamplingCfg | None = None  # clients asked per round (horizontal methods); not a fault
-    asynchronous: AsyncCfg | None = None  # buffered asynchronous rounds instead of synchronous ones; not a fault
-    deadline_s: float | None = Field(default=None, gt=0.0)
-    min_clients: int = Field(default=1, ge=0)  # 0: a round nobody answered still reaches the method's step
-    # after the last round, the server's final model to every client available then (a
-    # round of its own: metered, subject to these faults), for methods whose clients label
-    # their own rows; not a fault (docs/fault-models.md)
-    inference_round: bool = False
+    """``faults``: every key's description is what ``raymvc list`` shows (docs/fault-models.md)."""
+
+    availability: Availability | None = Field(default=None, description=(
+        "{model: NAME, ...}: which clients are there in a round, instead of dropout.rate; the models below, "
+        "or module.path:ClassName of your own"))
+    dropout: RateCfg = Field(default=RateCfg(), description="{rate: P}: chance that a client misses a round "
+                                                            "(per client and round, whatever the round holds)")
+    disconnect: RateCfg = Field(default=RateCfg(), description="{rate: P}: share of clients offline for the whole run")
+    drop: list[DropCfg] = Field(default=[], description="[{client: C, at_round: R}]: the client misses round R "
+                                                        "(a scheduled dropout)")
+    crash: list[CrashCfg] = Field(default=[], description="[{client: C, at_round: R}]: the client's actor is "
+                                                          "killed at round R")
+    stragglers: StragglerCfg = Field(default=StragglerCfg(), description="share of slow clients and their delay "
+                                                                         "distribution (virtual seconds)")
+    partial_work: PartialWorkCfg | None = Field(default=None, description=(
+        "{fraction: F, work: W}: per client and round, with chance F it does only W of its local work "
+        "(raymvc params METHOD says which methods honour it)"))
+    stale_replies: StaleCfg | None = Field(default=None, description=(
+        "{max_age: A}: a missing client's last reply, with its age, stands in for it (methods that use old replies)"))
+    sampling: SamplingCfg | None = Field(default=None, description=(
+        "{fraction: F, rule: R}: the server asks at most F of the clients each round, chosen by the rule below; "
+        "the rest are not_sampled (horizontal methods; no fault)"))
+    asynchronous: AsyncCfg | None = Field(default=None, description=(
+        "{buffer: K, max_staleness: S}: the server steps once K updates arrived (methods that take them; no fault)"))
+    deadline_s: float | None = Field(default=None, gt=0.0, description="round deadline on the virtual clock; later "
+                                                                         "replies count as late")
+    min_clients: int = Field(default=1, ge=0, description="fewest replies a round needs; fewer ends the run as "
+                                                          "failed (0: the method decides)")
+    inference_round: bool = Field(default=False, description=(
+        "true: after the last round the final model goes to every available client, metered (horizontal methods "
+        "whose clients label their rows)"))
 
     @model_validator(mode="after")
     def _one_availability(self) -> FaultsCfg:

@@ -29,7 +29,7 @@ STRAGGLERS = 102  # who straggles
 DROPOUT = 103  # keys: round, client (a second draw picks the exchange under secure aggregation)
 DELAY = 104  # a straggler's delay; keys: round, client, exchange
 PARTIAL = 108  # faults.partial_work; keys: client, round
-SAMPLING = 109  # faults.sampling; keys: round
+SAMPLING = 109  # faults.sampling's rule (raymvc.selection); keys: round
 DEVICE = 110  # a device profile's quantities; keys: client, quantity
 DEVICE_CLASS = 111  # which clients get which device class
 

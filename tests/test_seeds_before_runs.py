@@ -15,9 +15,9 @@ from helpers import commit_all
 from test_study_files import SCENARIO  # k-FED on synthetic blobs: a run takes a fraction of a second
 
 from raymvc.cli import main
-from raymvc.declared import check_committed
 from raymvc.results.provenance import platform_text
 from raymvc.scenario import ScenarioError
+from raymvc.study.declared import check_committed
 from raymvc.study.files import load_study
 from raymvc_reports.pages import README_BEGIN, README_END, _row_cell, cell_digests, write_pages
 

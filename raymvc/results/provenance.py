@@ -78,15 +78,19 @@ def method_version(method: str) -> str:
 
 
 def own_model_files(sc) -> list[Path]:
-    """The module of an availability model of one's own (``model: module:Class``), as a file."""
-    from .. import availability
+    """The modules of an availability model (``model: module:Class``) and of a selection rule
+    (``faults.sampling.rule``) of one's own, as files."""
+    from .. import availability, selection
 
+    found = []
     model = getattr(getattr(sc.faults, "availability", None), "model", None)
-    if not (isinstance(model, str) and availability.is_import_path(model)):
-        return []
-    cls = availability.get_model(model)
-    path = Path(getattr(sys.modules.get(cls.__module__), "__file__", "") or "")
-    return [path.resolve()] if path.is_file() else []
+    if isinstance(model, str) and availability.is_import_path(model):
+        found.append(availability.get_model(model))
+    rule = getattr(getattr(sc.faults, "sampling", None), "rule", None)
+    if isinstance(rule, str) and selection.is_import_path(rule):
+        found.append(selection.get_rule(rule))
+    paths = [Path(getattr(sys.modules.get(cls.__module__), "__file__", "") or "") for cls in found]
+    return [p.resolve() for p in paths if p.is_file()]
 
 
 PLATFORM_PACKAGES = ("numpy", "scipy", "scikit-learn", "torch", "ray")

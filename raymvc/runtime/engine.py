@@ -380,7 +380,7 @@ def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: C
     same shape left, and leave this run's for the next. ``stop_requested()``, asked before
     every call for rounds, returns the name of a stop request made elsewhere (or None): a
     run on a thread other than the main one gets no signal of its own. ``study`` (a study
-    sweep's cell): its study file and the commits it runs at (:mod:`raymvc.declared`),
+    sweep's cell): its study file and the commits it runs at (:mod:`raymvc.study.declared`),
     written into ``summary.json`` under ``study``.
     """
     progress = progress or _progress_default

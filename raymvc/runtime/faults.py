@@ -61,7 +61,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import availability, streams
+from .. import availability, selection, streams
 from ..scenario import DEVICE_QUANTITIES, DelayCfg, DeviceClass, DevicesCfg, FaultsCfg, NetworkCfg, PartialWorkCfg
 from ..streams import stream
 
@@ -117,6 +117,7 @@ class FaultPlan:
         self.stragglers: set[int] = set(int(c) for c in rng.choice(ids, n_slow, replace=False)) if n_slow else set()
         frac = self.cfg.sampling.fraction if self.cfg.sampling is not None else 1.0
         self.n_sampled = max(1, int(round(frac * n))) if n else 0  # clients asked per round (sampling)
+        self._rule = None  # faults.sampling's rule, built on first use
         self.drop_at: set[tuple[int, int]] = {(d.at_round, d.client) for d in self.cfg.drop}
         self.crash_at: dict[int, int] = {}
         for c in self.cfg.crash:
@@ -174,14 +175,25 @@ class FaultPlan:
         return _draw_delay(self.cfg.stragglers.delay_s,
                            stream(self.seed, streams.DELAY, round, client, *_sub(sub)))
 
-    def sampled(self, round: int) -> set[int] | None:
+    def sampled(self, round: int, candidates=None, seen: dict | None = None,
+                speed_s: dict[int, float] | None = None) -> set[int] | None:
         """The clients asked in ``round`` under ``faults.sampling`` (``None``: all of them):
-        round(fraction x clients), at least one, drawn from the stream (seed, tag, round)."""
+        at most round(fraction x clients), at least one, as its rule chooses among
+        ``candidates`` (default: every client) from what the server saw (``seen``: client ->
+        :class:`raymvc.selection.Seen`; ``speed_s``: the devices' reported compute seconds)."""
         s = self.cfg.sampling
-        if s is None or s.fraction >= 1.0 or not self.client_ids:
+        if s is None or not self.client_ids or (s.fraction >= 1.0 and s.rule == "uniform"):
             return None
-        rng = stream(self.seed, streams.SAMPLING, round)
-        return set(int(c) for c in rng.choice(sorted(self.client_ids), self.n_sampled, replace=False))
+        if self._rule is None:
+            self._rule = selection.build(s.rule, s.params())
+        cands = tuple(sorted(self.client_ids if candidates is None else candidates))
+        if not cands:
+            return set()
+        view = selection.View(seed=self.seed, round=round, candidates=cands, k=self.n_sampled,
+                              clients=tuple(sorted(self.client_ids)), seen=dict(seen or {}),
+                              rows=dict(self.client_sizes or {}), speed_s=dict(speed_s or {}),
+                              deadline_s=self.cfg.deadline_s)
+        return set(selection.checked(self._rule, view))
 
     def work(self, round: int, client: int) -> float:
         """The share of its local work ``client`` does in ``round`` (:func:`work_share`)."""

@@ -76,6 +76,7 @@ class Participation:
     replied: int = 0
     missed: int = 0
     last_replied: int | None = None
+    last_s: float | None = None  # virtual seconds its last answer took (client selection reads it)
 
 
 @dataclass

@@ -23,6 +23,7 @@ from ..fixedpoint import check_input
 from ..messages import Done, Message
 from ..protocol import NoInput, Replies, summed_fields
 from ..scenario import AsyncCfg
+from ..selection import Seen
 from .exchange import SERVER, Exchange, RoundState
 from .failures import TRACEBACK_LIMIT, cut_line, one_line, party_error
 from .faults import FaultPlan, Injector
@@ -91,7 +92,7 @@ class RoundWorkflow:
             st, state.clock = self.exchange.run(r, addressed, "protocol", self.faults, compute=True)
             answered = len(st.replies) + len(st.acked)  # to the round's request, whatever secure aggregation adds
             sums = self._aggregate(r, st)
-            self._tally(r, addressed, st)
+            self._tally(r, addressed, st, t0)
             replied = sorted(st.replies)  # this round's answers (old replies that stand in are not among them)
             stale = self._stand_in(r, st) if self.stale_max else None
             waited_on = len(addressed)
@@ -162,24 +163,14 @@ class RoundWorkflow:
 
         self.secure.aggregate(st, extra)
         if self.sub == 0:  # no secure sum this round: who would have left later leaves now
-            self._leave_after_first(r, st)
+            leave_after_first(self.plan, r, st)
         self._blame_senders(r, st)
         return [{"kind": s.kind, "contributors": list(s.contributors), "failed": s.failed,
                  "disclosed": list(s.disclosed)} for s in getattr(st.replies, "sums", {}).values()]
 
-    def _leave_after_first(self, r: int, st: RoundState) -> None:
-        """A round without a secure sum has one exchange: a client drawn to leave in a later
-        one goes before its answer arrives, so the round loses it at the whole rate."""
-        for cid in sorted(set(st.replies) | st.acked):
-            if self.plan.leaves_at(r, cid) not in (None, 0):
-                st.replies.pop(cid, None)
-                st.acked.discard(cid)
-                st.dropped.append(cid)
-                st.missing.add(cid)
-
     def _sample(self, r: int, outgoing: dict[int, Message]) -> tuple[dict[int, Message], list[int]]:
         """The messages sent in round ``r`` under ``faults.sampling``, and the clients left out."""
-        chosen = self.plan.sampled(r)
+        chosen = select_clients(self.plan, self.state, self.exchange.devices, r, outgoing)
         if chosen is None:
             return outgoing, []
         return {c: m for c, m in outgoing.items() if c in chosen}, sorted(c for c in outgoing if c not in chosen)
@@ -231,7 +222,7 @@ class RoundWorkflow:
         st.replies = Replies({**st.replies, **stood_in}, ages=ages)
         return {c: ages[c] for c in stood_in}
 
-    def _tally(self, r: int, addressed: dict[int, Message], st: RoundState) -> None:
+    def _tally(self, r: int, addressed: dict[int, Message], st: RoundState, t0: float | None = None) -> None:
         counts = self.state.counts
         counts.dropped_replies += len(st.dropped)
         counts.late_replies += len(st.late)
@@ -243,6 +234,8 @@ class RoundWorkflow:
             if cid in st.replies or cid in st.acked:
                 p.replied += 1
                 p.last_replied = r
+                took = st.times.get(cid, st.arrivals[cid] - t0 if t0 is not None and cid in st.arrivals else None)
+                p.last_s = None if took is None else float(took)
             else:
                 p.missed += 1
 
@@ -294,6 +287,30 @@ class RoundWorkflow:
         st, _ = self.exchange.run(self.state.round, {c: Message(EVAL_PREDICT) for c in alive}, "eval", Injector(None))
         self.state.crashed.update(st.crashed)
         return {c: np.asarray(m["y"]) for c, m in st.replies.items() if "y" in m.fields}
+
+
+def select_clients(plan: FaultPlan, state: ServerState, devices, r: int, outgoing: dict) -> set[int] | None:
+    """Who is asked in round ``r`` under ``faults.sampling`` (None: everyone), as its rule
+    (:mod:`raymvc.selection`) chooses from what the server saw: each client's participation
+    so far and, with device profiles, the speed each device reported."""
+    if plan.cfg.sampling is None:
+        return None
+    candidates = [c for c in outgoing if c not in state.offline and c not in state.crashed]
+    seen = {c: Seen(asked=p.addressed, answered=p.replied, missed=p.missed, last_answered=p.last_replied,
+                    last_s=p.last_s) for c, p in state.participation.items() if p.addressed}
+    speed = {c: devices.compute_s(c) for c in candidates} if devices is not None else None
+    return plan.sampled(r, candidates, seen, speed)
+
+
+def leave_after_first(plan: FaultPlan, r: int, st: RoundState) -> None:
+    """A round without a secure sum has one exchange: a client drawn to leave in a later
+    one goes before its answer arrives, so the round loses it at the whole rate."""
+    for cid in sorted(set(st.replies) | st.acked):
+        if plan.leaves_at(r, cid) not in (None, 0):
+            st.replies.pop(cid, None)
+            st.acked.discard(cid)
+            st.dropped.append(cid)
+            st.missing.add(cid)
 
 
 def probe(server, exchange: Exchange, r: int, threads: int) -> dict[int, np.ndarray | None] | None:

@@ -35,11 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from ..declared import NOT_RECORDED, checkout_root, commit_status, file_at, last_commit
 from ..results.folder import ResultsError, read_file, short_value, write_file
 from ..results.status import FINISHED
 from ..safeio import SafeReadError, csv_rows
 from ..scenario import ScenarioError
+from .declared import NOT_RECORDED, checkout_root, commit_status, file_at, last_commit
 from .files import Study, load_study
 
 RECORD_DIR = "results"  # studies/results/<study>.csv (+ .labels)

@@ -78,7 +78,7 @@ class Cell:
     max_rounds: int | None = None
     extra: dict = field(default_factory=dict)
     fingerprint: str = ""  # everything that determines the result (raymvc.results.provenance.fingerprint)
-    study: dict | None = None  # a study's cell: its file and commits (raymvc.declared), kept in summary.json
+    study: dict | None = None  # a study's cell: its file and commits (raymvc.study.declared), kept in summary.json
 
     @property
     def label(self) -> str:
@@ -203,7 +203,7 @@ def _cause(err: BaseException) -> BaseException:
 
 
 def _with_study(cell: Cell, summary: dict) -> dict:
-    """A study's cell names its study file and the commits it ran at (:mod:`raymvc.declared`)."""
+    """A study's cell names its study file and the commits it ran at (:mod:`raymvc.study.declared`)."""
     return {**summary, "study": dict(cell.study)} if cell.study else summary
 
 
@@ -732,7 +732,7 @@ class SweepRequest:
     (None: each scenario's own); ``overrides``: ``(key, value)`` settings of every cell, in order;
     ``cells``: on Ray, ``actors`` (per-client actors) or ``tasks`` (each cell one Ray task
     simulating in-process); ``only``: a study's runs to sweep (ids); ``allow_uncommitted``:
-    run a study file that no commit holds unchanged (:mod:`raymvc.declared`; its cells
+    run a study file that no commit holds unchanged (:mod:`raymvc.study.declared`; its cells
     record ``uncommitted``)."""
 
     scenarios: tuple[str, ...]
@@ -765,7 +765,7 @@ def _from_study(req: SweepRequest):
     """A study file given to a sweep: its runs, grid and seeds stand for the request's.
     Returns (study or None, the entries to plan, the request as the study completes it,
     the study's runs left out, the commits its cells run at or None)."""
-    from ..declared import check_committed
+    from .declared import check_committed
     from .files import is_study_file, load_study
 
     studies = [p for p in req.scenarios if is_study_file(p)]

@@ -23,7 +23,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .scenario import ScenarioError
+from ..scenario import ScenarioError
 
 UNCOMMITTED = "uncommitted"  # a cell run with --allow-uncommitted
 NOT_RECORDED = "not recorded"  # a cell record from before records named their commits

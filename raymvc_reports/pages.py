@@ -20,13 +20,13 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from raymvc.declared import COMMIT_FIELDS, NOT_RECORDED, UNCOMMITTED, checkout_root, commit_status, last_commit
 from raymvc.results.folder import ResultsError, short_value, write_file
 from raymvc.results.provenance import platform_text
 from raymvc.results.runfolder import RunFolder
 from raymvc.results.status import FINISHED
 from raymvc.safeio import confined
 from raymvc.scenario import ScenarioError
+from raymvc.study.declared import COMMIT_FIELDS, NOT_RECORDED, UNCOMMITTED, checkout_root, commit_status, last_commit
 from raymvc.study.files import METRIC_NAMES, Study, load_study
 from raymvc.study.intervals import ci_text, mean_ci, paired_ci, share_ci, verdict, wilson
 from raymvc.study.plot import literal
@@ -104,7 +104,7 @@ class StudyResult:
     (:meth:`from_record`), the CSV that :func:`write_pages` keeps beside the pages: every
     cell's sweep.csv row plus its run's code version and platform, a SHA-256 of its
     ``labels.csv``, the commits it ran at (``seeds_commit``, ``head_commit``: see
-    :mod:`raymvc.declared`; empty in records written before cells named them) and whether
+    :mod:`raymvc.study.declared`; empty in records written before cells named them) and whether
     it was joined from another machine's folder. A page written from either is the
     same page, so pages can be regenerated after the run folders are gone.
     """
@@ -468,7 +468,7 @@ SEEDS_WORDS = {"after": "ran at or after it", "before": "ran before it", UNCOMMI
 def declared_text(res: StudyResult) -> str:
     """The commit that declares the study's seeds (the study file's last commit: its
     seeds, grid and modes) and whether every cell ran at or after it
-    (:func:`raymvc.declared.commit_status`)."""
+    (:func:`raymvc.study.declared.commit_status`)."""
     st = res.study
     root = checkout_root(st.path)
     declared = last_commit(st.path, root) if root is not None else None

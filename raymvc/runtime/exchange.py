@@ -53,7 +53,7 @@ class RoundState:
     errors: dict[int, str] = field(default_factory=dict)
     acked: set[int] = field(default_factory=set)  # handled the message, sent no reply
     timed_out: list[int] = field(default_factory=list)  # no answer within runtime.reply_timeout_s (wall time)
-    times: dict[int, float] = field(default_factory=dict)  # with devices: each reply's virtual seconds
+    times: dict[int, float] = field(default_factory=dict)  # each reply's virtual seconds, late ones too
     arrivals: dict[int, float] = field(default_factory=dict)  # each counted reply's virtual arrival time
 
     def absorb(self, other: RoundState) -> None:
@@ -182,8 +182,7 @@ class Exchange:
         work = self.devices.compute_s(cid, self.plan.work(r, cid)) if compute and self.devices is not None else 0.0
         send_t = row.arrive_t + work + faults.delay(r, cid)
         arrive = send_t + self._up_s(cid, wire)
-        if self.devices is not None:
-            st.times[cid] = arrive - t0
+        st.times[cid] = arrive - t0  # the round record shows them with device profiles; selection reads them
         try:
             opened = self.endpoint.open(out.frame, expect_src=client_party(cid), expect_round=r, pair_ok=False)
             status, kind = "delivered", opened.msg.kind

@@ -92,7 +92,7 @@ class RoundWorkflow:
             st, state.clock = self.exchange.run(r, addressed, "protocol", self.faults, compute=True)
             answered = len(st.replies) + len(st.acked)  # to the round's request, whatever secure aggregation adds
             sums = self._aggregate(r, st)
-            self._tally(r, addressed, st, t0)
+            self._tally(r, addressed, st)
             replied = sorted(st.replies)  # this round's answers (old replies that stand in are not among them)
             stale = self._stand_in(r, st) if self.stale_max else None
             waited_on = len(addressed)
@@ -222,7 +222,7 @@ class RoundWorkflow:
         st.replies = Replies({**st.replies, **stood_in}, ages=ages)
         return {c: ages[c] for c in stood_in}
 
-    def _tally(self, r: int, addressed: dict[int, Message], st: RoundState, t0: float | None = None) -> None:
+    def _tally(self, r: int, addressed: dict[int, Message], st: RoundState) -> None:
         counts = self.state.counts
         counts.dropped_replies += len(st.dropped)
         counts.late_replies += len(st.late)
@@ -231,11 +231,11 @@ class RoundWorkflow:
         for cid in addressed:
             p = self.state.participation[cid]
             p.addressed += 1
+            if cid in st.times:  # what its last answer took, late or not (client selection reads it)
+                p.last_s = float(st.times[cid])
             if cid in st.replies or cid in st.acked:
                 p.replied += 1
                 p.last_replied = r
-                took = st.times.get(cid, st.arrivals[cid] - t0 if t0 is not None and cid in st.arrivals else None)
-                p.last_s = None if took is None else float(took)
             else:
                 p.missed += 1
 

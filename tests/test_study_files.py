@@ -876,7 +876,8 @@ def test_an_ordering_claim_of_the_atlas_notes_is_checked_against_its_tables(tmp_
             fill_atlas_values(f"x {bad} y", [res], notes)
         assert str(notes) in str(err.value)
     shipped = ROOT / "studies" / "notes" / "robustness.md"
-    results = [_atlas_kind(p.stem) for p in sorted((ROOT / "studies").glob("robustness-*.yaml"))]
+    results = [_atlas_kind(p.stem) for p in sorted((ROOT / "studies").glob("robustness-*.yaml"))
+               if (ROOT / "studies" / "results" / f"{p.stem}.csv").is_file()]  # a study declared, not yet run: none
     text = fill_atlas_values(shipped.read_text(), results, shipped)
     assert "{{" not in text and "atlas-order" in shipped.read_text()
 

@@ -597,7 +597,9 @@ def _first_line(text: str, limit: int = 300) -> str:
 
 
 def _participation(end: RunEnd) -> dict[int, dict]:
-    return {c: asdict(p) for c, p in sorted(end.participation.items())}
+    """Each client's rounds addressed, answered, missed and its last answered round (what the
+    server keeps for client selection besides, ``last_s``, stays out of the summary)."""
+    return {c: {k: v for k, v in asdict(p).items() if k != "last_s"} for c, p in sorted(end.participation.items())}
 
 
 def _secagg_totals(ledger: Ledger) -> dict:

@@ -150,6 +150,23 @@ def _content(path: str) -> bytes:
         return path.encode()
 
 
+def own_class(name: str, base: type, what: str) -> type:
+    """The class ``module.path:ClassName`` names, imported as a method of one's own is, if it
+    derives from ``base`` and has a pydantic ``Config``; else KeyError naming ``what``."""
+    from pydantic import BaseModel
+
+    module_name, _, attr = name.partition(":")
+    try:
+        module = import_user_module(module_name)
+    except (Exception, SystemExit) as e:  # not found, or the user's module raised (or exited) while importing
+        raise KeyError(f"{what} {name!r}: importing {module_name} failed: {type(e).__name__}: {e}") from None
+    cls = getattr(module, attr, None)
+    if not (isinstance(cls, type) and issubclass(cls, base) and isinstance(getattr(cls, "Config", None), type)
+            and issubclass(cls.Config, BaseModel)):
+        raise KeyError(f"{what} {name!r}: {module_name} has no {base.__name__} subclass {attr!r} with a pydantic Config")
+    return cls
+
+
 def module_files(top: str, folders) -> list[str]:
     """The distinct files that module ``top`` would be loaded from in each of ``folders``."""
     found = []

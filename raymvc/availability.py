@@ -295,20 +295,9 @@ def get_model(name: str) -> type[AvailabilityModel]:
     if not is_import_path(name):
         raise KeyError(f"unknown availability model {name!r}; built in: {', '.join(REGISTRY)}, "
                        "or module.path:ClassName of your own")
-    from .protocols import import_user_module
+    from .protocols import own_class
 
-    module_name, _, attr = name.partition(":")
-    try:
-        module = import_user_module(module_name)
-    except (Exception, SystemExit) as e:  # not found, or the user's module raised (or exited) while importing
-        raise KeyError(f"availability model {name!r}: importing {module_name} failed: {type(e).__name__}: {e}") \
-            from None
-    cls = getattr(module, attr, None)
-    if not (isinstance(cls, type) and issubclass(cls, AvailabilityModel) and isinstance(
-            getattr(cls, "Config", None), type) and issubclass(cls.Config, BaseModel)):
-        raise KeyError(f"availability model {name!r}: {module_name} has no AvailabilityModel subclass {attr!r} "
-                       "with a pydantic Config")
-    return cls
+    return own_class(name, AvailabilityModel, "availability model")
 
 
 def build(cfg: BaseModel, ctx: Context) -> AvailabilityModel:

@@ -236,16 +236,7 @@ class SamplingCfg(_Strict):
 
     @model_validator(mode="after")
     def _rule(self) -> SamplingCfg:
-        try:
-            cls = _selection.get_rule(self.rule)
-        except KeyError as e:
-            raise ValueError(str(e).strip("'\"")) from None
-        try:
-            cls.Config(**self.params())
-        except ValidationError as e:
-            first = e.errors()[0]
-            where = ".".join(str(x) for x in first["loc"])
-            raise ValueError(f"{where + ': ' if where else ''}{first['msg']}") from None
+        _own_params(_selection.get_rule, self.rule, self.params())
         return self
 
     def params(self) -> dict:
@@ -295,17 +286,23 @@ class OwnAvailability(_Strict):
 
     @model_validator(mode="after")
     def _known(self) -> OwnAvailability:
-        try:
-            cls = _availability.get_model(self.model)
-        except KeyError as e:
-            raise ValueError(str(e).strip("'\"")) from None
-        try:
-            cls.Config(**self.model_dump())
-        except ValidationError as e:
-            first = e.errors()[0]
-            where = ".".join(str(x) for x in first["loc"])
-            raise ValueError(f"{where + ': ' if where else ''}{first['msg']}") from None
+        _own_params(_availability.get_model, self.model, self.model_dump())
         return self
+
+
+def _own_params(lookup, name: str, params: dict) -> None:
+    """Check ``params`` with the ``Config`` of the class ``lookup(name)`` finds: a ValueError
+    of one line (the first problem) for an unknown class or a bad parameter."""
+    try:
+        cls = lookup(name)
+    except KeyError as e:
+        raise ValueError(str(e).strip("'\"")) from None
+    try:
+        cls.Config(**params)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise ValueError(f"{where + ': ' if where else ''}{first['msg']}") from None
 
 
 def _availability_tag(v: Any) -> str | None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 import numpy as np
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from . import streams
 from .availability import ModelConfig
@@ -197,19 +197,9 @@ def get_rule(name: str) -> type[SelectionRule]:
     if not is_import_path(name):
         raise KeyError(f"unknown selection rule {name!r}; built in: {', '.join(REGISTRY)}, "
                        "or module.path:ClassName of your own")
-    from .protocols import import_user_module
+    from .protocols import own_class
 
-    module_name, _, attr = name.partition(":")
-    try:
-        module = import_user_module(module_name)
-    except (Exception, SystemExit) as e:
-        raise KeyError(f"selection rule {name!r}: importing {module_name} failed: {type(e).__name__}: {e}") from None
-    cls = getattr(module, attr, None)
-    if not (isinstance(cls, type) and issubclass(cls, SelectionRule) and isinstance(
-            getattr(cls, "Config", None), type) and issubclass(cls.Config, BaseModel)):
-        raise KeyError(f"selection rule {name!r}: {module_name} has no SelectionRule subclass {attr!r} "
-                       "with a pydantic Config")
-    return cls
+    return own_class(name, SelectionRule, "selection rule")
 
 
 def build(rule: str, params: dict) -> SelectionRule:

@@ -170,7 +170,7 @@ def test_a_client_that_raises_makes_an_error_never_a_degraded_run(tmp_path, monk
 
     monkeypatch.setattr(kfed.KFedClient, "handle", broken)
     out = tmp_path / "S"
-    assert main(["sweep", str(_tiny(tmp_path)), "--seeds", "0-1", "--out", str(out), "--quiet"]) == 0
+    assert main(["sweep", str(_tiny(tmp_path)), "--seeds", "0-1", "--out", str(out), "--quiet"]) == 1  # runs in error
     rows = _rows(out / "sweep.csv")
     assert {r["status"] for r in rows} == {"error"} and {r["errors"] for r in rows} == {"1"}
     (agg,) = _rows(out / "aggregate.csv")

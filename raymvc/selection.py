@@ -182,7 +182,7 @@ class PowerOfChoice(SelectionRule):
         else:
             util = {c: (s.answered / s.asked if (s := view.seen.get(c)) is not None and s.asked else 1.0)
                     for c in drawn}
-        return sorted(drawn, key=lambda c: (-util[c], drawn.index(c)))[: view.k]
+        return sorted(drawn, key=lambda c: -util[c])[: view.k]  # a stable sort: ties in the draw's order
 
 
 # --------------------------------------------------------------------------- rules of one's own
@@ -207,13 +207,3 @@ def build(rule: str, params: dict) -> SelectionRule:
     cls = get_rule(rule)
     return cls(cls.Config(**params))
 
-
-def rule_files(rule: str) -> list[str]:
-    """The file of a rule of one's own (its code is part of a run's fingerprint); none for a built-in."""
-    import sys
-
-    if not is_import_path(rule):
-        return []
-    cls = get_rule(rule)
-    path = getattr(sys.modules.get(cls.__module__), "__file__", None)
-    return [path] if path else []

@@ -365,20 +365,26 @@ def test_a_probe_that_writes_into_its_shard_or_context_never_touches_the_real_cl
     assert set(plain.labels.tolist()) == {4} and (scored.labels == plain.labels).all()
 
 
+def _folders_with_a_module(tmp_path, module: str, names: tuple[str, str]) -> None:
+    """Two scenario folders, each with its own ``module.py`` (an availability model that keeps
+    everyone, or no one, away) and a scenario naming it."""
+    for name, away in zip(names, (0.0, 1.0)):
+        d = tmp_path / name
+        d.mkdir()
+        (d / f"{module}.py").write_text(BAD_MODEL.replace("odd:Odd", f"{module}:Odd").replace(
+            '"ok": 0.25}[self.cfg.answer]', f'"ok": {away}}}[self.cfg.answer]'))
+        (d / "s.yaml").write_text(
+            f"name: {name}\nmethod: raymvc.bench.fedavg_echo\nparams: {{rounds: 2, floats: 4}}\n"
+            "data: {dataset: digits, partition: horizontal, n_clients: 4}\n"
+            f"faults:\n  availability: {{model: '{module}:Odd', answer: ok}}\n  min_clients: 0\nruntime: {{backend: local}}\n")
+
+
 def test_two_scenario_folders_with_modules_of_one_name_are_refused(tmp_path, capsys):
     """Each of two folders had its own ``wk.py``: in one sweep the first loaded served both, and
     results swapped with the order of the cells."""
     from raymvc.cli import main
 
-    for name, away in (("a", 0.0), ("b", 1.0)):
-        d = tmp_path / name
-        d.mkdir()
-        (d / "wk.py").write_text(BAD_MODEL.replace("odd:Odd", "wk:Odd").replace(
-            '"ok": 0.25}[self.cfg.answer]', f'"ok": {away}}}[self.cfg.answer]'))
-        (d / "s.yaml").write_text(
-            f"name: {name}\nmethod: raymvc.bench.fedavg_echo\nparams: {{rounds: 2, floats: 4}}\n"
-            "data: {dataset: digits, partition: horizontal, n_clients: 4}\n"
-            "faults:\n  availability: {model: 'wk:Odd', answer: ok}\n  min_clients: 0\nruntime: {backend: local}\n")
+    _folders_with_a_module(tmp_path, "wk", ("a", "b"))
     rc = main(["sweep", str(tmp_path / "a" / "s.yaml"), str(tmp_path / "b" / "s.yaml"), "--out", str(tmp_path / "sw"),
                "--quiet"])
     err = capsys.readouterr().err
@@ -442,15 +448,7 @@ def test_a_module_of_one_name_beside_two_scenarios_run_one_after_the_other_is_re
     import raymvc
     from raymvc.scenario import ScenarioError
 
-    for name, away in (("a1", 0.0), ("b1", 1.0)):
-        d = tmp_path / name
-        d.mkdir()
-        (d / "wk1.py").write_text(BAD_MODEL.replace("odd:Odd", "wk1:Odd").replace(
-            '"ok": 0.25}[self.cfg.answer]', f'"ok": {away}}}[self.cfg.answer]'))
-        (d / "s.yaml").write_text(
-            f"name: {name}\nmethod: raymvc.bench.fedavg_echo\nparams: {{rounds: 2, floats: 4}}\n"
-            "data: {dataset: digits, partition: horizontal, n_clients: 4}\n"
-            "faults:\n  availability: {model: 'wk1:Odd', answer: ok}\n  min_clients: 0\nruntime: {backend: local}\n")
+    _folders_with_a_module(tmp_path, "wk1", ("a1", "b1"))
     first = raymvc.run(tmp_path / "a1" / "s.yaml", out=tmp_path / "r1")
     assert first.status == "completed"
     with pytest.raises(ScenarioError, match=r"module 'wk1' lies beside two scenario files read in this process"):

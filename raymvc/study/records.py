@@ -387,7 +387,8 @@ def check_rows(study: Study, rows: list[dict], codes: dict[tuple[str, str], str]
                legacy: dict | None = None, recompute_scores: bool = True) -> RecordCheck:
     """Sort ``rows`` (a record's, or a sweep's with its facts) as the module docstring says."""
     out = RecordCheck(study)
-    ids, seeds = set(study.labels()), {str(s) for s in study.seeds()}
+    runs, seeds = study.labels(), {str(s) for s in study.seeds()}
+    ids = set(runs)
     digests = cell_digests(study)
     root = checkout_root(study.path)
     declared = last_commit(study.path, root) if root is not None else None
@@ -442,7 +443,7 @@ def check_rows(study: Study, rows: list[dict], codes: dict[tuple[str, str], str]
             out.apart.append((r, status if status in REASONS else "unknown", ""))
             continue
         else:
-            changed = files_changed.since(study, study.labels()[r["scenario"]], str(r.get("head_commit") or ""))
+            changed = files_changed.since(study, runs[r["scenario"]], str(r.get("head_commit") or ""))
             if changed:
                 out.apart.append((r, "scenario", changed))
                 continue

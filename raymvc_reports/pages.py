@@ -14,6 +14,7 @@ regenerate them after a sweep.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import math
 import re
@@ -1098,7 +1099,29 @@ def _old_readme_rows(text: str) -> dict[str, list[str]]:
 
 CHECK_SUFFIX = "-check"  # studies/<headline>-check.yaml: a second draw of <headline>'s seeds, beside its row
 README_HEAD = ["study", "run", "variant", "at", "ACC", "NMI", "MB", "paper ACC", "paper NMI", "paper MB", "seeds",
-               "seeds per mode", "second draw: seeds, ACC, per mode"]
+               "seeds per mode", "second draw: seeds, ACC, per mode", "labels"]
+
+
+def _cpu_kind(platform: str) -> str:
+    """"Intel", "AMD" or "" (another CPU, or a platform recorded without its model)."""
+    return next((k for k in ("Intel", "AMD") if k in platform), "")
+
+
+def labels_text(rows: list[dict]) -> str:
+    """A README row's labels: the first 12 hex digits of a SHA-256 over its finished runs'
+    ``seed:labels hash`` lines (sorted), the arithmetic they ran with and the CPU kinds
+    that made them; "not kept" where a run's labels hash is missing. Each run's hash is
+    in the study's record, and ``raymvc verify studies`` recomputes it from the labels."""
+    ok = [r for r in rows if r.get("status") in OK]
+    if not ok:
+        return ""
+    if any(not r.get("labels_sha256") for r in ok):
+        return "not kept"
+    lines = sorted(f"{r['seed']}:{r['labels_sha256']}" for r in ok)
+    digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:12]
+    arith = sorted({r.get("arithmetic") or "arithmetic not recorded" for r in ok})
+    kinds = sorted({k for r in ok if (k := _cpu_kind(r.get("platform") or ""))})
+    return f"`{digest}`, {' + '.join(arith)}" + (f", {' + '.join(kinds)}" if kinds else "")
 
 
 def check_text(check: StudyResult | None, run_id: str, point: dict | None, paper_acc: float | None) -> str:
@@ -1162,16 +1185,18 @@ def readme_table(entries: list[tuple[Study, StudyResult | None]], kept: dict[str
                     pn = next((pr.nmi for pr in ref if pr.nmi is not None), None)
                     pm = next((pr.mb for pr in ref if pr.mb is not None), None)
                     where = esc("mean over " + ", ".join(short_key(k) for k in st.spec.grid))
+                    rows = [x for p in res.points() for x in res.cell(r.id, p)]
                 else:
                     acc, nmi, mb = (res.stat(r.id, point, m) for m in ("acc", "nmi", "mb"))
                     pa, pn, pm = (_paper_value(st, r.id, point, m) for m in ("acc", "nmi", "mb"))
                     where = _fmt_point(point)
+                    rows = res.cell(r.id, point)
                 lines.append(f"| [{esc(st.name)}]({page}#{anchor}) | {esc(r.label)} | {r.variant} | {where} | "
                              f"{_pm(acc[0], acc[1], 3)} | {_pm(nmi[0], nmi[1], 3)} | {_pm(mb[0], mb[1], 2)} | "
                              f"{'' if pa is None else f'{pa:.3f}'} | {'' if pn is None else f'{pn:.3f}'} | "
                              f"{'' if pm is None else f'{pm:.2f}'} | "
                              f"{acc[2]}/{acc[3]} | {'' if point is None else res.mode_text(r.id, point)} | "
-                             f"{check_text(check, r.id, point, pa)} |")
+                             f"{check_text(check, r.id, point, pa)} | {labels_text(rows)} |")
     return "\n".join(lines)
 
 

@@ -186,10 +186,12 @@ def test_readme_shows_a_headlines_second_draw_beside_it_and_old_records_read_as_
     rows = [line for line in readme.read_text().splitlines() if line.startswith("| [demo-headline]")]
     assert len(rows) == 2 and not any("[demo-headline-check]" in line for line in readme.read_text().splitlines())
     paper = next(line for line in rows if "| Demo |" in line)
-    assert paper.endswith("| 5/5 | 4 separated, 1 merged (separated 80%, Wilson 95% CI 38% to 96%) | seeds 400-404: "
+    assert ("| 5/5 | 4 separated, 1 merged (separated 80%, Wilson 95% CI 38% to 96%) | seeds 400-404: "
                           "0.872 ± 0.072 (5/5), 2 separated, 3 merged (separated 40%, Wilson 95% CI 12% to 77%); within "
-                          "noise of the paper's 0.900 (95% CI 0.783 to 0.961) |")
-    assert next(line for line in rows if "| Demo+ |" in line).endswith("| 0/0 | 0 separated, 0 merged |  |")  # no draw of its own
+                          "noise of the paper's 0.900 (95% CI 0.783 to 0.961) | ") in paper
+    assert paper.endswith(", arithmetic not recorded |")  # the labels digest, then what made them
+    # no draw of its own, no finished run
+    assert next(line for line in rows if "| Demo+ |" in line).endswith("| 0/0 | 0 separated, 0 merged |  |  |")
     page = (studies / "demo.md").read_text()
     assert page.count("all 5 runs ran at or after it.") == 2
     # where a label hash holds: the platform, on every page that has one
@@ -215,7 +217,8 @@ def test_the_readme_rows_of_feddmvc_and_fcuif_carry_their_second_draw():
     for study, label, paper in (("feddmvc-headline", "FedDMVC, 30 + 10 epochs (paper 500 + 300)", "0.893"),
                                 ("fcuif-headline", "FCUIF (b) missing 0.5, 30 + 10 epochs (paper 500 + 300)", "0.926")):
         row = next(line for line in text.splitlines() if line.startswith(f"| [{study}]") and f"| {label} |" in line)
-        draw = row.rstrip(" |").rsplit(" | ", 1)[1]
+        draw, labels = row.rstrip(" |").rsplit(" | ", 2)[1:]
+        assert re.fullmatch(r"`[0-9a-f]{12}`, .+", labels), row
         assert draw.startswith("seeds 400-409: ") and "(10/10)" in draw and "two digits merged" in draw, row
         assert re.search(rf"(below|above|within noise of) the paper's {paper} \(95% CI 0\.\d{{3}} to 0\.\d{{3}}\)$",
                          draw), row

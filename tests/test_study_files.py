@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import re
 import shutil
@@ -537,6 +538,25 @@ def test_a_study_with_modes_counts_seeds_per_mode_on_its_page_and_in_readme(tmp_
     page = (tmp_path / "studies" / "demo.md").read_text()
     assert "2 separated, 3 merged" in page and "seeds per mode" in page
     assert "| 5/5 | 2 separated, 3 merged (separated 40%, Wilson 95% CI 12% to 77%) |" in readme.read_text()
+    digest = hashlib.sha256("\n".join(f"{s}:h" for s in range(5)).encode()).hexdigest()[:12]
+    assert f"| `{digest}`, arithmetic not recorded |" in readme.read_text()
+
+
+def test_a_readme_rows_labels_digest_follows_every_runs_labels_hash_and_names_arithmetic_and_cpu():
+    from raymvc_reports.pages import labels_text
+    rows = [{"seed": str(s), "status": "completed", "labels_sha256": f"h{s}", "arithmetic": "pinned",
+             "platform": "numpy 2; Python 3.11, x86_64 (AMD EPYC 9B14), 2 CPUs"} for s in range(3)]
+    first = labels_text(rows)
+    assert first.endswith(", pinned, AMD") and len(first.split("`")[1]) == 12
+    assert labels_text(list(reversed(rows))) == first  # the order of the rows does not matter
+    rows[1]["labels_sha256"] = "other"
+    assert labels_text(rows) != first
+    rows[2]["platform"] = "x86_64 (Intel(R) Xeon(R) Processor)"
+    assert labels_text(rows).endswith(", pinned, AMD + Intel")
+    rows[0]["labels_sha256"] = ""
+    assert labels_text(rows) == "not kept"
+    rows[0]["status"] = "failed"  # a failed run's labels do not count
+    assert labels_text(rows).startswith("`")
 
 
 def test_a_papers_notes_open_its_page(tmp_path):

@@ -11,6 +11,24 @@ import numpy as np
 
 UNLABELLED = -1
 
+# Every score a run reports, by its name in summary.json's ``metrics``: how tables, pages
+# and figures title it and with how many digits. A name not here (a method's own
+# ``info.<key>``, a score added later) is shown as it is, with three digits.
+SCORES: dict[str, tuple[str, int]] = {
+    "acc": ("ACC", 3), "nmi": ("NMI", 3), "ari": ("ARI", 3), "purity": ("purity", 3), "fscore": ("F-score", 3),
+    "kappa": ("Kappa", 3), "silhouette": ("silhouette", 4), "calinski_harabasz": ("Calinski-Harabasz", 1),
+    "mb": ("MB", 3),
+}
+
+
+def score_title(name: str) -> str:
+    """``acc`` -> ``ACC``, ``metric.kappa`` -> ``Kappa``; other names as they are."""
+    return SCORES.get(name.removeprefix("metric."), (name, 3))[0]
+
+
+def score_digits(name: str) -> int:
+    return SCORES.get(name.removeprefix("metric."), (name, 3))[1]
+
 
 def preload() -> None:
     """Import scikit-learn's metrics on a daemon thread (0.6 s here) while the driver waits

@@ -46,9 +46,20 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from ..metrics import SCORES
 from ..scenario import MAX_FILE_BYTES, ScenarioError, safe_yaml_load
 
-METRIC_NAMES = ("acc", "nmi", "ari", "mb")
+METRIC_NAMES = tuple(SCORES)  # a study's metrics: any score a run reports (metrics.SCORES), or info.<key>
+_INFO = re.compile(r"^info\.[A-Za-z][A-Za-z0-9_]{0,63}$")
+
+
+def check_metric(name: str) -> str:
+    """A study's metric: a score of :data:`raymvc.metrics.SCORES` (``acc``, ``kappa``, ...) or
+    ``info.<key>``, a number the method reports in ``protocol_info``."""
+    if name in SCORES or _INFO.match(name):
+        return name
+    raise ValueError(f"{name!r} is no score a run reports: one of {', '.join(SCORES)}, or info.<key> "
+                     "for a number the method reports (protocol_info)")
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$")
 _PAPER = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")  # names studies/<paper>.md: never a path
 
@@ -82,6 +93,9 @@ class PaperResult(_Strict):
     nmi: float | None = None
     ari: float | None = None
     mb: float | None = None
+    kappa: float | None = None
+    purity: float | None = None
+    fscore: float | None = None
 
 
 class SpreadSpec(_Strict):
@@ -103,10 +117,12 @@ class ModeSpec(_Strict):
     """Two outcomes a study expects to see (e.g. two digits merged or not): each row counts
     its seeds on either side of ``split`` of ``metric``, declared before the runs."""
 
-    metric: Literal["acc", "nmi", "ari"] = "acc"
+    metric: str = "acc"
     split: float
     below: str = Field(min_length=1, max_length=60)
     above: str = Field(min_length=1, max_length=60)
+
+    _metric = field_validator("metric")(classmethod(lambda cls, v: check_metric(v)))
 
 
 class TuningSpec(_Strict):
@@ -125,7 +141,7 @@ class StudySpec(_Strict):
     grid: dict[str, list] = Field(default_factory=dict)
     x: str | None = None
     x_label: str | None = None
-    metrics: list[Literal["acc", "nmi", "ari", "mb"]] = Field(default_factory=lambda: ["acc", "nmi"])
+    metrics: list[str] = Field(default_factory=lambda: ["acc", "nmi"], min_length=1)
     runs: list[RunSpec] = Field(min_length=1)
     paper_results: list[PaperResult] = Field(default_factory=list)
     spread: list[SpreadSpec] = Field(default_factory=list)  # one mapping or a list of them
@@ -140,6 +156,11 @@ class StudySpec(_Strict):
         if not _PAPER.match(v):
             raise ValueError(f"{v!r}: the page's name, lower-case letters, digits and '-' (e.g. feddmvc)")
         return v
+
+    @field_validator("metrics")
+    @classmethod
+    def _metrics(cls, v: list[str]) -> list[str]:
+        return [check_metric(m) for m in v]
 
     @field_validator("spread", mode="before")
     @classmethod

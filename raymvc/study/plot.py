@@ -29,6 +29,7 @@ from pathlib import Path
 
 import yaml
 
+from ..metrics import score_title
 from ..results.status import FINISHED, NOT_FINISHED
 from ..scenario import safe_yaml_load
 from .sweep import num, read_sweep, short_key
@@ -40,7 +41,7 @@ LABEL_FREE = (("metric.silhouette", "silhouette"), ("metric.calinski_harabasz", 
 
 def metric_title(m: str) -> str:
     """A panel's name for the score ``m`` (``acc``, ``metric.purity``, ...)."""
-    return dict((*PANELS, *LABEL_FREE)).get(m, m.removeprefix("metric."))
+    return dict((*PANELS, *LABEL_FREE)).get(m) or score_title(m)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ import itertools
 import json
 import math
 import os
+import re
 import signal
 import sys
 from collections.abc import Mapping
@@ -59,6 +60,7 @@ from .grid import MAX_SEEDS, check_size, parse_grid, parse_seeds, short_key, slu
 
 METRICS = ("acc", "nmi", "ari")
 METRIC_PREFIX = "metric."  # sweep.csv's column of every other score a run's summary reports (metric.purity, ...)
+INFO_PREFIX = "info."  # sweep.csv's column of each number a method reports in protocol_info (info.objective, ...)
 MAX_SWEEP_JSON = 64 << 20  # bytes of sweep.json read back
 MAX_SWEEP_CSV = 512 << 20  # bytes of sweep.csv read back
 RUN_FIELDS = ("seed", "status", "acc", "nmi", "ari", "mb", "rounds", "wall", "dropped_replies", "late_replies",
@@ -592,12 +594,34 @@ def summary_row(name: str, method: str, point: dict, seed: int, s: RunSummary, r
                late_replies=f.get("late_replies"), crashed_clients=len(f.get("crashed_clients") or []),
                errors=len(s.errors), fingerprint=s.fingerprint or None, run_dir=rel)
     row.update({METRIC_PREFIX + k: v for k, v in m.items() if k not in METRICS})  # whatever else the run scored
+    row.update(info_numbers(s.raw.get("protocol_info")))
     return row
 
 
+def info_numbers(info) -> dict[str, float | int]:
+    """``info.<key>`` for each number (not a flag, not a list) of a run's ``protocol_info``;
+    keys that are not plain names are left out (they would make odd column names)."""
+    if not isinstance(info, dict):
+        return {}
+    return {INFO_PREFIX + k: v for k, v in info.items()
+            if isinstance(k, str) and re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,63}", k)
+            and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+def column_of(metric: str) -> str:
+    """sweep.csv's column of a score as a study file or ``--metric`` names it: a column of
+    every row (``acc``, ``mb``, ``rounds``, a record's ``virtual_s``) and ``info.<key>`` as
+    they are, any other score (``kappa``, ``purity``, ...) under ``metric.``."""
+    if metric in (*RUN_FIELDS, "virtual_s") or metric.startswith((INFO_PREFIX, METRIC_PREFIX)):
+        return metric
+    return METRIC_PREFIX + metric
+
+
 def extra_metrics(rows: list[dict]) -> list[str]:
-    """The ``metric.*`` columns the rows carry (every score beyond ACC, NMI and ARI), sorted."""
-    return sorted({k for r in rows for k in r if k.startswith(METRIC_PREFIX)})
+    """The ``metric.*`` and ``info.*`` columns the rows carry (every score beyond ACC, NMI
+    and ARI, and the numbers methods report), sorted: scores first."""
+    return sorted({k for r in rows for k in r if k.startswith((METRIC_PREFIX, INFO_PREFIX))},
+                  key=lambda k: (k.startswith(INFO_PREFIX), k))
 
 
 def sweep_fields(keys: list[str], rows: list[dict]) -> list[str]:
@@ -714,7 +738,8 @@ def read_sweep(sweep_dir: str | Path) -> tuple[dict, list[dict], list[dict]]:
         keys = meta.get("grid_keys")
         if not (isinstance(keys, list) and all(isinstance(k, str) for k in keys)):
             fixed = set(RUN_FIELDS) | {"scenario", "method", "mb_total"}
-            keys = [k for k in (rows[0].keys() if rows else []) if k not in fixed and not k.startswith(METRIC_PREFIX)]
+            keys = [k for k in (rows[0].keys() if rows else [])
+                    if k not in fixed and not k.startswith((METRIC_PREFIX, INFO_PREFIX))]
             meta["grid_keys"] = keys
         return meta, rows, aggregate(rows, keys)
     except (csv.Error, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
@@ -907,7 +932,7 @@ def _kept_rows(out: Path, runs: set[str]) -> list[dict]:
         if s is None or not s.fingerprint or s.fingerprint != r["fingerprint"]:
             dropped += 1
             continue
-        point = {k: v for k, v in r.items() if k not in fixed and not k.startswith(METRIC_PREFIX)}
+        point = {k: v for k, v in r.items() if k not in fixed and not k.startswith((METRIC_PREFIX, INFO_PREFIX))}
         kept.append({**summary_row(r["scenario"], s.method or r["method"], {}, r["seed"], s, folder, out), **point})
     if dropped:
         print(f"sweep: {dropped} earlier rows of other runs left out of sweep.csv (their run folders are gone, "

@@ -17,6 +17,7 @@ from raymvc.cli import main
 from raymvc.runtime import prepare, run_scenario
 from raymvc.runtime.faults import FaultPlan
 from raymvc.scenario import FaultsCfg, load_scenario
+from raymvc.scenario.sidefiles import availability_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "examples" / "traces" / "small.csv"
@@ -50,7 +51,7 @@ def offline(rounds: list[dict], n_clients: int) -> np.ndarray:
 
 def plan_for(path: Path, n_clients: int) -> FaultPlan:
     sc = load_scenario(path)
-    return FaultPlan(sc.faults, list(range(n_clients)), sc.seed, trace=sc.availability_trace())
+    return FaultPlan(sc.faults, list(range(n_clients)), sc.seed, trace=availability_trace(sc))
 
 
 def plan_off(plan: FaultPlan, rounds: int, clients) -> np.ndarray:

@@ -18,6 +18,7 @@ from helpers import validate_fails_in_one_line
 from raymvc.runtime import prepare, run_scenario
 from raymvc.runtime.faults import DeviceProfiles
 from raymvc.scenario import DevicesCfg, NetworkCfg, load_scenario
+from raymvc.scenario.sidefiles import device_classes
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE = {"slow": {"speed": 0.1, "up_mbps": 1, "down_mbps": 2, "latency_ms": 100},
@@ -97,7 +98,7 @@ def test_late_clients_are_exactly_those_the_profile_makes_slow(tmp_path):
     path = echo_file(tmp_path, dev, faults={"deadline_s": deadline}, n_clients=5)
     s, rounds, ledger = run(path, tmp_path / "out")
     sc = load_scenario(path)
-    profiles = DeviceProfiles(sc.devices, list(range(5)), sc.seed, NetworkCfg(), classes=sc.device_classes())
+    profiles = DeviceProfiles(sc.devices, list(range(5)), sc.seed, NetworkCfg(), classes=device_classes(sc))
     slow = {c for c, d in profiles.devices.items() if d.cls == "slow"}
     assert len(slow) == 2  # round(0.4 x 5) clients of the class
     nbytes = bytes_by_round(ledger)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import raymvc
@@ -197,3 +199,44 @@ def test_the_top_level_is_grouped_into_rooms():
     for room, members in rooms.items():
         assert {p.stem for p in (PKG / room).glob("*.py")} >= members
         assert not set(top) & members  # no module left behind under its old name
+
+
+DRIVER_SIDE = ("raymvc.scenario.load", "raymvc.scenario.yamlio", "raymvc.scenario.sidefiles", "raymvc.runtime.engine",
+               "raymvc.runtime.cluster", "raymvc.runtime.cell_tasks", "raymvc.study", "raymvc.results", "raymvc.api",
+               "raymvc.cli", "raymvc.data")
+
+
+def _party_modules() -> list[str]:
+    """The package's modules a fresh process holds once it has imported what an actor is
+    made of (the server and client nodes, their transport, a method's protocol)."""
+    import importlib
+    import sys
+
+    for name in ("raymvc.runtime.nodes", "raymvc.runtime.transport", "raymvc.scenario.schema"):
+        importlib.import_module(name)
+    return sorted(m for m in sys.modules if m.startswith("raymvc"))
+
+
+def test_the_schema_imports_without_the_reader_and_side_files():
+    code = ("import sys, raymvc.scenario.schema as s; s.Scenario; "
+            "print(sorted(m for m in sys.modules if m.startswith('raymvc.scenario')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert eval(out) == ["raymvc.scenario", "raymvc.scenario.errors", "raymvc.scenario.schema"]
+
+
+def test_an_actor_process_imports_no_driver_side_module(ray_session):
+    """In a Ray worker of its own (a runtime_env no other test uses starts a fresh one), the
+    modules the parties are made of pull in nothing of the driver: no YAML reader, no
+    engine, no study, results, data or command line."""
+    from ray import cloudpickle
+
+    ray = ray_session
+    here = sys.modules[__name__]
+    cloudpickle.register_pickle_by_value(here)  # the test module is not importable in the worker
+    try:
+        probe = ray.remote(num_cpus=0, runtime_env={"env_vars": {"RAYMVC_LAYOUT_PROBE": "1"}})(_party_modules)
+        mods = ray.get(probe.remote(), timeout=120)
+    finally:
+        cloudpickle.unregister_pickle_by_value(here)
+    assert "raymvc.runtime.nodes" in mods
+    assert not [m for m in mods if m.startswith(DRIVER_SIDE)], mods

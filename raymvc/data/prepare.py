@@ -9,6 +9,7 @@ from .. import streams
 from ..protocol import scores_mid_run
 from ..safeio import available_memory  # noqa: F401 (re-exported; checks here call this name)
 from ..scenario import ChannelCfg, Scenario, ScenarioError
+from ..scenario.sidefiles import availability_trace
 from ..streams import stream
 from . import normalize
 from . import partition as parts
@@ -228,7 +229,7 @@ def _check_faults_fit(sc: Scenario, proto, part) -> None:
             if c.client >= part.n_clients:
                 raise scenario_error(sc, f"faults.{key}", f"client {c.client} does not exist "
                                                 f"(clients are 0..{part.n_clients - 1})")
-    for c in sc.availability_trace() or {}:
+    for c in availability_trace(sc) or {}:
         if c >= part.n_clients:
             raise scenario_error(sc, "faults.availability.path", f"the trace names client {c}, which does not exist "
                                                        f"(clients are 0..{part.n_clients - 1})")

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..scenario import ChannelCfg, DeviceClass, DevicesCfg, FaultsCfg, NetworkCfg, PartialWorkCfg, Scenario
+from ..scenario.schema import ChannelCfg, DeviceClass, DevicesCfg, FaultsCfg, NetworkCfg, PartialWorkCfg, Scenario
 
 __all__ = ["RunSpec"]
 
@@ -58,7 +58,10 @@ class RunSpec:
 
     @classmethod
     def build(cls, sc: Scenario, part, ds, search: tuple[str, ...] = ()) -> RunSpec:
-        """The spec of a run of ``sc`` on the split ``part`` of ``ds``."""
+        """The spec of a run of ``sc`` on the split ``part`` of ``ds`` (in the driver: the side
+        files are read here, and the parties get what they hold)."""
+        from ..scenario.sidefiles import availability_trace, device_classes
+
         def own(cfg):  # a copy: the spec does not change with the scenario object
             return None if cfg is None else cfg.model_copy(deep=True)
 
@@ -71,5 +74,5 @@ class RunSpec:
                    reply_timeout_s=rt.reply_timeout_s, evict_after=rt.evict_after, score_every=rt.score_every,
                    client_sizes={c: part.shards[c].rows_held for c in ids},
                    client_dims={c: int(part.shards[c].views[0].shape[1]) for c in ids},
-                   trace=sc.availability_trace(), devices=own(sc.devices),
-                   device_classes={k: own(v) for k, v in (sc.device_classes() or {}).items()} or None)
+                   trace=availability_trace(sc), devices=own(sc.devices),
+                   device_classes={k: own(v) for k, v in (device_classes(sc) or {}).items()} or None)

@@ -729,7 +729,7 @@ PROTOCOL = Protocol(
     quick_params={"warmup_rounds": 1, "cluster_rounds": 1, "batch_size": 64, "channels": [4, 8, 8], "proj_hidden": 8,
                   "latent_dim": 8, "pred_dim": 4, "kmeans_init": 1, "server_kmeans_init": 2},
     secure_sums=(UPDATE,),
-    honours_partial_work=True,  # local epochs scaled by ctx.work (faults.partial_work)
+    supports=frozenset({"partial_work"}),  # local epochs scaled by ctx.work (faults.partial_work)
     final_model=True,  # Done.final: the trained encoder and centroids (faults.inference_round)
     async_kinds=("train",),  # faults.asynchronous: buffered, staleness-weighted steps (Config.staleness)
 )

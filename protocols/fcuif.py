@@ -548,5 +548,5 @@ PROTOCOL = Protocol(
     quick_params={**fd.PROTOCOL.quick_params, "rounds": 3, "pretrain_epochs": 15, "align_epochs": 3,
                   "align_batch": 32},
     analytic_bytes=analytic_bytes,
-    honours_partial_work=True,  # local epochs scaled by ctx.work (faults.partial_work)
+    supports=frozenset({"partial_work"}),  # local epochs scaled by ctx.work (faults.partial_work)
 )

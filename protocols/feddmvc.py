@@ -757,5 +757,5 @@ PROTOCOL = Protocol(
     quick_params={"rounds": 2, "pretrain_epochs": 3, "finetune_epochs": 2, "batch_size": 64,
                   "hidden": (32, 32, 64), "latent_dim": 8, "kmeans_init": 2, "lr": 2e-3},
     analytic_bytes=analytic_bytes,
-    honours_partial_work=True,  # local epochs scaled by ctx.work (faults.partial_work)
+    supports=frozenset({"partial_work"}),  # local epochs scaled by ctx.work (faults.partial_work)
 )

@@ -225,6 +225,7 @@ def cmd_list(args) -> int:
         print(f"  {name:<16} {text} (built from {base}, fetched on first use)")
     print("  (or data.path: a .npz/.mat file, a .csv/.tsv table, a list or folder of tables)")
     from .availability import REGISTRY
+    from .kinds import REGISTRY as KINDS
     from .scenario import FaultsCfg
     from .selection import REGISTRY as RULES
 
@@ -232,7 +233,8 @@ def cmd_list(args) -> int:
     for name, f in FaultsCfg.model_fields.items():  # every key the schema holds, as it describes itself
         print(f"  {name:<16} {f.description or ''}")
     for title, table, skip in (("availability models (faults.availability.model)", REGISTRY, "model"),
-                               ("selection rules (faults.sampling.rule)", RULES, "")):
+                               ("selection rules (faults.sampling.rule)", RULES, ""),
+                               ("fault kinds (faults.kinds, or module:Class of your own)", KINDS, "")):
         print(f"{title}:")
         for name, cls in table.items():
             keys = ", ".join(k for k in cls.Config.model_fields if k != skip) or "no parameters"
@@ -304,9 +306,9 @@ def cmd_params(args) -> int:
     print(f"{args.method}: {proto.summary} ({proto.partition} split)")
     print("partial work (faults.partial_work): " + (
         "honoured, its clients cut their local epochs/steps to the share of work they get" if
-        proto.honours_partial_work else "ignored, its clients always do all their local work (closed-form steps)"))
+        "partial_work" in proto.supports else "ignored, its clients always do all their local work (closed-form steps)"))
     print("stale replies (faults.stale_replies): " + (
-        "used, a missing client's last reply stands in with its age" if proto.uses_stale_replies else
+        "used, a missing client's last reply stands in with its age" if "stale_replies" in proto.supports else
         "not used, a missing client's reply is missing (the setting is refused)"))
     print("asynchronous rounds (faults.asynchronous): " + (
         f"buffered steps on {', '.join(proto.async_kinds)} messages, each update with its staleness"

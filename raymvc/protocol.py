@@ -190,7 +190,7 @@ class ClientContext:
     ``work`` is the share of its local work the client gets to do in this round (1: all;
     less under ``faults.partial_work``), also set by the engine before every ``handle``.
     A method with local epochs or steps honours it by iterating :meth:`local_batches`
-    (and declares ``Protocol.honours_partial_work``); a closed-form method ignores it.
+    (and declares ``"partial_work"`` in ``Protocol.supports``); a closed-form method ignores it.
     """
 
     client_id: int
@@ -457,11 +457,12 @@ class Protocol:
     quick_params: dict[str, Any] = field(default_factory=dict)
     analytic_bytes: Callable[[Any, RunFacts], int] | None = None
     secure_sums: tuple[SecureSum, ...] = ()  # reply fields the server only needs summed (secure aggregation)
-    # whether its clients scale their local work by ctx.work (faults.partial_work); closed-form methods do not
-    honours_partial_work: bool = False
-    # whether its server's step can use a missing client's last reply (faults.stale_replies):
-    # ``replies.ages[c]`` is the age in rounds of client c's reply (0: this round's)
-    uses_stale_replies: bool = False
+    # what it takes part in beyond plain rounds, by name (a fault kind's ``requires`` is checked
+    # against it): "partial_work" -- its clients scale their local work by ctx.work
+    # (faults.partial_work, a kind's work share); closed-form methods do not; "stale_replies" --
+    # its server's step can use a missing client's last reply (faults.stale_replies), with
+    # ``replies.ages[c]`` the age in rounds of client c's reply (0: this round's)
+    supports: frozenset[str] = frozenset()
     # the kinds of server message it can send under faults.asynchronous (buffered rounds): such
     # a message goes only to clients with no update in flight, and ``step`` gets a buffer of
     # updates with ``replies.ages[c]`` = how many steps older than the current model the model

@@ -32,6 +32,7 @@ PARTIAL = 108  # faults.partial_work; keys: client, round
 SAMPLING = 109  # faults.sampling's rule (raymvc.selection); keys: round
 DEVICE = 110  # a device profile's quantities; keys: client, quantity
 DEVICE_CLASS = 111  # which clients get which device class
+KIND = 112  # faults.kinds (raymvc.kinds); keys: the kind's name, round, client, then the kind's own
 
 # -- availability models (raymvc.availability) ------------------------------------
 PER_CLIENT = 105  # per_client: each client's own rate; keys: client

@@ -57,7 +57,7 @@ class WorkServer(Server):
 
 
 PROTOCOL = Protocol(name="workecho", config=Config, client=WorkClient, server=WorkServer,
-                    partition="horizontal", honours_partial_work=True)
+                    partition="horizontal", supports=frozenset({"partial_work"}))
 '''
 
 
@@ -202,7 +202,7 @@ def test_ccfc_trains_half_its_steps_at_work_one_half(monkeypatch):
 @pytest.mark.parametrize(("method", "honours"), [("cefmc", False), ("efimvc", False), ("kfed", False),
                                                  ("feddmvc", True), ("fcuif", True), ("ccfc", True)])
 def test_params_say_whether_a_method_honours_partial_work(method, honours, capsys):
-    assert get(method).honours_partial_work is honours
+    assert ("partial_work" in get(method).supports) is honours
     assert main(["params", method]) == 0
     line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("partial work")][0]
     assert ("honoured" if honours else "ignored") in line

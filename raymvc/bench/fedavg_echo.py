@@ -82,6 +82,6 @@ PROTOCOL = Protocol(
     summary="engine benchmark: a vector down, the same vector up, FedAvg",
     analytic_bytes=analytic_bytes,
     secure_sums=(ECHO,),
-    uses_stale_replies=True,  # a missing client's last vector is averaged in (faults.stale_replies)
+    supports=frozenset({"stale_replies"}),  # a missing client's last vector is averaged in (faults.stale_replies)
     async_kinds=("model",),  # faults.asynchronous: the buffered echoes are averaged alike, old or new
 )

@@ -5,7 +5,7 @@ method and the faults -- everything a run needs before any party starts, with no
 
 from __future__ import annotations
 
-from .. import streams
+from .. import kinds, streams
 from ..protocol import scores_mid_run
 from ..safeio import available_memory  # noqa: F401 (re-exported; checks here call this name)
 from ..scenario import ChannelCfg, Scenario, ScenarioError
@@ -216,10 +216,15 @@ def _check_faults_fit(sc: Scenario, proto, part) -> None:
     if sc.faults.inference_round and not proto.final_model:
         raise scenario_error(sc, "faults.inference_round", f"method {sc.method} ends with no final model to hand "
                                                             "to the clients (Protocol.final_model); leave it out")
+    for i, entry in enumerate(sc.faults.kinds):
+        lacks = sorted(kinds.get_kind(entry.kind).requires - proto.supports)
+        if lacks:
+            raise scenario_error(sc, f"faults.kinds.{i}", f"fault kind {entry.kind!r} needs a method that declares "
+                                                         f"{', '.join(lacks)} (Protocol.supports); {sc.method} does not")
     if sc.faults.stale_replies is not None:
-        if not proto.uses_stale_replies:
+        if "stale_replies" not in proto.supports:
             raise scenario_error(sc, "faults.stale_replies", f"method {sc.method} does not use old replies "
-                                                              "(Protocol.uses_stale_replies); leave it out")
+                                                              "('stale_replies' in Protocol.supports); leave it out")
         if sc.channel.secure_aggregation:
             raise scenario_error(sc, "faults.stale_replies", "cannot be combined with channel.secure_aggregation "
                                                               "(a sum is taken over this round's inputs only)")

@@ -78,9 +78,9 @@ def method_version(method: str) -> str:
 
 
 def own_model_files(sc) -> list[Path]:
-    """The modules of an availability model (``model: module:Class``) and of a selection rule
-    (``faults.sampling.rule``) of one's own, as files."""
-    from .. import availability, selection
+    """The modules of an availability model (``model: module:Class``), a selection rule
+    (``faults.sampling.rule``) and the fault kinds (``faults.kinds``) of one's own, as files."""
+    from .. import availability, kinds, selection
 
     found = []
     model = getattr(getattr(sc.faults, "availability", None), "model", None)
@@ -89,6 +89,9 @@ def own_model_files(sc) -> list[Path]:
     rule = getattr(getattr(sc.faults, "sampling", None), "rule", None)
     if isinstance(rule, str) and selection.is_import_path(rule):
         found.append(selection.get_rule(rule))
+    for entry in getattr(sc.faults, "kinds", None) or []:
+        if entry.kind not in kinds.REGISTRY:
+            found.append(kinds.get_kind(entry.kind))
     paths = [Path(getattr(sys.modules.get(cls.__module__), "__file__", "") or "") for cls in found]
     return [p.resolve() for p in paths if p.is_file()]
 

@@ -61,7 +61,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import availability, selection, streams
+from .. import availability, kinds, selection, streams
 from ..scenario import DEVICE_QUANTITIES, DelayCfg, DeviceClass, DevicesCfg, FaultsCfg, NetworkCfg, PartialWorkCfg
 from ..streams import stream
 
@@ -78,15 +78,22 @@ def _draw_delay(cfg: DelayCfg, rng: np.random.Generator) -> float:
     return float(rng.lognormal(mu, cfg.sigma))
 
 
-def work_share(cfg: PartialWorkCfg | None, seed: int, round: int, client: int) -> float:
+def work_share(cfg: PartialWorkCfg | None, seed: int, round: int, client: int, fault_kinds=()) -> float:
     """The share of its local work ``client`` does in ``round``: ``cfg.work`` with probability
-    ``cfg.fraction`` (a coin from the stream ``(seed, tag, client, round)``), else 1."""
-    if cfg is None:
-        return 1.0
-    if cfg.fraction <= 0 or cfg.work >= 1:
-        return 1.0
-    u = stream(seed, streams.PARTIAL, client, round).random()
-    return float(cfg.work) if u < cfg.fraction else 1.0
+    ``cfg.fraction`` (a coin from the stream ``(seed, tag, client, round)``), else 1; and no
+    more than any of ``fault_kinds`` (:mod:`raymvc.kinds`) allows."""
+    share = 1.0
+    if cfg is not None and cfg.fraction > 0 and cfg.work < 1:
+        u = stream(seed, streams.PARTIAL, client, round).random()
+        share = float(cfg.work) if u < cfg.fraction else 1.0
+    for k in fault_kinds:
+        share = min(share, kinds.work(k, round, client))
+    return share
+
+
+def build_kinds(cfg: FaultsCfg, ctx: availability.Context) -> list:
+    """The fault kinds ``faults.kinds`` names, built once per party (each decides alone)."""
+    return [kinds.build(entry, ctx) for entry in cfg.kinds]
 
 
 def _sub(sub: int) -> tuple[int, ...]:
@@ -122,9 +129,10 @@ class FaultPlan:
         self.crash_at: dict[int, int] = {}
         for c in self.cfg.crash:
             self.crash_at[c.client] = min(c.at_round, self.crash_at.get(c.client, c.at_round))
+        ctx = availability.Context(self.seed, list(self.client_ids), self.client_sizes, self.client_dims, self.trace)
         a = self.cfg.availability
-        self.availability = None if a is None else availability.build(a, availability.Context(
-            self.seed, list(self.client_ids), self.client_sizes, self.client_dims, self.trace))
+        self.availability = None if a is None else availability.build(a, ctx)
+        self.kinds = build_kinds(self.cfg, ctx)  # faults.kinds
 
     @property
     def p_client(self) -> dict[int, float]:
@@ -156,6 +164,8 @@ class FaultPlan:
         A client that would leave in a later exchange of a round that turns out to have none
         (no secure sum) loses its reply of the first (:meth:`RoundWorkflow <raymvc.runtime.
         rounds.RoundWorkflow>` drops it), so every round loses a client with chance ``p``."""
+        if any(kinds.away(k, round, client) for k in self.kinds):  # a fault kind keeps it away: the whole round
+            return 0
         p = self.unavailable(round, client)
         if p <= 0:
             return None
@@ -170,10 +180,13 @@ class FaultPlan:
         return int(np.searchsorted(np.cumsum(w / w.sum()), rng.random(), side="right").clip(0, n - 1))
 
     def delay(self, round: int, client: int, sub: int = 0) -> float:
+        """A straggler's delay in exchange ``sub`` of ``round``, plus, in the first exchange,
+        what the fault kinds add."""
+        extra = sum(kinds.delay_s(k, round, client) for k in self.kinds) if sub == 0 and self.kinds else 0.0
         if client not in self.stragglers:
-            return 0.0
-        return _draw_delay(self.cfg.stragglers.delay_s,
-                           stream(self.seed, streams.DELAY, round, client, *_sub(sub)))
+            return extra
+        return extra + _draw_delay(self.cfg.stragglers.delay_s,
+                                   stream(self.seed, streams.DELAY, round, client, *_sub(sub)))
 
     def sampled(self, round: int, candidates=None, seen: dict | None = None,
                 speed_s: dict[int, float] | None = None) -> set[int] | None:
@@ -197,7 +210,14 @@ class FaultPlan:
 
     def work(self, round: int, client: int) -> float:
         """The share of its local work ``client`` does in ``round`` (:func:`work_share`)."""
-        return work_share(self.cfg.partial_work, self.seed, round, client)
+        return work_share(self.cfg.partial_work, self.seed, round, client, self.kinds)
+
+    def kind_records(self, round: int) -> dict[str, dict] | None:
+        """What each fault kind adds to the round's record, by kind (None without kinds)."""
+        if not self.kinds:
+            return None
+        ids = sorted(self.client_ids)
+        return {k.name: kinds.record(k, round, ids) for k in self.kinds}
 
     def crashes_now(self, round: int) -> list[int]:
         return sorted(c for c, r in self.crash_at.items() if r == round)

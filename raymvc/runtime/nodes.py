@@ -27,12 +27,13 @@ import time
 import numpy as np
 
 from .. import arithmetic
+from ..availability import Context
 from ..channel import Endpoint, Ledger, RejectedMessage, codec
 from ..messages import Message, labels_array
 from ..protocol import ClientContext, ServerContext
 from .exchange import SERVER, Exchange, broadcast_key, client_party
 from .failures import cut_line, one_line, party_error, traceback_text
-from .faults import DeviceProfiles, FaultPlan, Network, work_share
+from .faults import DeviceProfiles, FaultPlan, Network, build_kinds, work_share
 from .records import SERVER_STATE, Participation, RoundRecord, RunEnd, ServerState
 from .rounds import EVAL_LABELS, EVAL_PREDICT, RoundWorkflow
 from .spec import RunSpec
@@ -87,6 +88,9 @@ class ClientNode:
         self.cid = cid
         self.seed = spec.seed
         self.partial_work = spec.partial_work  # faults.partial_work
+        # faults.kinds: each client decides its work share with the kinds as the server's plan does
+        self.kinds = build_kinds(spec.faults, Context(spec.seed, spec.client_ids, dict(spec.client_sizes),
+                                                      dict(spec.client_dims), spec.trace)) if spec.faults.kinds else []
         self.threads = spec.threads
         pin_threads(spec.threads)
         ch = spec.channel
@@ -153,7 +157,7 @@ class ClientNode:
         try:
             self.client.ctx.round = opened.round
             # the plan's decision (FaultPlan.work), drawn here from the same stream
-            self.client.ctx.work = work_share(self.partial_work, self.seed, opened.round, self.cid)
+            self.client.ctx.work = work_share(self.partial_work, self.seed, opened.round, self.cid, self.kinds)
             if opened.msg.kind == EVAL_PREDICT:
                 y = self.client.predict()  # None: nothing to label its rows with
                 reply = Message(EVAL_LABELS) if y is None else Message(EVAL_LABELS, y=labels_array(y))
@@ -335,7 +339,7 @@ class ServerNode:
             secure=ServerLayer(proto.secure_sums, ids, spec.seed, ch.secagg_neighbours, ch.secagg_threshold,
                                client_sizes=dict(spec.client_sizes))
             if secure else None, secure_sums=proto.secure_sums,
-            stale_max=stale.max_age if stale is not None and proto.uses_stale_replies else 0,
+            stale_max=stale.max_age if stale is not None and "stale_replies" in proto.supports else 0,
             buffered=self.plan.cfg.asynchronous, async_kinds=proto.async_kinds, score_every=spec.score_every)
         self.unreported: list[RoundRecord] = []  # the rounds of the latest run_rounds call
         self.deferred: Exception | None = None  # raised by the next run_rounds call

@@ -37,6 +37,7 @@ class RoundRecord:
     # faults.asynchronous: the step's buffer is ``replied`` (ages in ``stale``); who was sent the
     # round's message, whose update is still on its way, and whose came too old and was dropped
     buffered: dict[str, list[int]] | None = None
+    kinds: dict[str, dict[str, Any]] | None = None  # faults.kinds: what each kind adds to the round, by kind
     wall_s: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
     done: bool = False
@@ -51,7 +52,7 @@ class RoundRecord:
         del d["probe"]
         if d["error"] is None:
             del d["error"]
-        for key in ("client_s", "secure_sums", "buffered", "scores"):  # not in use: the line is as it always was
+        for key in ("client_s", "secure_sums", "buffered", "kinds", "scores"):  # not in use: the line is as it always was
             if d[key] is None:
                 del d[key]
         return d

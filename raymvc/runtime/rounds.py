@@ -107,7 +107,7 @@ class RoundWorkflow:
             partial_work=self._partial(r, addressed, st), not_sampled=not_sampled, stale=stale,
             virtual_start_s=t0, virtual_end_s=state.clock, buffered=buffered,
             client_s=dict(sorted(st.times.items())) if self.exchange.devices is not None else None,
-            secure_sums=sums, wall_s=time.perf_counter() - wall,
+            secure_sums=sums, kinds=self.plan.kind_records(r), wall_s=time.perf_counter() - wall,
             info=dict(self.server.info), done=state.ended(), error=state.error)
         self.server.info = {}
         if self.score_every and (r + 1) % self.score_every == 0 and not state.ended():

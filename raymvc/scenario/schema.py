@@ -18,6 +18,7 @@ import yaml
 from pydantic import ConfigDict, Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from .. import availability as _availability
+from .. import kinds as _kinds
 from .. import selection as _selection
 from ..text import short
 from .errors import ScenarioError, blame_override, format_error
@@ -191,6 +192,22 @@ class AsyncCfg(_Strict):
     max_staleness: int = Field(default=10, ge=0, le=1000, description="older updates are discarded, not used")
 
 
+class KindEntry(_Strict):
+    """One entry of ``faults.kinds``: ``kind`` (a built-in name of :mod:`raymvc.kinds` or
+    ``module.path:ClassName``) and the kind's parameters beside it, checked by its ``Config``."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
+    kind: str = Field(description="the kind: churn, or module.path:ClassName of your own")
+
+    def params(self) -> dict[str, Any]:
+        return {k: v for k, v in self.model_dump().items() if k != "kind"}
+
+    @model_validator(mode="after")
+    def _known(self) -> KindEntry:
+        _own_params(_kinds.get_kind, self.kind, self.params())
+        return self
+
+
 class CrashCfg(_Strict):
     client: int = Field(ge=0)
     at_round: int = Field(ge=0)
@@ -278,6 +295,9 @@ class FaultsCfg(_Strict):
     inference_round: bool = Field(default=False, description=(
         "true: after the last round the final model goes to every available client, metered (horizontal methods "
         "whose clients label their rows)"))
+    kinds: list[KindEntry] = Field(default=[], description=(
+        "[{kind: K, ...}]: device behaviours of raymvc.kinds (churn) or of your own (module:Class); each may take "
+        "a client away, delay its reply, cut its work and add to the round's record"))
 
     @model_validator(mode="after")
     def _one_availability(self) -> FaultsCfg:
@@ -481,4 +501,6 @@ class Scenario(_Strict):
             d["devices"]["profile"] = str(self.profile_path().resolve())
         if not d["runtime"]["score_every"]:  # likewise
             del d["runtime"]["score_every"]
+        if not d["faults"]["kinds"]:  # likewise
+            del d["faults"]["kinds"]
         return yaml.safe_dump(d, sort_keys=False)

@@ -1,0 +1,180 @@
+"""Fault kinds: device behaviours a scenario switches on by name, as an open set
+(docs/fault-models.md#fault-kinds-of-ones-own).
+
+A kind is one class: its parameters (``Config``, a pydantic model with a description per
+field) and any of four hooks, each a function of the seed, the round and the client alone
+(draw from :meth:`FaultKind.rng`, a stream keyed by the seed, the kind's name, the round
+and the client), so that a run on Ray and one in process see the same:
+
+* ``away(round, client) -> bool`` -- the client misses the round, as a dropout: the
+  server's message is sent and metered, no reply comes (``dropped`` in ``rounds.jsonl``);
+* ``delay_s(round, client) -> float`` -- virtual seconds its reply to the round's first
+  exchange leaves later, as a straggler's (past ``faults.deadline_s`` it is late);
+* ``work(round, client) -> float`` -- the share of its local work it does, as under
+  ``faults.partial_work`` (methods with ``partial_work`` in ``Protocol.supports`` honour
+  it, closed-form methods ignore it);
+* ``record(round, clients) -> dict`` -- what the kind adds to the round's record
+  (``kinds`` in ``rounds.jsonl``: plain numbers, strings or lists of them).
+
+``requires`` names what a method must declare in ``Protocol.supports`` for the kind to
+mean anything; a scenario that pairs the kind with a method lacking it is refused.
+
+A scenario lists its kinds under ``faults.kinds``: ``[{kind: churn, rate: 0.05}]`` for a
+built-in one, ``[{kind: battery:Battery, ...}]`` for a class of one's own (its module
+beside the scenario file is found as a method of one's own is, on Ray too). Adding a
+built-in kind is a class in this file (and its row in docs/fault-models.md).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import numpy as np
+from pydantic import Field
+
+from . import streams
+from .availability import Context, ModelConfig
+from .streams import stream
+
+__all__ = ["REGISTRY", "Context", "FaultKind", "KindError", "ModelConfig", "build", "get_kind"]
+
+
+class FaultKind:
+    """A device behaviour: ``Config`` declares its parameters; override the hooks it uses."""
+
+    name: ClassVar[str]
+    Config: ClassVar[type[ModelConfig]]
+    requires: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, cfg: ModelConfig, ctx: Context):
+        self.cfg, self.ctx = cfg, ctx
+
+    def rng(self, round: int, client: int, *more: int) -> np.random.Generator:
+        """The kind's own stream for ``(round, client, *more)``: the same draws whatever else
+        was drawn, and other draws than any other kind's."""
+        return stream(self.ctx.seed, streams.KIND, self.name, round, client, *more)
+
+    def away(self, round: int, client: int) -> bool:
+        return False
+
+    def delay_s(self, round: int, client: int) -> float:
+        return 0.0
+
+    def work(self, round: int, client: int) -> float:
+        return 1.0
+
+    def record(self, round: int, clients: list[int]) -> dict[str, Any]:
+        return {}
+
+
+class KindError(ValueError):
+    """A fault kind's hook answered something it may not (one line, naming the kind and call)."""
+
+
+def _call(kind: FaultKind, hook: str, *args):
+    try:
+        return getattr(kind, hook)(*args)
+    except SystemExit as e:  # sys.exit in a kind's code is its error, not the end of the process
+        raise KindError(f"fault kind {kind.name!r}: {hook}{args} called sys.exit({e.code!r})") from None
+
+
+def away(kind: FaultKind, round: int, client: int) -> bool:
+    v = _call(kind, "away", round, client)
+    if not isinstance(v, (bool, np.bool_)):
+        raise KindError(f"fault kind {kind.name!r}: away({round}, {client}) returned {v!r}, not True or False")
+    return bool(v)
+
+
+def delay_s(kind: FaultKind, round: int, client: int) -> float:
+    v = _call(kind, "delay_s", round, client)
+    if not (isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+            and math.isfinite(float(v)) and float(v) >= 0.0):
+        raise KindError(f"fault kind {kind.name!r}: delay_s({round}, {client}) returned {v!r}, not seconds >= 0")
+    return float(v)
+
+
+def work(kind: FaultKind, round: int, client: int) -> float:
+    v = _call(kind, "work", round, client)
+    if not (isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and 0.0 < float(v) <= 1.0):
+        raise KindError(f"fault kind {kind.name!r}: work({round}, {client}) returned {v!r}, not a share in (0, 1]")
+    return float(v)
+
+
+def record(kind: FaultKind, round: int, clients: list[int]) -> dict[str, Any]:
+    v = _call(kind, "record", round, list(clients))
+    ok = isinstance(v, dict) and all(isinstance(k, str) and _plain(x) for k, x in v.items())
+    if not ok:
+        raise KindError(f"fault kind {kind.name!r}: record({round}, ...) returned {str(v)[:80]!r}, not a mapping of "
+                        "names to numbers, strings or lists of them")
+    return v
+
+
+def _plain(x) -> bool:
+    if isinstance(x, (list, tuple)):
+        return all(_plain(y) for y in x)
+    if isinstance(x, float):
+        return math.isfinite(x)
+    return isinstance(x, (int, str, bool)) or x is None
+
+
+# --------------------------------------------------------------------------- built-in kinds
+class Churn(FaultKind):
+    """Clients that leave for good: each round from ``from_round`` on, a client still there
+    leaves with chance ``rate`` and misses every later round (a crash drawn, not scheduled;
+    its actor stays up, it just never answers)."""
+
+    name = "churn"
+
+    class Config(ModelConfig):
+        rate: float = Field(ge=0.0, le=1.0, description="chance per round that a client still there leaves for good")
+        from_round: int = Field(default=1, ge=0, description="the first round in which a client may leave")
+
+    def __init__(self, cfg, ctx):
+        super().__init__(cfg, ctx)
+        self._leaves: dict[int, float] = {}
+
+    def leaves_at(self, client: int) -> float:
+        """The round ``client`` leaves in (inf: never): a geometric draw of its own stream."""
+        if client not in self._leaves:
+            p = self.cfg.rate
+            if p <= 0:
+                at = math.inf
+            elif p >= 1:
+                at = float(self.cfg.from_round)
+            else:
+                at = float(self.cfg.from_round + self.rng(0, client).geometric(p) - 1)
+            self._leaves[client] = at
+        return self._leaves[client]
+
+    def away(self, round: int, client: int) -> bool:
+        return round >= self.leaves_at(client)
+
+    def record(self, round: int, clients: list[int]) -> dict[str, Any]:
+        return {"gone": sorted(c for c in clients if round >= self.leaves_at(c))}
+
+
+REGISTRY: dict[str, type[FaultKind]] = {cls.name: cls for cls in (Churn,)}
+
+
+def get_kind(name: str) -> type[FaultKind]:
+    """The kind class for ``name``: a built-in name or ``module.path:ClassName`` (found as a
+    method of one's own is: importable, or beside a scenario file). Unknown: KeyError."""
+    if name in REGISTRY:
+        return REGISTRY[name]
+    if ":" not in name:
+        raise KeyError(f"unknown fault kind {name!r}; built in: {', '.join(REGISTRY)}, or module.path:ClassName "
+                       "of your own")
+    from .protocols import own_class
+
+    return own_class(name, FaultKind, "fault kind")
+
+
+def build(cfg: ModelConfig, ctx: Context) -> FaultKind:
+    """The kind one entry of ``faults.kinds`` names (``kind``), with its parameters (the
+    entry's other keys)."""
+    cls = get_kind(cfg.kind)
+    kind = cls(cls.Config(**{k: v for k, v in cfg.model_dump().items() if k != "kind"}), ctx)
+    if not isinstance(getattr(cls, "name", None), str):
+        kind.name = cfg.kind  # a class of one's own need not name itself
+    return kind

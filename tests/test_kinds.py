@@ -1,0 +1,178 @@
+"""Fault kinds as an open set (raymvc.kinds): a built-in kind (churn), a kind of one's own
+from a module beside the scenario (examples/own_fault: a battery), the same on Ray and in
+process, checked like the rest of a scenario, and nothing moved for scenarios without one."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from raymvc import kinds, streams
+from raymvc.cli import main
+from raymvc.runtime import run_scenario
+from raymvc.runtime.faults import FaultPlan
+from raymvc.scenario import FaultsCfg, load_scenario
+from raymvc.streams import stream
+
+ROOT = Path(__file__).resolve().parents[1]
+OWN = ROOT / "examples" / "own_fault" / "echo-battery.yaml"
+
+
+def echo(tmp_path: Path, kind_list: list, *, rounds: int = 6, name: str = "echo", method: str = "raymvc.bench.fedavg_echo",
+         **faults) -> Path:
+    sc = {"name": name, "method": method, "params": {"rounds": rounds, "floats": 4} if "echo" in method else {},
+          "data": {"dataset": "digits", "partition": "horizontal", "n_clients": 8},
+          "faults": {"kinds": kind_list, "min_clients": 0, **faults}, "runtime": {"backend": "local"}, "seed": 3}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(sc))
+    return path
+
+
+def rounds_of(path: Path, out: Path, *overrides: str) -> list[dict]:
+    s = run_scenario(load_scenario(path, list(overrides)), out, progress=lambda line: None)
+    assert s["status"] in ("completed", "degraded"), s.get("error")
+    return [json.loads(x) for x in (Path(s["out_dir"]) / "rounds.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def own_modules(monkeypatch):
+    """Each test's folder is the only scenario folder searched, and its modules load afresh."""
+    from raymvc import protocols
+
+    monkeypatch.setattr(protocols, "_SEARCH", [])
+    monkeypatch.setattr(protocols, "_FROM_FOLDER", {})
+    for name in ("battery", "badkind"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    yield
+    for name in ("battery", "badkind"):
+        sys.modules.pop(name, None)
+
+
+def test_churn_takes_a_client_away_for_good_from_its_drawn_round():
+    ids = list(range(10))
+    plan = FaultPlan(FaultsCfg(kinds=[{"kind": "churn", "rate": 0.2, "from_round": 2}]), ids, seed=5)
+    churn = plan.kinds[0]
+    for c in ids:  # a geometric draw of the kind's own stream, from round 2 on
+        want = 2 + stream(5, streams.KIND, "churn", 0, c).geometric(0.2) - 1
+        assert churn.leaves_at(c) == want
+        assert [plan.dropped(r, c) for r in range(30)] == [r >= want for r in range(30)]
+    assert churn.record(40, ids) == {"gone": sorted(c for c in ids if churn.leaves_at(c) <= 40)}
+
+
+def test_without_kinds_the_plan_draws_and_the_scenario_reads_as_before(tmp_path):
+    """No kind: the same dropouts and delays as a plan that knows none, and no ``kinds`` key
+    in the resolved scenario (so no fingerprint moved)."""
+    cfg = FaultsCfg(dropout={"rate": 0.3}, stragglers={"fraction": 0.5})
+    a = FaultPlan(cfg, list(range(8)), seed=1)
+    b = FaultPlan(FaultsCfg(dropout={"rate": 0.3}, stragglers={"fraction": 0.5}, kinds=[]), list(range(8)), seed=1)
+    assert a.kinds == [] and [a.dropped(r, c) for r in range(5) for c in range(8)] == \
+        [b.dropped(r, c) for r in range(5) for c in range(8)]
+    assert [a.delay(r, c) for r in range(5) for c in range(8)] == [b.delay(r, c) for r in range(5) for c in range(8)]
+    assert "kinds" not in load_scenario(ROOT / "scenarios" / "hw-cefmc.yaml").to_yaml()
+    assert "kinds" in load_scenario(echo(tmp_path, [{"kind": "churn", "rate": 0.1}])).to_yaml()
+
+
+def test_a_churned_client_misses_its_rounds_and_the_round_record_says_who_is_gone(tmp_path):
+    rounds = rounds_of(echo(tmp_path, [{"kind": "churn", "rate": 0.3}], rounds=6), tmp_path / "out")
+    gone_before: set[int] = set()
+    for r in rounds[:-1]:
+        gone = set(r["kinds"]["churn"]["gone"])
+        assert gone >= gone_before and gone <= set(r["dropped"]) and not gone & set(r["replied"])
+        gone_before = gone
+    assert gone_before  # at 0.3 a round, someone has gone within six rounds (seed 3)
+
+
+def test_a_kind_of_ones_own_runs_the_same_on_ray_and_in_process(ray_session, tmp_path, monkeypatch, capsys,
+                                                                own_modules):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    seen = {}
+    for backend in ("local", "ray"):
+        out = tmp_path / backend
+        assert main(["run", str(OWN), "--backend", backend, "--set", "runtime.clients_per_actor=6", "--set",
+                     "runtime.client_cpus=0.25", "--out", str(out), "--quiet"]) == 0, capsys.readouterr().err
+        rounds = [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()]
+        seen[backend] = [(r["replied"], r["dropped"], r["late"], r.get("kinds")) for r in rounds]
+    assert seen["ray"] == seen["local"]
+    rested = [r for _, dropped, _, k in seen["local"] if k for r in k["battery"]["resting"]]
+    late = [c for _, _, lt, _ in seen["local"] for c in lt]
+    assert rested and late  # devices ran flat and rested; slow ones missed the deadline
+    for replied, dropped, _, k in seen["local"]:
+        if k:
+            assert set(k["battery"]["resting"]) <= set(dropped) and not set(k["battery"]["resting"]) & set(replied)
+
+
+def test_a_kind_is_checked_like_the_rest_of_a_scenario(tmp_path, capsys):
+    cases = [([{"kind": "gremlins"}], "unknown fault kind 'gremlins'; built in: churn"),
+             ([{"kind": "churn"}], "rate: field required"),
+             ([{"kind": "churn", "rate": 2}], "rate: input should be less than or equal to 1"),
+             ([{"kind": "churn", "rate": 0.1, "speed": 3}], "speed: extra inputs are not permitted"),
+             ([{"rate": 0.1}], "faults.kinds.0.kind: required key is missing"),
+             ([{"kind": "nowhere_here:Kind"}], "importing nowhere_here failed")]
+    for kind_list, want in cases:
+        assert main(["validate", str(echo(tmp_path, kind_list))]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "faults.kinds" in err and want in err.lower(), err
+
+
+BAD_KIND = '''
+from raymvc.kinds import FaultKind, ModelConfig
+
+
+class Bad(FaultKind):
+    class Config(ModelConfig):
+        answer: str = "text"
+        needs: list[str] = []
+
+    requires = frozenset()
+
+    def away(self, round, client):
+        return {"text": "yes", "number": 1, "ok": False}[self.cfg.answer]
+
+    def work(self, round, client):
+        return 0.5
+'''
+
+
+@pytest.mark.parametrize("answer", ["text", "number"])
+def test_a_kind_that_answers_no_truth_value_ends_the_run_naming_it(tmp_path, answer, own_modules):
+    (tmp_path / "badkind.py").write_text(BAD_KIND)
+    path = echo(tmp_path, [{"kind": "badkind:Bad", "answer": answer}])
+    s = run_scenario(load_scenario(path), tmp_path / "out", progress=lambda line: None)
+    assert s["status"] == "error"
+    assert "fault kind 'badkind:Bad': away(0, 0) returned" in s["error"] and "not True or False" in s["error"]
+
+
+def test_a_kinds_work_share_reaches_the_clients_and_the_round_record(tmp_path, own_modules):
+    (tmp_path / "badkind.py").write_text(BAD_KIND)
+    rounds = rounds_of(echo(tmp_path, [{"kind": "badkind:Bad", "answer": "ok"}], rounds=3), tmp_path / "out")
+    assert all(r["partial_work"] == r["replied"] for r in rounds[:-1])
+
+
+def test_a_kind_that_needs_what_the_method_lacks_is_refused_in_one_line(tmp_path, capsys, own_modules):
+    (tmp_path / "badkind.py").write_text(BAD_KIND.replace("requires = frozenset()",
+                                                          "requires = frozenset({'partial_work'})"))
+    path = echo(tmp_path, [{"kind": "badkind:Bad", "answer": "ok"}])  # the echo declares no partial_work
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "faults.kinds.0" in err and "partial_work" in err and "Protocol.supports" in err
+
+
+def test_a_kind_of_ones_own_is_part_of_the_fingerprint(tmp_path, own_modules):
+    from raymvc.results.provenance import fingerprint
+
+    (tmp_path / "badkind.py").write_text(BAD_KIND)
+    path = echo(tmp_path, [{"kind": "badkind:Bad", "answer": "ok"}])
+    before = fingerprint(load_scenario(path))
+    (tmp_path / "badkind.py").write_text(BAD_KIND.replace("return 0.5", "return 0.25"))
+    assert fingerprint(load_scenario(path)) != before
+
+
+def test_raymvc_list_shows_every_kind(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"\n  {name} " in out for name in kinds.REGISTRY) and "\n  kinds " in out

@@ -386,14 +386,20 @@ def cmd_verify(args) -> int:
 
 
 def cmd_plot(args) -> int:
+    from .results.folder import ResultsError
+    from .results.plot import plot_run
     from .study.plot import plot_sweep
 
     d = Path(args.sweep_dir)
-    if not (d / "sweep.csv").is_file():
-        return _fail(f"{d}: no sweep.csv here (give a folder written by raymvc sweep)")
+    metrics = [m for arg in args.metric for m in arg.split(",") if m] or None
     try:
-        paths = plot_sweep(d, metrics=[m for arg in args.metric for m in arg.split(",") if m] or None)
-    except ValueError as e:
+        if (d / "sweep.csv").is_file():
+            paths = plot_sweep(d, metrics=metrics)
+        elif (d / "rounds.jsonl").is_file():
+            paths = plot_run(d, metrics=metrics)
+        else:
+            return _fail(f"{d}: no sweep.csv or rounds.jsonl here (give a folder written by raymvc sweep or raymvc run)")
+    except (ValueError, ResultsError) as e:
         return _fail(str(e))
     for p in paths:
         print(p)
@@ -587,8 +593,9 @@ def _add_sweep_and_plot(sub, scenario_args) -> None:
     ve.add_argument("--only", action="append", default=[], metavar="STUDY", help="one study (repeatable)")
     ve.set_defaults(fn=cmd_verify)
 
-    pl = sub.add_parser("plot", help="plot a sweep: metrics and MB against the swept key (PNG + SVG)")
-    pl.add_argument("sweep_dir", help="a folder written by raymvc sweep")
+    pl = sub.add_parser("plot", help="plot a sweep (metrics and MB against the swept key) or a run (scores, MB and "
+                                     "who took part, round by round): PNG + SVG in the folder")
+    pl.add_argument("sweep_dir", metavar="DIR", help="a folder written by raymvc sweep or by raymvc run")
     pl.add_argument("--metric", action="append", default=[], metavar="NAME",
                     help="a score to draw (acc, nmi, ari, mb, or any score of the runs: purity, fscore, kappa, "
                          "silhouette, calinski_harabasz); repeatable; default: ACC, NMI, ARI, MB and the "

@@ -455,7 +455,16 @@ def _print_report(args, runs, summaries, sweeps, sweep_data) -> int:
 
     scen = [RunFolder(p).scenario() for p in runs]
     diff = differing_keys(scen) if len(runs) > 1 else []
-    if args.json:
+    if args.format in ("markdown", "latex"):
+        from .study.tables import runs_table, sweep_table
+
+        parts = [runs_table([p.name for p in runs], summaries, args.format, "runs")] if summaries else []
+        parts += [sweep_table(agg, list(meta.get("grid_keys") or []), args.format,
+                              f"{p.name}: mean ± std over the seeds of the runs that finished")
+                  for p, meta, _, agg in sweep_data]
+        print("\n\n".join(parts))
+        return 0
+    if args.json or args.format == "json":
         out = {"runs": summaries, "differing_keys": diff,
                "sweeps": [{"dir": str(p), "grid_keys": meta.get("grid_keys"), "aggregate": agg}
                           for p, meta, _, agg in sweep_data]}
@@ -555,7 +564,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser("report", help="show a run, compare runs, or show a sweep's aggregate")
     rp.add_argument("runs", nargs="+", help="run folders and/or sweep folders")
-    rp.add_argument("--json", action="store_true")
+    rp.add_argument("--json", action="store_true", help="the same as --format json")
+    rp.add_argument("--format", choices=("text", "json", "markdown", "latex"), default="text",
+                    help="markdown or latex: tables to paste (mean ± std, the best of each score column in bold)")
     rp.set_defaults(fn=cmd_report)
     return p
 

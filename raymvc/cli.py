@@ -152,6 +152,15 @@ def _default_run_dir(name: str, overrides: dict) -> Path:
 
 
 def cmd_validate(args) -> int:
+    """Each file in turn (a scenario or a study file); exit 2 at the first that fails."""
+    for path in args.scenario:
+        rc = _validate_one(argparse.Namespace(**{**vars(args), "scenario": path}))
+        if rc:
+            return rc
+    return 0
+
+
+def _validate_one(args) -> int:
     from .study.files import is_study_file, load_study
 
     if is_study_file(args.scenario):
@@ -518,7 +527,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def scenario_args(q, many=False, optional=False):
         if many:
-            q.add_argument("scenario", nargs="+", help="scenario YAML files (methods side by side)")
+            q.add_argument("scenario", nargs="+", help="scenario YAML files")
         elif optional:
             q.add_argument("scenario", nargs="?", help="scenario YAML file (not with --resume)")
         else:
@@ -540,8 +549,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--overwrite", action="store_true", help="empty a non-empty --out folder first")
     r.set_defaults(fn=cmd_run)
 
-    v = sub.add_parser("validate", help="check a scenario (and load its data) without running it")
-    scenario_args(v)
+    v = sub.add_parser("validate", help="check scenarios or study files (and load their data) without running them")
+    scenario_args(v, many=True)
     v.set_defaults(fn=cmd_validate)
 
     ls = sub.add_parser("list", help="list methods (with their parameters), datasets and fault kinds")

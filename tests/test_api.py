@@ -182,3 +182,13 @@ def test_the_readme_python_snippet_runs(tmp_path):
 
     got = np.loadtxt(tmp_path / "runs" / "api-memory" / "labels.csv", delimiter=",", skiprows=1, dtype=int)[:, 1]
     assert adjusted_rand_score(np.repeat([0, 1, 2], 50), got) >= 0.99
+
+
+def test_a_grid_value_given_as_text_is_read_as_the_command_line_reads_it(tmp_path):
+    """``grid={"faults.dropout.rate": "0,0.3"}`` is two grid points, not one per character;
+    a lone number is a one-line error."""
+    scen = Path(__file__).resolve().parents[1] / "scenarios" / "digits-kfed.yaml"
+    s = raymvc.sweep(scen, grid={"faults.dropout.rate": "0,0.3"}, seeds=[0], backend="local", out=tmp_path / "sw")
+    assert sorted(str(r["faults.dropout.rate"]) for r in s.aggregate) == ["0", "0.3"]
+    with pytest.raises(raymvc.ScenarioError, match=r"grid faults.dropout.rate: expected a non-empty list of values"):
+        raymvc.sweep(scen, grid={"faults.dropout.rate": 0.3}, seeds=[0], backend="local", out=tmp_path / "bad")

@@ -329,3 +329,21 @@ def test_report_over_methods_shows_the_method_once_and_no_foreign_parameters(tmp
     head = lines[1].split()
     assert head.count("method") == 1 and not any(h.startswith("params") for h in head)
     assert "parameters differ by method" in lines[0] and len(head) < 20
+
+
+def test_validate_takes_several_files_and_stops_at_the_first_that_fails(tmp_path, capsys):
+    root = Path(__file__).resolve().parents[1]
+    good = [str(root / "scenarios" / "digits-kfed.yaml"), str(root / "studies" / "cefmc-headline.yaml")]
+    assert main(["validate", *good]) == 0
+    out = capsys.readouterr().out
+    assert out.count(": ok -- ") == 2
+    assert main(["validate", good[0], str(tmp_path / "missing.yaml"), good[1]]) == 2
+    captured = capsys.readouterr()
+    assert captured.out.count(": ok -- ") == 1 and "missing.yaml" in captured.err
+
+
+def test_more_clusters_than_samples_is_refused_naming_n_clusters(capsys):
+    root = Path(__file__).resolve().parents[1]
+    assert main(["validate", str(root / "scenarios" / "digits-kfed.yaml"), "--set", "data.n_clusters=3000"]) == 2
+    err = capsys.readouterr().err
+    assert "data.n_clusters: 3000 clusters for 1797 samples" in err and "clients" not in err

@@ -91,6 +91,9 @@ def prepare(sc: Scenario, dataset=None, machine: bool = True):
         except DataError as e:
             raise scenario_error(sc, "data.image_shape", str(e)) from None
     if d.n_clusters is not None:
+        if d.n_clusters > ds.n_samples:
+            raise scenario_error(sc, "data.n_clusters", f"{d.n_clusters} clusters for {ds.n_samples} samples: "
+                                                        "a clustering has at most one cluster per sample")
         ds.k = d.n_clusters
     elif not ds.has_labels:
         raise scenario_error(sc, "data.n_clusters", f"{ds.name} has no labels; give the number of clusters (data.n_clusters: K)")

@@ -653,6 +653,18 @@ def mean_std(xs: list[float]) -> tuple[float | None, float | None]:
     return mean, math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
 
 
+def _grid_values(key: str, values) -> tuple:
+    """A grid key's values as the Python API takes them: a list (or tuple, range) of values,
+    or one string read as ``--grid key=TEXT`` reads it (``"0,0.3"`` is ``[0, 0.3]``); any
+    other value (a lone number, a mapping, a set) is a one-line error."""
+    if isinstance(values, str):
+        return tuple(parse_grid([f"{key}={values}"])[0][1])
+    if isinstance(values, (list, tuple, range)) and len(values):
+        return tuple(values)
+    raise ScenarioError(f"grid {key}: expected a non-empty list of values, e.g. {{{key!r}: [0, 0.1]}}, "
+                        f"got {short_value(values)}")
+
+
 def aggregate(rows: list[dict], keys: list[str]) -> list[dict]:
     """Mean and std (over seeds, sample std) per scenario and grid point, of the runs that
     ended ``completed`` or ``degraded``; runs that ended ``error`` (some party's code
@@ -779,7 +791,7 @@ class SweepRequest:
         """From plain values: ``grid`` a mapping of key -> list, ``seeds`` any iterable of
         ints, ``overrides`` a mapping of key -> value."""
         paths = (str(scenarios),) if isinstance(scenarios, (str, Path)) else tuple(str(p) for p in scenarios)
-        g = tuple((str(k), tuple(v)) for k, v in (dict(grid or {})).items())
+        g = tuple((str(k), _grid_values(str(k), v)) for k, v in (dict(grid or {})).items())
         sd = None if seeds is None else tuple(int(x) for x in seeds)
         if sd is not None and len(sd) > MAX_SEEDS:
             raise ScenarioError(f"seeds: more than {MAX_SEEDS} seeds")

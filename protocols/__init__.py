@@ -34,6 +34,7 @@ _REGISTRY: dict[str, str] = {
     "cefmc-h": "cefmc",
     "efimvc": "efimvc",
     "kfed": "kfed",
+    "ffcm": "ffcm",
     "ccfc": "ccfc",
     "feddmvc": "feddmvc",
     "fcuif": "fcuif",

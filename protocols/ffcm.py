@@ -109,3 +109,21 @@ PROTOCOL = Protocol(
     analytic_bytes=analytic_bytes,
     final_model=True,  # Done.final: the k global centroids (faults.inference_round)
 )
+
+
+PROTOCOL_FCM = Protocol(
+    name="fcm",
+    config=Config,
+    client=FFCMClient,
+    server=KFedServer,
+    partition="horizontal",
+    summary="centralised reference: fuzzy c-means on the pooled rows at one party (FFCM with one client), no faults",
+    paper="J. C. Bezdek, R. Ehrlich, W. Full: FCM: the fuzzy c-means clustering algorithm (1984); the CCFC paper's "
+          "FCM column",
+    quick_params={"kmeans_init": 2, "fcm_max_iter": 50},
+    analytic_bytes=analytic_bytes,
+    final_model=True,
+    pooled=True,
+)
+
+PROTOCOLS = {p.name: p for p in (PROTOCOL, PROTOCOL_FCM)}

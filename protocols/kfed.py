@@ -257,3 +257,20 @@ PROTOCOL = Protocol(
     analytic_bytes=analytic_bytes,
     final_model=True,  # Done.final: the k global centroids (faults.inference_round)
 )
+
+
+PROTOCOL_KMEANS = Protocol(
+    name="kmeans",
+    config=Config,
+    client=KFedClient,
+    server=KFedServer,
+    partition="horizontal",
+    summary="centralised reference: k-means on the pooled rows at one party (k-FED with one client), no faults",
+    paper="S. Lloyd: Least squares quantization in PCM (1982); the CCFC paper's KM column",
+    quick_params={"kmeans_init": 2},
+    analytic_bytes=analytic_bytes,
+    final_model=True,
+    pooled=True,
+)
+
+PROTOCOLS = {p.name: p for p in (PROTOCOL, PROTOCOL_KMEANS)}

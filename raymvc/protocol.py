@@ -472,3 +472,6 @@ class Protocol:
     # whether its server ends with a final model (``Done.final``) that faults.inference_round can
     # hand to every client; a scenario asking for that round of a method without one is refused
     final_model: bool = False
+    # a centralised reference (method: kmeans, fcm): its data are always pooled at one party,
+    # with no faults, as any horizontal method's under ``central: true``
+    pooled: bool = False

@@ -34,7 +34,7 @@ from sklearn.metrics import normalized_mutual_info_score
 from raymvc.protocol import RunFacts
 from raymvc.protocols import available, get
 from raymvc.runtime import nodes, prepare, run_scenario
-from raymvc.scenario import scenario_from_dict
+from raymvc.scenario import ScenarioError, scenario_from_dict
 
 METHODS = available()
 
@@ -129,6 +129,10 @@ def test_ray_and_in_process_agree(method, baseline, ray_session, tmp_path):
 def test_survives_one_missing_reply_in_any_round(method, baseline, tmp_path):
     rounds = baseline(method)["rounds"]
     assert rounds >= 1
+    if get(method).pooled:  # a centralised reference injects no fault: asking for one is a one-line error
+        with pytest.raises(ScenarioError, match="no faults"):
+            _run(_scenario(method, **{"faults.drop": [{"client": 0, "at_round": 0}]}), tmp_path / "drop")
+        return
     for r in range(rounds):
         s = _run(_scenario(method, **{"faults.drop": [{"client": 0, "at_round": r}]}), tmp_path / f"drop{r}")
         assert s["status"] == "degraded", f"client 0 missing in round {r}: {s['status']} {s['error']}"

@@ -104,6 +104,8 @@ def prepare(sc: Scenario, dataset=None, machine: bool = True):
     kind = d.partition or proto.partition
     if kind != proto.partition:
         raise scenario_error(sc, "data.partition", f"method {sc.method} needs a {proto.partition} split, got {kind}")
+    if central(sc, proto):
+        _check_central(sc, proto)
     rng = stream(sc.seed, streams.SPLIT)
     try:
         if kind == "vertical":
@@ -121,9 +123,12 @@ def prepare(sc: Scenario, dataset=None, machine: bool = True):
             if ds.n_views != 1 and d.views is None:
                 raise scenario_error(sc, "data.views", f"{ds.name} has {ds.n_views} views; a horizontal split needs one "
                                              "(e.g. data.views: [4])")
-            n_clients = d.n_clients or ds.n_clusters
-            part = parts.horizontal(ds, n_clients, rng, heterogeneity=d.heterogeneity,
-                                    dirichlet_alpha=d.dirichlet_alpha)
+            if central(sc, proto):  # the centralised reference: every row at one party
+                part = parts.horizontal(ds, 1, rng)
+            else:
+                n_clients = d.n_clients or ds.n_clusters
+                part = parts.horizontal(ds, n_clients, rng, heterogeneity=d.heterogeneity,
+                                        dirichlet_alpha=d.dirichlet_alpha)
     except ValueError as e:
         if isinstance(e, ScenarioError):
             raise
@@ -135,6 +140,24 @@ def prepare(sc: Scenario, dataset=None, machine: bool = True):
         raise scenario_error(sc, "runtime.score_every", f"method {sc.method} has no model to score along its rounds "
                                                         "(its server does not define current_model); leave it out")
     return ds, part
+
+
+def central(sc: Scenario, proto) -> bool:
+    """Whether the run is a centralised reference: ``central: true``, or a method that is one."""
+    return bool(sc.central or getattr(proto, "pooled", False))
+
+
+def _check_central(sc: Scenario, proto) -> None:
+    """A centralised reference pools the rows at one party and injects no fault."""
+    if proto.partition != "horizontal":
+        raise scenario_error(sc, "central", f"method {sc.method} splits views among clients (vertical); only "
+                                            "horizontal methods have a centralised form here (leave central out)")
+    if sc.faults != type(sc.faults)():
+        raise scenario_error(sc, "central", "a centralised reference clusters the pooled data with no faults; "
+                                            "leave faults out")
+    if sc.channel.secure_aggregation:
+        raise scenario_error(sc, "central", "a centralised reference has no channel to protect; leave "
+                                            "channel.secure_aggregation out")
 
 
 COPIES = 3  # the data, its normalised copy and the clients' shards live side by side while a run starts

@@ -428,6 +428,9 @@ def format_summary(s: dict) -> str:
         f"  status    {s.get('status', '?')}" + (f" ({s['error']})" if s.get("error") else ""),
         f"  rounds    {s.get('rounds', '?')}",
     ]
+    if s.get("central") is True:
+        lines.append("  central   the centralised reference: every row at one party, no faults (its MB is not a "
+                     "federation's)")
     errors = s.get("errors") or []
     if errors:
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""

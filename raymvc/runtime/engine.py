@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import arithmetic
 from ..channel import Ledger
-from ..data.prepare import prepare  # noqa: F401 (the engine's entry point as before)
+from ..data.prepare import central, prepare  # noqa: F401 (prepare: the engine's entry point as before)
 from ..metrics import clustering_scores, label_free_scores, preload
 from ..protocols import get, search_paths
 from ..results.folder import OutputFolder, ResultsError, RunWriter, default_out_dir, format_summary
@@ -679,6 +679,7 @@ def _summarise(sc, ds, part, proto, end: RunEnd, labels, ray_init_s, protocol_s,
         "protocol_info": end.info,
         "data_info": part.info,
         "out_dir": str(out),
+        **({"central": True} if central(sc, proto) else {}),  # the centralised reference: pooled, no faults
     }
 
 

@@ -408,6 +408,9 @@ class Scenario(_Strict):
     devices: DevicesCfg | None = None  # per-client speed and links on the virtual clock (docs/fault-models.md)
     runtime: RuntimeCfg = RuntimeCfg()
     seed: int = Field(default=0, ge=0, le=2**32 - 1)  # the range scikit-learn's random_state takes
+    central: bool = Field(default=False, description=(
+        "true: the centralised reference -- the pooled rows at one party, no faults (horizontal methods; "
+        "method: kmeans and fcm always run so)"))
 
     # where the file lives; relative data paths resolve against it
     source: str | None = Field(default=None, exclude=True)
@@ -503,4 +506,6 @@ class Scenario(_Strict):
             del d["runtime"]["score_every"]
         if not d["faults"]["kinds"]:  # likewise
             del d["faults"]["kinds"]
+        if not d["central"]:  # likewise
+            del d["central"]
         return yaml.safe_dump(d, sort_keys=False)

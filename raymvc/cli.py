@@ -179,8 +179,11 @@ def _validate_one(args) -> int:
         sc, (ds, part) = _load_and_prepare(args)
     except ScenarioError as e:
         return _fail(str(e))
+    from .results.folder import sizes_text
+
+    rows = sizes_text(part.info.get("client_sizes"))
     print(f"{args.scenario}: ok -- {sc.method} on {ds.name} ({ds.n_samples} samples, {ds.n_views} views, "
-          f"{ds.n_clusters} clusters), {part.kind} split over {part.n_clients} clients")
+          f"{ds.n_clusters} clusters), {part.kind} split over {part.n_clients} clients" + (f"; {rows}" if rows else ""))
     return 0
 
 
@@ -397,6 +400,7 @@ def cmd_verify(args) -> int:
 def cmd_plot(args) -> int:
     from .results.folder import ResultsError
     from .results.plot import plot_run
+    from .results.runfolder import RunFolder
     from .study.plot import plot_sweep
 
     d = Path(args.sweep_dir)
@@ -404,10 +408,11 @@ def cmd_plot(args) -> int:
     try:
         if (d / "sweep.csv").is_file():
             paths = plot_sweep(d, metrics=metrics)
-        elif (d / "rounds.jsonl").is_file():
+        elif (d / RunFolder.ROUNDS).is_file():
             paths = plot_run(d, metrics=metrics)
         else:
-            return _fail(f"{d}: no sweep.csv or rounds.jsonl here (give a folder written by raymvc sweep or raymvc run)")
+            return _fail(f"{d}: no sweep.csv or {RunFolder.ROUNDS} here (give a folder written by raymvc sweep or "
+                         "raymvc run)")
     except (ValueError, ResultsError) as e:
         return _fail(str(e))
     for p in paths:

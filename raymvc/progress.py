@@ -103,6 +103,7 @@ class SweepProgress:
     def __init__(self, total: int, skipped: int = 0, stream: TextIO | None = None, live: bool | None = None,
                  quiet: bool = False):
         self.total, self.done, self.quiet = total, skipped, quiet
+        self.ran = 0  # runs finished in this process (the reused ones took no time): the pace of the rest
         self.by_status: dict[str, int] = {}
         self.line = _Line(stream, live)
         self.t0 = time.perf_counter()
@@ -112,8 +113,17 @@ class SweepProgress:
         width = 20
         filled = int(width * self.done / self.total) if self.total else width
         bar = "#" * filled + "." * (width - filled) if self.line.live else ""
+        elapsed = time.perf_counter() - self.t0
         return (f"[sweep {bar}{' ' if bar else ''}{self.done}/{self.total}"
-                f"{', ' + counts if counts else ''}, {time.perf_counter() - self.t0:.0f} s]")
+                f"{', ' + counts if counts else ''}, {elapsed:.0f} s{self.eta(elapsed)}]")
+
+    def eta(self, elapsed: float) -> str:
+        """``, about 12 min left``: the runs left at the pace of those finished here so far."""
+        left = self.total - self.done
+        if not self.ran or left <= 0:
+            return ""
+        secs = elapsed / self.ran * left
+        return f", about {secs / 60:.0f} min left" if secs >= 90 else f", about {secs:.0f} s left"
 
     def run(self, name: str, max_rounds: int | None) -> RunProgress | None:
         """A RunProgress drawn inside the sweep's line (terminal only)."""
@@ -123,12 +133,14 @@ class SweepProgress:
 
     def finished(self, label: str, summary: dict) -> None:
         self.done += 1
+        self.ran += 1
         st = summary.get("status", "failed")
         self.by_status[st] = self.by_status.get(st, 0) + 1
         if self.quiet:
             return
         m = summary.get("metrics") or {}
-        score = f" ACC {m['acc']:.4f}" if m.get("acc") is not None else ""
+        score = f" ACC {m['acc']:.4f}" if m.get("acc") is not None else (
+            f" silhouette {m['silhouette']:.4f}" if isinstance(m.get("silhouette"), (int, float)) else "")
         mb = (summary.get("communication") or {}).get("mb_total", 0.0)
         wall = (summary.get("timing") or {}).get("wall_s", 0.0)
         err = f" ({summary['error']})" if summary.get("error") and st in ("failed", "error") else ""

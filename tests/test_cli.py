@@ -347,3 +347,12 @@ def test_more_clusters_than_samples_is_refused_naming_n_clusters(capsys):
     assert main(["validate", str(root / "scenarios" / "digits-kfed.yaml"), "--set", "data.n_clusters=3000"]) == 2
     err = capsys.readouterr().err
     assert "data.n_clusters: 3000 clusters for 1797 samples" in err and "clients" not in err
+
+
+def test_validate_and_the_summary_show_the_rows_each_client_holds(tmp_path, capsys):
+    root = Path(__file__).resolve().parents[1]
+    sc = str(root / "scenarios" / "digits-kfed.yaml")
+    assert main(["validate", sc, "--set", "data.n_clients=3"]) == 0
+    assert "horizontal split over 3 clients; rows per client 599, 599, 599" in capsys.readouterr().out
+    assert main(["run", sc, "--backend", "local", "--set", "data.n_clients=20", "--out", str(tmp_path / "r")]) == 0
+    assert "  data      rows per client 89-90 (mean 90)" in capsys.readouterr().out

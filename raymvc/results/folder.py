@@ -416,6 +416,15 @@ def read_summary(out_dir: str | Path) -> dict:
     return data
 
 
+def sizes_text(sizes) -> str:
+    """``rows per client 179-180`` (or each client's count, up to 12 clients); empty for none."""
+    if not isinstance(sizes, list) or not sizes or not all(isinstance(x, int) for x in sizes):
+        return ""
+    if len(sizes) <= 12:
+        return "rows per client " + ", ".join(str(x) for x in sizes)
+    return f"rows per client {min(sizes)}-{max(sizes)} (mean {sum(sizes) / len(sizes):.0f})"
+
+
 def format_summary(s: dict) -> str:
     """A short human-readable report of a summary dict."""
     m = s.get("metrics") or {}
@@ -428,6 +437,9 @@ def format_summary(s: dict) -> str:
         f"  status    {s.get('status', '?')}" + (f" ({s['error']})" if s.get("error") else ""),
         f"  rounds    {s.get('rounds', '?')}",
     ]
+    rows = sizes_text((s.get("data_info") or {}).get("client_sizes"))
+    if rows:
+        lines.append(f"  data      {rows}")
     if s.get("central") is True:
         lines.append("  central   the centralised reference: every row at one party, no faults (its MB is not a "
                      "federation's)")

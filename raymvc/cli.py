@@ -353,8 +353,9 @@ def sweep_request(args):
     if args.seeds is not None and args.seed is not None:
         raise ScenarioError("--seeds and --seed: give one of them")
     study = next((p for p in args.scenario if is_study_file(p)), None)
-    if study and (args.grid or args.seeds is not None or args.seed is not None or args.repeats > 1):
-        raise ScenarioError(f"{study}: --grid, --seeds, --seed and --repeats come from the study file")
+    if study and (args.seed is not None or args.repeats > 1):
+        raise ScenarioError(f"{study}: the seeds come from the study file (--seeds S picks some of them, --grid "
+                            "'KEY=[V]' some of its grid values)")
     if args.seeds is not None:
         seeds = parse_seeds(args.seeds)
     elif args.seed is not None or args.repeats > 1:

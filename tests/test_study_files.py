@@ -131,13 +131,34 @@ def test_a_broken_study_is_one_line_naming_file_and_key(tmp_path, capsys, text, 
     assert len(err) == 1 and str(f) in err[0] and words.split(".")[-1] in err[0]
 
 
-def test_a_study_takes_no_grid_or_seeds_from_the_command_line(tmp_path, capsys):
+def test_a_study_narrows_to_its_own_cells_and_one_cell_runs_again_alone(tmp_path, capsys):
+    """--seeds and --grid pick among the study's declared seeds and grid values (nothing
+    else); --only, --seeds and --grid together rerun one cell and keep every other row."""
     (tmp_path / "tiny.yaml").write_text(SCENARIO)
     (tmp_path / "studies").mkdir()
     f = tmp_path / "studies" / "tiny-study.yaml"
     f.write_text(STUDY)
-    assert main(["sweep", str(f), "--seeds", "0-1"]) == 2
-    assert "come from the study file" in capsys.readouterr().err
+    commit_all(tmp_path)
+    out = tmp_path / "out"
+    for bad, words in ((["--seeds", "5"], "--seeds 5: not among the study's declared seeds (0-2)"),
+                       (["--grid", "data.synthetic.noise=[1.0]"], "not among the study's declared values (0.5, 3.0)"),
+                       (["--grid", "seed=[1]"], "--grid seed: not a key of the study's grid"),
+                       (["--seed", "1"], "the seeds come from the study file")):
+        assert main(["sweep", str(f), *bad, "--out", str(out), "--quiet"]) == 2
+        assert words in capsys.readouterr().err
+    assert main(["sweep", str(f), "--out", str(out), "--quiet"]) == 0
+    before = {(r["scenario"], r["data.synthetic.noise"], r["seed"]): r["fingerprint"]
+              for r in csv.DictReader((out / "sweep.csv").open())}
+    assert len(before) == 2 * 2 * 3 + 3 * 2  # two runs and the spread at every point and seed
+    cell = out / "paper_noise3.0_seed1"
+    (cell / "summary.json").unlink()  # that one cell runs again; nothing else does
+    assert main(["sweep", str(f), "--only", "paper", "--seeds", "1", "--grid", "data.synthetic.noise=[3.0]",
+                 "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "1 runs executed" in err and "0 reused" in err
+    after = {(r["scenario"], r["data.synthetic.noise"], r["seed"]): r["fingerprint"]
+             for r in csv.DictReader((out / "sweep.csv").open())}
+    assert after == before
 
 
 def _with_cells(rows: list[dict], study_file) -> list[dict]:

@@ -815,14 +815,12 @@ def _from_study(req: SweepRequest):
         return None, list(req.scenarios), req, set(), None
     if len(req.scenarios) > 1:
         raise ScenarioError(f"{studies[0]}: a study file is swept alone (it names its own scenarios)")
-    if req.grid or req.seeds is not None:
-        raise ScenarioError(f"{studies[0]}: --grid, --seeds, --seed and --repeats come from the study file")
     study = load_study(studies[0])
     study.check_default()  # a tuning study never runs under a default its page would misname
     # seeds before runs: the study file and its scenarios as a commit holds them, before anything runs
     declared = check_committed(studies[0], [path for path, _, _ in study.entries()], req.allow_uncommitted)
-    req = dataclasses.replace(req, grid=tuple((k, tuple(v)) for k, v in study.spec.grid.items()),
-                              seeds=tuple(study.seeds()), out=req.out or str(study.default_out()))
+    grid, seeds = _narrowed(studies[0], study, dict(req.grid), req.seeds)
+    req = dataclasses.replace(req, grid=grid, seeds=seeds, out=req.out or str(study.default_out()))
     entries = study.entries()
     ids = [r.id for _, _, r in entries]
     unknown = [i for i in only if i not in ids]
@@ -839,9 +837,37 @@ def _from_study(req: SweepRequest):
     if not entries:
         raise ScenarioError(f"{studies[0]}: nothing to run here (runs picked: {', '.join(only or ids)}"
                             f"{'; ' + why if why else ''})")
-    kept = set(ids) - {r.id for _, _, r in entries}  # their rows in sweep.csv stay as they are
-    return study, [(path, over, study.run_seeds(r) if r.seeds is not None else None) for path, over, r in entries], \
-        req, kept, declared
+    return study, [(path, over, _run_seeds(study, r, seeds)) for path, over, r in entries], req, set(ids), declared
+
+
+def _run_seeds(study, run, seeds: tuple[int, ...]) -> list[int] | None:
+    """A study run's seeds in this sweep: its own subset, narrowed like the study's."""
+    if run.seeds is None:
+        return None
+    return [s for s in study.run_seeds(run) if s in seeds]
+
+
+def _narrowed(path, study, grid: dict, seeds) -> tuple[tuple, tuple[int, ...]]:
+    """The study's grid and seeds, narrowed by ``--grid`` and ``--seeds`` to some of its own
+    declared values (so one cell can be run again); a value it does not declare is refused."""
+    declared = {k: list(v) for k, v in study.spec.grid.items()}
+    for key, values in grid.items():
+        if key not in declared:
+            raise ScenarioError(f"{path}: --grid {key}: not a key of the study's grid "
+                                f"({', '.join(declared) or 'it has none'}); a study runs only the cells it declares")
+        known = {short_value(v): v for v in declared[key]}
+        bad = [v for v in values if short_value(v) not in known]
+        if bad:
+            raise ScenarioError(f"{path}: --grid {key}={short_value(bad[0])}: not among the study's declared values "
+                                f"({', '.join(known)})")
+        declared[key] = [known[short_value(v)] for v in values]
+    own = list(study.seeds())
+    if seeds is not None:
+        bad = [x for x in seeds if x not in own]
+        if bad:
+            raise ScenarioError(f"{path}: --seeds {bad[0]}: not among the study's declared seeds ({study.spec.seeds})")
+        own = [x for x in own if x in set(seeds)]
+    return tuple((k, tuple(v)) for k, v in declared.items()), tuple(own)
 
 
 def _has_cuda() -> bool:
@@ -896,7 +922,7 @@ def run_sweep(req: SweepRequest) -> tuple[int, Path]:
                       as_tasks=as_tasks, tasks_address=req.address)
         # what finished, whether or not a signal stopped the sweep; cells never started are left out
         started = [c for c in cells if _current(c)]
-        rows = _kept_rows(out, kept) + collect(started, out)
+        rows = _kept_rows(out, kept, cells, keys) + collect(started, out)
         write_csv(out / "sweep.csv", rows, sweep_fields(keys, rows))
         agg = aggregate(rows, keys)
         write_csv(out / "aggregate.csv", agg, aggregate_fields(keys, rows))
@@ -916,14 +942,15 @@ def run_sweep(req: SweepRequest) -> tuple[int, Path]:
     return (1 if res.errors else 0), out
 
 
-def _kept_rows(out: Path, runs: set[str]) -> list[dict]:
-    """The rows an earlier sweep of the folder wrote for a study's ``runs`` that this one
-    leaves out (``--only``, a skipped CUDA spread): a partial sweep never drops them. Each is
-    read again from its run folder (inside ``out``, no link on the way, the row's
-    fingerprint): a row whose folder is gone or holds another run is dropped, and no value of
-    the old table is carried over unread."""
+def _kept_rows(out: Path, runs: set[str], cells: list[Cell], keys: list[str]) -> list[dict]:
+    """The rows an earlier sweep of a study's folder wrote for cells of its ``runs`` this one leaves out
+    (``--only``, ``--seeds``, ``--grid``, a skipped CUDA spread): a partial sweep never drops
+    them. Each is read again from its run folder (inside ``out``, no link on the way, the
+    row's fingerprint): a row whose folder is gone or holds another run is dropped, and no
+    value of the old table is carried over unread."""
     if not runs or not (out / "sweep.csv").is_file():
         return []
+    planned = {(c.name, str(c.seed), tuple(short_value(c.point.get(k)) for k in keys)) for c in cells}
     try:
         old = csv_rows(read_file(out / "sweep.csv", limit=MAX_SWEEP_CSV), what=str(out / "sweep.csv"),
                        required=("scenario", "method", "seed", "fingerprint", "run_dir"))
@@ -934,8 +961,8 @@ def _kept_rows(out: Path, runs: set[str]) -> list[dict]:
     kept, dropped = [], 0
     fixed = {"scenario", "method", *RUN_FIELDS}
     for r in old:
-        if r["scenario"] not in runs:
-            continue
+        if r["scenario"] not in runs or (r["scenario"], str(r["seed"]), tuple(r.get(k, "") for k in keys)) in planned:
+            continue  # not the study's, or swept again now
         folder = confined(out, r["run_dir"])
         try:
             s = RunFolder(folder).summary() if folder is not None else None

@@ -248,7 +248,8 @@ class Config(ProtocolConfig):
                                       "rounds) only if at least this share of the clients took part: before fine-tuning "
                                       "starts, had delivered an embedding; after, replied in the round. A round that "
                                       "does not count is repeated (pretraining asks only the clients not yet in; a "
-                                      "fine-tune round runs as usual); 0 = every round counts",
+                                      "fine-tune round runs as usual); 0 = every round counts. As a count: the "
+                                      "share times the clients, rounded up (info.quorum_clients)",
                           **project_option("0: every round counts, the paper; a remedy for availability tied to what "
                                            "a client holds (studies/robustness.md, Remedies)"))
     patience: int = Field(default=10, ge=0, le=1000,
@@ -589,7 +590,8 @@ class FedDMVCServer(Server):
             self.counted += 1
         else:
             self.waited += 1
-        self.info.update({"counted": self.counted, "waited": self.waited})
+        # the quorum as a count of clients (0.66 of 3 is 2; 0.67 of 3 is all 3): protocol_info, sweep.csv's info.quorum_clients
+        self.info.update({"counted": self.counted, "waited": self.waited, "quorum_clients": need})
         return self.counted
 
     def client_prototypes(self, c: int, j: int) -> np.ndarray:

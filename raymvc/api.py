@@ -22,6 +22,7 @@ import contextlib
 import csv
 import hashlib
 import io
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from .results.runfolder import RunFolder
 from .results.status import Status
 from .results.summary import RunSummary
 from .runtime.records import RoundRecord
-from .scenario import Scenario, as_overrides, load_scenario, merge_overrides, scenario_from_dict
+from .scenario import Scenario, ScenarioError, as_overrides, load_scenario, merge_overrides, scenario_from_dict
 
 
 @dataclass
@@ -78,12 +79,21 @@ class MultiViewData:
 
 @dataclass
 class Messages:
-    """The ledger (``messages.csv``): one record per message, as dicts of typed values."""
+    """The ledger (``messages.csv``): one record per message, as dicts of typed values.
+
+    It holds every path: the protocol's messages (``path`` ``protocol``, what
+    ``communication.messages`` counts), the evaluation path's (``eval``: labels fetched to
+    score) and the key handshake's (``setup``), so ``len(ledger)`` is more than the
+    summary's count; :meth:`on` keeps one path."""
 
     records: list[dict[str, Any]]
 
     def __len__(self) -> int:
         return len(self.records)
+
+    def on(self, path: str) -> Messages:
+        """The messages of one path (``protocol``, ``eval``, ``setup``)."""
+        return Messages([r for r in self.records if r.get("path") == path])
 
     def __iter__(self):
         return iter(self.records)
@@ -146,6 +156,21 @@ def _scenario(scenario: str | Path | Mapping | Scenario, overrides: dict[str, An
     return load_scenario(scenario, overrides)
 
 
+@contextlib.contextmanager
+def _api_words():
+    """A scenario error as the Python API's caller wrote the cause: ``overrides`` and ``grid``
+    where the command line's message says ``--set`` and ``--grid``."""
+    try:
+        yield
+    except ScenarioError as e:
+        text = str(e)
+        said = re.sub(r"(^|: )--(set|grid) ", lambda m: m.group(1) + ("overrides " if m.group(2) == "set" else "grid "),
+                      text)
+        if said == text:
+            raise
+        raise ScenarioError(said) from None
+
+
 def _progress(show: bool):
     if show:
         return lambda line: print(line, file=sys.stderr, flush=True)
@@ -170,11 +195,12 @@ def run(scenario: str | Path | Mapping | Scenario, *, data: MultiViewData | None
     from .results.folder import default_out_dir
     from .runtime import run_scenario
 
-    sets = merge_overrides(as_overrides(overrides), {"runtime.backend": backend} if backend else {})
-    sc = _scenario(scenario, sets, in_memory=data is not None)
-    prepared = prepare(sc, dataset=data.dataset()) if data is not None else None
-    out = Path(out) if out is not None else default_out_dir(sc.name)
-    summary = run_scenario(sc, out, progress=_progress(progress), prepared=prepared, overwrite=overwrite)
+    with _api_words():
+        sets = merge_overrides(as_overrides(overrides), {"runtime.backend": backend} if backend else {})
+        sc = _scenario(scenario, sets, in_memory=data is not None)
+        prepared = prepare(sc, dataset=data.dataset()) if data is not None else None
+        out = Path(out) if out is not None else default_out_dir(sc.name)
+        summary = run_scenario(sc, out, progress=_progress(progress), prepared=prepared, overwrite=overwrite)
     return RunResult.load(summary["out_dir"])
 
 
@@ -208,6 +234,23 @@ class SweepResult:
             raise ImportError("SweepResult.to_pandas needs pandas: pip install pandas") from None
         return pd.DataFrame.from_records(self.aggregate if aggregate else self.runs)
 
+    def to_latex(self) -> str:
+        """The aggregate as a LaTeX ``tabular`` to paste, as ``raymvc report OUT --format latex``
+        prints it: mean ± std of each score per scenario and grid point, the best in bold."""
+        return self._table("latex")
+
+    def to_markdown(self) -> str:
+        """The aggregate as a Markdown table (``raymvc report OUT --format markdown``)."""
+        return self._table("markdown")
+
+    def _table(self, fmt: str) -> str:
+        from .study.sweep import read_sweep
+        from .study.tables import sweep_table
+
+        meta, _, agg = read_sweep(self.out)
+        return sweep_table(agg, list(meta.get("grid_keys") or []), fmt,
+                           f"{self.out.name}: mean ± std over the seeds of the runs that finished")
+
     def result(self, i: int) -> RunResult:
         """The full :class:`RunResult` of run ``i`` of ``runs``."""
         run_dir = Path(str(self.runs[i]["run_dir"]))
@@ -234,13 +277,19 @@ def sweep(scenarios: str | Path | Sequence[str | Path], *, grid: Mapping[str, Se
     committed unchanged (its seeds come before its runs); ``allow_uncommitted`` waives
     that, and its cells then record ``uncommitted`` (``raymvc sweep --allow-uncommitted``).
     """
-    from .study.sweep import SweepRequest, run_sweep
+    from .study.sweep import SweepRequest
 
     picked = ((only,) if isinstance(only, str) else tuple(only)) if only else ()
-    req = SweepRequest.build(scenarios, grid=grid, seeds=seeds, overrides=as_overrides(overrides),
+    with _api_words():
+        return _sweep(SweepRequest.build(scenarios, grid=grid, seeds=seeds, overrides=as_overrides(overrides),
                              out=str(out) if out is not None else None, jobs=None if jobs is None else int(jobs),
                              backend=backend, address=address, cells=cells, fresh_actors=fresh_actors,
-                             only=picked, quiet=not progress, allow_uncommitted=allow_uncommitted)
+                             only=picked, quiet=not progress, allow_uncommitted=allow_uncommitted), progress)
+
+
+def _sweep(req, progress: bool) -> SweepResult:
+    from .study.sweep import run_sweep
+
     with contextlib.nullcontext() if progress else contextlib.redirect_stdout(io.StringIO()):
         code, folder = run_sweep(req)  # prints its aggregate table: shown only with progress
     if code == 130:

@@ -141,12 +141,19 @@ def _drop_if_empty(out, made: bool) -> None:
 
 def _default_run_dir(name: str, overrides: dict) -> Path:
     """``runs/<name>[_<key><value>...]-<time>``: the overrides show in the folder name."""
+    import hashlib
+
     from .results.folder import default_out_dir, short_value
     from .study.sweep import short_key, slug
 
     bits = []
     for key, value in overrides.items():
-        text = slug(short_value(value)) if slug(short_value(value)) != "x" else "none"
+        if isinstance(value, (dict, list)) and not value:
+            text = "empty"  # params={} or a list emptied
+        else:
+            text = slug(short_value(value)) if slug(short_value(value)) != "x" else "none"
+        if len(text) > 16:  # a long value (a path, a mapping): its start and a digest keep names short and apart
+            text = f"{text[:11]}-{hashlib.sha1(short_value(value).encode()).hexdigest()[:4]}"
         bits.append(f"{short_key(key)}{'-' if text[:1].isalpha() else ''}{text}")
     return default_out_dir("_".join([name, *bits])[:80])
 
@@ -470,13 +477,18 @@ def _print_report(args, runs, summaries, sweeps, sweep_data) -> int:
 
     scen = [RunFolder(p).scenario() for p in runs]
     diff = differing_keys(scen) if len(runs) > 1 else []
+    # several sweeps: what their sweep.json files say differently (overrides, grid, seeds, scenarios)
+    settings = [flatten({k: meta.get(k) for k in ("scenarios", "grid", "seeds", "overrides")})
+                for _, meta, _, _ in sweep_data]
+    sweep_diff = differing_keys(settings) if len(sweep_data) > 1 else []
+    told = [", ".join(f"{k}={short_value(f.get(k))}" for k in sweep_diff) for f in settings]
     if args.format in ("markdown", "latex"):
         from .study.tables import runs_table, sweep_table
 
         parts = [runs_table([p.name for p in runs], summaries, args.format, "runs")] if summaries else []
         parts += [sweep_table(agg, list(meta.get("grid_keys") or []), args.format,
-                              f"{p.name}: mean ± std over the seeds of the runs that finished")
-                  for p, meta, _, agg in sweep_data]
+                              f"{p.name}{f' ({t})' if t else ''}: mean ± std over the seeds of the runs that finished")
+                  for (p, meta, _, agg), t in zip(sweep_data, told)]
         print("\n\n".join(parts))
         return 0
     if args.json or args.format == "json":
@@ -509,10 +521,13 @@ def _print_report(args, runs, summaries, sweeps, sweep_data) -> int:
         widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
         for row in [head, *body]:
             print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
-    for p, meta, rows, agg in sweep_data:
+    if len(sweep_data) > 1:
+        print("differing sweep settings: " + (", ".join(sweep_diff) if sweep_diff else "none"))
+    for (p, meta, rows, agg), t in zip(sweep_data, told):
         if summaries or len(sweep_data) > 1:
             print()
-        print(f"sweep {p}: {len(rows)} runs over {', '.join(meta.get('grid_keys') or []) or 'seeds only'}")
+        print(f"sweep {p}: {len(rows)} runs over {', '.join(meta.get('grid_keys') or []) or 'seeds only'}"
+              + (f"; {t}" if t else ""))
         print(format_aggregate(agg, list(meta.get("grid_keys") or [])))
     return 0
 

@@ -84,7 +84,8 @@ class RunProgress:
                 + (f" {sorted(missing)}" if missing else ""))
 
     def round(self, rec: dict) -> None:
-        self.mb += rec.get("wire_bytes", 0) / 1e6
+        total = rec.get("wire_bytes_total")  # the run's bytes so far (those before a resume too)
+        self.mb = total / 1e6 if total is not None else self.mb + rec.get("wire_bytes", 0) / 1e6
         text = self.status(rec)
         if self.line.live:
             self.line.show(self.prefix + text)

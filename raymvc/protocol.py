@@ -475,3 +475,6 @@ class Protocol:
     # a centralised reference (method: kmeans, fcm): its data are always pooled at one party,
     # with no faults, as any horizontal method's under ``central: true``
     pooled: bool = False
+    # whether ``central: true`` has a meaning for it: a horizontal method's rows, or a vertical
+    # method's views side by side, pooled at one party that runs the method alone
+    central_form: bool = True

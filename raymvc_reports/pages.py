@@ -560,6 +560,7 @@ def study_section(res: StudyResult, fig_dir: Path | None, page_dir: Path) -> str
                    _seed_list(res, r.id, point, metrics[0])]
             lines.append("| " + " | ".join(row) + " |")
     fewer = [r for r in runs if r.seeds is not None]
+    one = one_cell_text(res, runs)
     others = [pr for pr in spec.paper_results if pr.method]
     for pr in others:
         vals = [f"{getattr(pr, m, None):.3f}" if getattr(pr, m, None) is not None else "" for m in refs]
@@ -567,6 +568,8 @@ def study_section(res: StudyResult, fig_dir: Path | None, page_dir: Path) -> str
                *([""] * len(metrics)), "", *vals, *([""] if modes else []), ""]
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
+    if one:
+        lines += [one, ""]
     if fewer:
         lines += ["Fewer seeds (too slow here for all of the study's): " + "; ".join(
             f"*{esc(r.label)}* on seeds {esc(', '.join(map(str, st.run_seeds(r))))}" for r in fewer) + ".", ""]
@@ -599,6 +602,36 @@ def study_section(res: StudyResult, fig_dir: Path | None, page_dir: Path) -> str
                   f"The label hashes in `studies/results/{code(st.name)}.csv` are reproducible on the platform each "
                   "row names; another platform may give a cell other labels, with the same scores or not.", ""]
     return "\n".join(lines)
+
+
+def one_cell_command(study: Study, run_id: str, point: dict, seed) -> str:
+    """The command that runs one cell of a study again (its run, grid point and seed), with
+    values written so that ``--grid`` reads them back as the study declares them."""
+    import json
+    import shlex
+
+    grid = [f"--grid {shlex.quote(f'{k}=[{json.dumps(point[k])}]')}" for k in study.spec.grid if k in point]
+    return " ".join([f"raymvc sweep studies/{study.path.name}", f"--only {shlex.quote(run_id)}",
+                     f"--seeds {int(seed)}", *grid, "--backend local"])
+
+
+def one_cell_text(res: StudyResult, runs) -> str | None:
+    """A line under a study's table: the command that reruns its first cell with a recorded
+    labels hash, and the hash and score that run should give again."""
+    metric = res.study.spec.metrics[0]
+    for point in res.points():
+        for r in runs:
+            for row in res.cell(r.id, point):
+                digest = str(row.get("labels_sha256") or "")
+                x = num(row.get(column_of(metric)))
+                if row["status"] in OK and len(digest) >= 12 and x is not None:
+                    cmd = one_cell_command(res.study, r.id, point, row["seed"])
+                    return (f"One cell again: `{code(cmd)}` reruns *{esc(r.label)}* at seed {esc(row['seed'])}; it "
+                            f"recorded {score_title(metric)} {x:.{score_digits(metric)}f} and labels hash "
+                            f"`{code(digest[:12])}…`, the SHA-256 of the `labels.csv` it writes "
+                            f"(`sha256sum {code((res.study.default_out() / str(row.get('run_dir') or '')).as_posix())}"
+                            "/labels.csv`).")
+    return None
 
 
 def _grid_mean_text(res: StudyResult, runs, metrics) -> str | None:

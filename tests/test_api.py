@@ -40,7 +40,7 @@ def test_run_returns_what_the_run_folder_holds(tmp_path):
     # overrides as a mapping of Python values: the same run as the --set strings
     m = raymvc.run(sc, overrides={"faults.dropout": {"rate": 0.3}}, backend="local", out=tmp_path / "m")
     np.testing.assert_array_equal(m.labels, d.labels)
-    with pytest.raises(raymvc.ScenarioError, match=r"^--set faults.dropout.rate=2: faults.dropout.rate: "):
+    with pytest.raises(raymvc.ScenarioError, match=r"^overrides faults.dropout.rate=2: faults.dropout.rate: "):
         raymvc.run(HW, overrides={"faults.dropout.rate": 2}, backend="local", out=tmp_path / "bad")
     with pytest.raises(raymvc.ScenarioError, match="bad key path"):
         raymvc.run(HW, overrides={"faults..rate": 2}, backend="local", out=tmp_path / "bad")
@@ -67,6 +67,10 @@ def test_ledger_to_pandas(tmp_path):
     r = raymvc.run(HW, backend="local", out=tmp_path / "r")
     df = r.ledger.to_pandas()
     assert isinstance(df, pd.DataFrame) and len(df) == len(r.ledger) and "wire_bytes" in df.columns
+    # the summary counts the protocol's messages; the ledger also holds the evaluation and setup paths
+    protocol = r.ledger.on("protocol")
+    assert len(protocol) == r.communication["messages"] < len(r.ledger)
+    assert len(protocol) + len(r.ledger.on("eval")) + len(r.ledger.on("setup")) == len(r.ledger)
 
 
 def _blobs(seed=0):
@@ -192,3 +196,28 @@ def test_a_grid_value_given_as_text_is_read_as_the_command_line_reads_it(tmp_pat
     assert sorted(str(r["faults.dropout.rate"]) for r in s.aggregate) == ["0", "0.3"]
     with pytest.raises(raymvc.ScenarioError, match=r"grid faults.dropout.rate: expected a non-empty list of values"):
         raymvc.sweep(scen, grid={"faults.dropout.rate": 0.3}, seeds=[0], backend="local", out=tmp_path / "bad")
+
+
+@pytest.mark.parametrize("call, want", [
+    (lambda out: raymvc.run(HW, overrides={"data.label_column": "cultivr"}, out=out),
+     r"^overrides data.label_column=cultivr: data.label_column: applies to .csv/.tsv data"),
+    (lambda out: raymvc.run(HW, overrides=["faults.dropout.rat=0.2"], out=out),
+     r"^overrides faults.dropout.rat=0.2: faults.dropout.rat: unknown key; did you mean 'rate'"),
+    (lambda out: raymvc.sweep(HW, grid={"faults.dropout.ratee": [0.1]}, seeds=[0], out=out),
+     r"^grid faults.dropout.ratee=0.1: faults.dropout.ratee: unknown key"),
+])
+def test_the_apis_errors_name_the_argument_that_caused_them(tmp_path, call, want):
+    """The Python API's caller wrote ``overrides=`` and ``grid=``, not ``--set`` and ``--grid``."""
+    with pytest.raises(raymvc.ScenarioError, match=want) as e:
+        call(tmp_path / "out")
+    assert "--set" not in str(e.value) and "--grid" not in str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_method_set_on_the_command_line_is_blamed_for_the_split_it_needs(capsys):
+    from raymvc.cli import main
+
+    assert main(["validate", str(HW), "--set", "method=kfed"]) == 2
+    err = capsys.readouterr().err
+    assert "error: --set method=kfed: method kfed needs a horizontal split;" in err
+    assert "has data.partition: vertical (add --set data.partition=horizontal" in err

@@ -1,5 +1,5 @@
-"""Centralised references: ``central: true`` pools a horizontal method's rows at one party
-with no faults; ``method: kmeans`` and ``method: fcm`` always run so."""
+"""Centralised references: ``central: true`` pools a horizontal method's rows (a vertical
+method's views side by side) at one party with no faults; ``method: kmeans`` and ``method: fcm`` always run so."""
 
 from __future__ import annotations
 
@@ -61,9 +61,50 @@ def test_a_centralised_reference_with_faults_is_refused(overrides, want):
         prepare(load_scenario(KFED, overrides))
 
 
-def test_a_vertical_method_has_no_centralised_form_yet(capsys):
-    assert main(["validate", str(ROOT / "scenarios" / "hw-cefmc.yaml"), "--set", "central=true"]) == 2
-    assert "central: method cefmc splits views among clients (vertical)" in capsys.readouterr().err
+def _cefmc_directly(sc) -> np.ndarray:
+    """CeFMC's client and server in this process, on every view side by side in one matrix
+    (no engine, no channel): what clustering the pooled views in one place gives."""
+    from raymvc.data import normalize
+    from raymvc.data.datasets import load_dataset
+    from raymvc.data.types import Shard
+    from raymvc.messages import Done
+    from raymvc.protocol import ServerContext
+    from raymvc.protocols import cefmc
+
+    ds = normalize(load_dataset(sc.data.dataset), sc.data.normalize)
+    X = np.hstack([np.asarray(v, dtype=np.float64) for v in ds.views])
+    config = cefmc.PROTOCOL.config(**sc.params)
+    shard = Shard(views=[X], meta={"view_index": 0})
+    client = cefmc.CeFMCClient(config, shard, ClientContext(client_id=0, n_clients=1, n_clusters=ds.n_clusters,
+                                                            seed=sc.seed))
+    server = cefmc.CeFMCServer(config, ServerContext(client_ids=[0], n_clusters=ds.n_clusters, seed=sc.seed,
+                                                     n_samples=ds.n_samples, client_sizes={0: ds.n_samples}))
+    out, round = server.start(), 0
+    while not isinstance(out, Done):  # round r: the server's message, the reply, the server's step
+        client.ctx.round = round
+        out = server.step(round, {0: client.handle(out[0])}, set())
+        round += 1
+    return np.asarray(out.labels)
+
+
+def test_a_vertical_method_pools_every_view_at_one_party(tmp_path, capsys):
+    hw = ROOT / "scenarios" / "hw-cefmc.yaml"
+    assert main(["run", str(hw), "--set", "central=true", "--backend", "local", "--out", str(tmp_path / "r")]) == 0
+    assert "central   the centralised reference" in capsys.readouterr().out
+    labels = np.loadtxt(tmp_path / "r" / "labels.csv", delimiter=",", skiprows=1, usecols=1, dtype=int)
+    direct = _cefmc_directly(load_scenario(hw))
+    assert labels.shape == direct.shape and np.array_equal(labels, direct)
+
+
+@pytest.mark.parametrize("overrides, want", [
+    (["data.missing.rate=0.3"], "leave data.missing.rate out"),
+    (["data.unaligned=0.2"], "leave data.unaligned out"),
+])
+def test_a_vertical_centralised_reference_needs_aligned_complete_views(overrides, want, capsys):
+    assert main(["validate", str(ROOT / "scenarios" / "hw-cefmc.yaml"), "--set", "central=true",
+                 *[a for o in overrides for a in ("--set", o)]]) == 2
+    err = capsys.readouterr().err
+    assert "central: the centralised reference of a vertical method pools every view" in err and want in err
 
 
 def test_the_summary_line_says_a_run_is_the_centralised_reference(tmp_path, capsys):

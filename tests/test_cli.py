@@ -356,3 +356,15 @@ def test_validate_and_the_summary_show_the_rows_each_client_holds(tmp_path, caps
     assert "horizontal split over 3 clients; rows per client 599, 599, 599" in capsys.readouterr().out
     assert main(["run", sc, "--backend", "local", "--set", "data.n_clients=20", "--out", str(tmp_path / "r")]) == 0
     assert "  data      rows per client 89-90 (mean 90)" in capsys.readouterr().out
+
+
+def test_a_run_folder_named_from_overrides_stays_short_and_says_what_was_set():
+    from raymvc.cli import _default_run_dir
+
+    empty = _default_run_dir("hw", {"params": {}}).name
+    assert empty.startswith("hw_params-empty-")
+    long = {"data.path": "/very/long/folder/of/someone/with/data/views.csv", "faults.dropout.rate": 0.3}
+    name = _default_run_dir("hw", long).name
+    assert len(name) < 60 and "dropout0.3" in name and name.startswith("hw_path-")
+    other = _default_run_dir("hw", {**long, "data.path": long["data.path"].replace("views", "other")}).name
+    assert other.split("_")[1] != name.split("_")[1]  # two long values stay apart

@@ -400,13 +400,14 @@ def test_quorum_repeats_rounds_below_it_and_then_counts_them():
     # ends after the pretraining round and TINY's two fine-tune rounds have counted
     assert server.counted == TINY["rounds"] + 1 and server.waited == 2 and len(asked) == 5
     assert (labels >= 0).all()
+    assert server.info["quorum_clients"] == 2  # 0.6 of three clients, rounded up, as the run reports it
 
 
 def test_quorum_counts_every_round_past_its_patience():
     sc = tiny_scenario(**{"params.quorum": 1.0, "params.patience": 2})
     _, asked, server = _run_by_hand(sc, lambda r: {2})  # client 2 never replies: the quorum is never met
     assert server.waited == 2 and len(asked) == 2 + TINY["rounds"] + 1
-    assert 2 not in server.members
+    assert 2 not in server.members and server.info["quorum_clients"] == 3
 
 
 def test_quorum_changes_nothing_when_every_client_replies():

@@ -131,6 +131,16 @@ def test_the_repositorys_reports_stay_out_of_the_package():
     assert (PKG.parent / "raymvc_reports" / "pages.py").is_file() or not (PKG.parent / "tools").is_dir()
 
 
+def test_every_subpackage_is_installed_by_a_plain_install():
+    """pyproject's package list names every folder of the package (an editable install finds
+    a forgotten one anyway; ``pip install .`` would leave it out)."""
+    import tomllib
+
+    listed = set(tomllib.loads((PKG.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {".".join(("raymvc", *p.parent.relative_to(PKG).parts)) for p in PKG.rglob("__init__.py")}
+    assert folders - listed == set()
+
+
 def test_method_docstrings_carry_no_scores():
     """Numbers live in generated pages: a method's text says what it does and where its
     measurements are, never an ACC or NMI of its own."""

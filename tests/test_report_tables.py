@@ -59,3 +59,52 @@ def test_report_prints_markdown_and_latex_for_a_sweep_and_its_runs(tmp_path, cap
     assert main(["report", str(out), *sorted(str(p) for p in out.glob("*seed0")), "--format", "latex"]) == 0
     tex = capsys.readouterr().out
     assert tex.count(r"\begin{table}") == 2 and r"digits-kfed\_dropout0\_seed0" in tex
+    for table in _tabulars(tex):  # LaTeX's own reading: every row has the columns its spec declares
+        assert table["rows"] and all(n == table["columns"] for n in table["rows"])
+    import raymvc
+
+    res = raymvc.SweepResult.load(out)
+    assert main(["report", str(out), "--format", "latex"]) == 0
+    assert res.to_latex() in capsys.readouterr().out and _tabulars(res.to_latex())
+    assert "| digits-kfed | 0 | 2/2 | **" in res.to_markdown()
+
+
+def _tabulars(tex: str) -> list[dict]:
+    """Each ``tabular`` of ``tex`` as pylatexenc parses it: the columns its spec declares
+    and the cells in each row (``&`` separated, rows ended by ``\\``)."""
+    from pylatexenc.latexwalker import LatexEnvironmentNode, LatexGroupNode, LatexSpecialsNode, LatexWalker
+
+    def walk(nodes):
+        for n in nodes or []:
+            if isinstance(n, LatexEnvironmentNode) and n.environmentname == "tabular":
+                yield n
+            yield from walk(getattr(n, "nodelist", None))
+
+    out = []
+    for env in walk(LatexWalker(tex, tolerant_parsing=False).get_latex_nodes()[0]):
+        spec = env.nodeargd.argnlist[-1]
+        assert isinstance(spec, LatexGroupNode)
+        columns = sum(c in "lcr" for c in spec.latex_verbatim().strip("{}"))
+        rows, cells = [], 1
+        for n in env.nodelist:
+            if isinstance(n, LatexSpecialsNode) and n.specials_chars == "&":
+                cells += 1
+            elif getattr(n, "macroname", None) == "\\":
+                rows.append(cells)
+                cells = 1
+        out.append({"columns": columns, "rows": rows})
+    return out
+
+
+def test_report_on_two_sweeps_says_what_differs_between_them(tmp_path, capsys):
+    scen = str(ROOT / "scenarios" / "digits-kfed.yaml")
+    for name, rate in (("a", "0.1"), ("b", "0.3")):
+        assert main(["sweep", scen, "--set", f"faults.dropout.rate={rate}", "--seeds", "0", "--backend", "local",
+                     "--out", str(tmp_path / name), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    text = capsys.readouterr().out
+    assert "differing sweep settings: overrides.faults.dropout.rate" in text
+    assert "faults.dropout.rate=0.1" in text and "faults.dropout.rate=0.3" in text
+    assert main(["report", str(tmp_path / "a"), str(tmp_path / "b"), "--format", "markdown"]) == 0
+    assert "(overrides.faults.dropout.rate=0.3)" in capsys.readouterr().out

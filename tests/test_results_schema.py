@@ -50,6 +50,29 @@ def test_a_horizontal_sweep_carries_kappa_and_the_methods_numbers_in_sweep_csv_a
     assert "metric.kappa_mean" in agg
 
 
+def test_sweep_csv_carries_the_fewest_and_most_rows_a_client_held(kfed_sweep):
+    out, _ = kfed_sweep
+    with (out / "sweep.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        sizes = json.loads((out / r["run_dir"] / "summary.json").read_text())["data_info"]["client_sizes"]
+        assert (int(r["client_rows_min"]), int(r["client_rows_max"])) == (min(sizes), max(sizes))
+
+
+def test_every_key_a_summary_writes_is_in_docs_results(kfed_sweep):
+    """docs/results.md names every top-level key of a run's summary.json and every key of
+    its fixed sections (the method's protocol_info, placement and platform are open)."""
+    out, _ = kfed_sweep
+    doc = (ROOT / "docs" / "results.md").read_text()
+    summary = json.loads(next(out.glob("*/summary.json")).read_text())
+    keys = list(summary)
+    for section in ("communication", "faults", "timing", "data_info", "metrics"):
+        keys += list(summary[section])
+    keys += [k for k in next(iter(summary["per_client_bytes"].values()))]
+    missing = [k for k in keys if f"`{k}`" not in doc]
+    assert not missing, f"docs/results.md does not name {missing}"
+
+
 def test_plot_draws_kappa_and_an_info_number_and_names_what_a_sweep_has(kfed_sweep, capsys):
     out, _ = kfed_sweep
     assert main(["plot", str(out), "--metric", "kappa", "--metric", "info.global_centroids"]) == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -169,7 +170,7 @@ def test_a_handshake_timeout_is_a_clean_failure(ray_session, tmp_path):
     assert "\n" not in s["error"]
 
 
-def test_sigkill_then_resume_gives_the_uninterrupted_result(tmp_path):
+def test_sigkill_then_resume_gives_the_uninterrupted_result(tmp_path, capsys):
     full = tmp_path / "full"
     assert main(["run", str(SLOW), "--backend", "local", "--out", str(full), "--quiet"]) == 0
     out = tmp_path / "killed"
@@ -181,7 +182,15 @@ def test_sigkill_then_resume_gives_the_uninterrupted_result(tmp_path):
     pointer = out / "checkpoint.json"
     assert json.loads(pointer.read_text())["rounds_logged"] == 3
     assert not (out / "summary.json").exists()
-    assert main(["run", "--resume", str(out), "--quiet"]) == 0
+    kept = [json.loads(x) for x in (out / "rounds.jsonl").read_text().splitlines()][:3]
+    capsys.readouterr()
+    assert main(["run", "--resume", str(out)]) == 0
+    said = capsys.readouterr()
+    lines = (said.out + said.err).splitlines()
+    so_far = sum(r["wire_bytes"] for r in kept) / 1e6
+    assert f"resumed after round 3 ({so_far:.3f} MB so far)" in "\n".join(lines)  # counted as progress counts
+    fourth = next(x for x in lines if re.search(r"\] round 4\b", x))  # the MB goes on from the rounds before the kill
+    assert float(fourth.split(" MB")[0].split()[-1]) > so_far
     a, b = (json.loads((d / "summary.json").read_text()) for d in (out, full))
     assert a["metrics"] == b["metrics"] and a["communication"] == b["communication"] and a["rounds"] == b["rounds"]
     assert (out / "labels.csv").read_text() == (full / "labels.csv").read_text()
@@ -189,9 +198,14 @@ def test_sigkill_then_resume_gives_the_uninterrupted_result(tmp_path):
     assert not pointer.exists()  # a finished run drops its checkpoints
 
 
-def test_resume_needs_a_checkpoint(tmp_path, capsys):
-    out = tmp_path / "plain"
-    assert main(["run", str(QUICK), "--backend", "local", "--out", str(out), "--quiet"]) == 0
+def test_resume_needs_a_checkpoint_and_says_when_the_run_has_ended(tmp_path, capsys):
+    for flags in ([], ["--checkpoint"]):  # a finished run keeps no checkpoint, whether it saved them or not
+        out = tmp_path / f"plain{len(flags)}"
+        assert main(["run", str(QUICK), "--backend", "local", "--out", str(out), "--quiet", *flags]) == 0
+        assert main(["run", "--resume", str(out), "--quiet"]) == 2
+        assert f"--resume {out}: the run there ended (completed); nothing to resume" in capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    (out / "summary.json").write_text(json.dumps({**summary, "status": "interrupted"}))
     assert main(["run", "--resume", str(out), "--quiet"]) == 2
     assert "no checkpoint there" in capsys.readouterr().err
 

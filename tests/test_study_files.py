@@ -6,6 +6,7 @@ import csv
 import hashlib
 import json
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -241,6 +242,20 @@ def test_a_tiny_study_runs_resumes_and_gets_its_page(tmp_path, monkeypatch, caps
     assert "run again with `runtime.threads: 2`: 6 of 6 wrote the same `labels.csv`" in page
     text = readme.read_text()
     assert "old table" not in text and text.endswith("after\n") and "[tiny-study](studies/kfed.md#" in text
+    # the command under the table reruns its one cell alone and gives the recorded labels hash again
+    cmd, recorded, labels = re.search(r"One cell again: `([^`]+)` .* labels hash `([0-9a-f]{12})…`.*"
+                                      r"`sha256sum ([^`]+)`", page).groups()
+    args = shlex.split(cmd)
+    assert args[:3] == ["raymvc", "sweep", "studies/tiny-study.yaml"] and "--grid" in args
+    row = next(r for r in _csv(studies / "results" / "tiny-study.csv") if r["labels_sha256"].startswith(recorded))
+    assert Path(labels) == Path("runs/studies/tiny-study") / row["run_dir"] / "labels.csv"
+    (tmp_path / labels).unlink()
+    (tmp_path / labels).with_name("summary.json").unlink()
+    capsys.readouterr()
+    assert main(args[1:]) == 0
+    assert "1 runs executed" in capsys.readouterr().err
+    assert hashlib.sha256((tmp_path / labels).read_bytes()).hexdigest() == row["labels_sha256"]
+    assert len(_csv(out / "sweep.csv")) == len(rows)
 
     # the cell record the page was written from regenerates the same page once the run folders are gone
     assert studies / "results" / "tiny-study.csv" in written

@@ -163,6 +163,21 @@ def vertical(
     return Partition(kind="vertical", shards=shards, rows=rows, n_samples=n, info=info)
 
 
+def pooled_views(ds: MultiViewDataset) -> Partition:
+    """The centralised reference of a vertical split: one party holds every view of every
+    sample, side by side in one matrix (views in the data set's order). Needs every view of
+    every sample (a missing view has nothing to pool)."""
+    mask = ds.present_mask()
+    if not mask.all():
+        raise ValueError("the data set misses views of some samples: pooled views need every view of every sample")
+    X = np.hstack([np.asarray(v, dtype=np.float64).reshape(ds.n_samples, -1) for v in ds.views])
+    every = np.arange(ds.n_samples)
+    every.flags.writeable = False
+    meta: dict[str, Any] = {"view_index": 0, "view_name": "+".join(ds.view_names), "pooled_views": ds.n_views}
+    return Partition(kind="vertical", shards=[Shard(views=[X], meta=meta)], rows=[every], n_samples=ds.n_samples,
+                     info={"missing_rate": 0.0, "client_sizes": [ds.n_samples]})
+
+
 SEQUENTIAL_DRAWS = 50_000_000  # samples x clients below which clients draw one after another
 
 

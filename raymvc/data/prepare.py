@@ -8,7 +8,7 @@ from __future__ import annotations
 from .. import kinds, streams
 from ..protocol import scores_mid_run
 from ..safeio import available_memory  # noqa: F401 (re-exported; checks here call this name)
-from ..scenario import ChannelCfg, Scenario, ScenarioError
+from ..scenario import ChannelCfg, Scenario, ScenarioError, show_override
 from ..scenario.sidefiles import availability_trace
 from ..streams import stream
 from . import normalize
@@ -103,12 +103,18 @@ def prepare(sc: Scenario, dataset=None, machine: bool = True):
     ds = normalize(ds, d.normalize)
     kind = d.partition or proto.partition
     if kind != proto.partition:
+        if "method" in sc._overrides and "data.partition" not in sc._overrides:  # the method came from --set
+            raise ScenarioError(f"--set {show_override('method', sc.method)}: method {sc.method} needs a "
+                                f"{proto.partition} split; {sc.source or 'the scenario'} has data.partition: {kind} "
+                                f"(add --set data.partition={proto.partition}, or pick a {kind} method)")
         raise scenario_error(sc, "data.partition", f"method {sc.method} needs a {proto.partition} split, got {kind}")
     if central(sc, proto):
         _check_central(sc, proto)
     rng = stream(sc.seed, streams.SPLIT)
     try:
-        if kind == "vertical":
+        if kind == "vertical" and central(sc, proto):  # the centralised reference: every view at one party
+            part = parts.pooled_views(ds)
+        elif kind == "vertical":
             if d.n_clients is not None and d.n_clients != ds.n_views:
                 raise scenario_error(sc, "data.n_clients",
                                      f"a vertical split has one client per view ({ds.n_views}), got {d.n_clients}")
@@ -149,9 +155,17 @@ def central(sc: Scenario, proto) -> bool:
 
 def _check_central(sc: Scenario, proto) -> None:
     """A centralised reference pools the rows at one party and injects no fault."""
-    if proto.partition != "horizontal":
-        raise scenario_error(sc, "central", f"method {sc.method} splits views among clients (vertical); only "
-                                            "horizontal methods have a centralised form here (leave central out)")
+    if not proto.central_form:
+        raise scenario_error(sc, "central", f"method {sc.method} has no centralised form here (leave central out)")
+    if proto.partition == "vertical":
+        d = sc.data
+        for key, value in (("data.missing.rate", d.missing.rate), ("data.unaligned", d.unaligned)):
+            if value:
+                raise scenario_error(sc, "central", f"the centralised reference of a vertical method pools every view "
+                                                    f"of every sample, aligned; leave {key} out")
+        if d.n_clients not in (None, 1):
+            raise scenario_error(sc, "central", "the centralised reference holds every view at one party; leave "
+                                                "data.n_clients out")
     if sc.faults != type(sc.faults)():
         raise scenario_error(sc, "central", "a centralised reference clusters the pooled data with no faults; "
                                             "leave faults out")

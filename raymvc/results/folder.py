@@ -441,7 +441,7 @@ def format_summary(s: dict) -> str:
     if rows:
         lines.append(f"  data      {rows}")
     if s.get("central") is True:
-        lines.append("  central   the centralised reference: every row at one party, no faults (its MB is not a "
+        lines.append("  central   the centralised reference: all the data at one party, no faults (its MB is not a "
                      "federation's)")
     errors = s.get("errors") or []
     if errors:

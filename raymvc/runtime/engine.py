@@ -259,11 +259,12 @@ class _Run:
             self.timing["placement"]["client_cpus"] = self.seats.client_cpus
         progress(f"[{sc.name}] {sc.method}: {len(connected)}/{part.n_clients} clients connected "
                  f"({sc.runtime.backend} backend)")
-        logged = 0
+        logged, so_far = 0, 0  # rounds on disk, their wire bytes (the progress line's MB goes on from them)
         if resume is not None:
             ck, logged = resume
             call("restore", ck)
-            progress(f"[{sc.name}] resumed after round {logged - 1}")
+            so_far = sum(r.wire_bytes for r in RunFolder(writer.dir).rounds()[:logged])
+            progress(f"[{sc.name}] resumed after round {logged} ({so_far / 1e6:.3f} MB so far)")  # counted from 1
         else:
             call("begin")
         t0 = self.t_rounds = time.perf_counter()
@@ -281,7 +282,7 @@ class _Run:
                 self.last_round = rec.round
                 lines.append(line)
             for rec, line in zip(batch, lines):
-                logged += 1
+                logged, so_far = logged + 1, so_far + int(line.get("wire_bytes") or 0)
                 if sc.runtime.checkpoint and not rec.done:
                     t = time.perf_counter()
                     ck = call("checkpoint")
@@ -289,7 +290,7 @@ class _Run:
                         checkpoint.save(writer.dir, ck, logged, self.identity(), writer.rounds_sha256())
                     self.timing["checkpoint_s"] = self.timing.get("checkpoint_s", 0.0) + time.perf_counter() - t
                 if on_round is not None:
-                    on_round(line)
+                    on_round({**line, "wire_bytes_total": so_far})
                 else:
                     progress(_round_line(sc.name, rec, line.get("scores")))
                 done = rec.done
@@ -340,6 +341,14 @@ def run_identity(sc: Scenario, ds) -> dict:
 
 def _load_checkpoint(sc: Scenario, out: Path, ds) -> tuple[dict, int]:
     if not checkpoint.exists(out):
+        try:
+            ended = RunFolder(out).summary()
+        except (OSError, ValueError):
+            ended = None
+        status = getattr(ended.status, "value", ended.status) if ended is not None else None
+        if status is not None and status != Status.INTERRUPTED.value:
+            raise ScenarioError(f"--resume {out}: the run there ended ({status}); nothing to resume "
+                                "(a run that ends keeps no checkpoint)")
         raise ScenarioError(f"--resume {out}: no checkpoint there (runs save them with runtime.checkpoint: true)")
     from ..channel.codec import CodecError
     from .nodes import PROTOCOL_INPUTS, SERVER_STATE, decode_ledger
@@ -367,7 +376,9 @@ def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: C
     read-only mapping over ``summary.json``, which is also written to disk).
 
     ``on_round(record)``, if given, receives every round's record instead of the
-    round's progress line (the command line draws its own progress from it). The
+    round's progress line (the command line draws its own progress from it), with
+    ``wire_bytes_total``: the run's protocol wire bytes up to that round, rounds before a
+    resume included. The
     folder is held (locked) from before Ray starts until its files are written; a
     second run into it is refused, and so is a non-empty folder unless raymvc made it
     and ``overwrite`` is given (then raymvc's own files in it are removed first).

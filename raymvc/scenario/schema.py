@@ -409,8 +409,8 @@ class Scenario(_Strict):
     runtime: RuntimeCfg = RuntimeCfg()
     seed: int = Field(default=0, ge=0, le=2**32 - 1)  # the range scikit-learn's random_state takes
     central: bool = Field(default=False, description=(
-        "true: the centralised reference -- the pooled rows at one party, no faults (horizontal methods; "
-        "method: kmeans and fcm always run so)"))
+        "true: the centralised reference -- the pooled data at one party, no faults (a horizontal method's rows; "
+        "a vertical method's views side by side, aligned and complete; method: kmeans and fcm always run so)"))
 
     # where the file lives; relative data paths resolve against it
     source: str | None = Field(default=None, exclude=True)

@@ -59,6 +59,7 @@ from ..text import one_line
 from .grid import MAX_SEEDS, check_size, parse_grid, parse_seeds, short_key, slug  # noqa: F401 (re-exported)
 
 METRICS = ("acc", "nmi", "ari")
+SIZE_FIELDS = ("client_rows_min", "client_rows_max")  # the fewest and most rows a client held (data_info)
 METRIC_PREFIX = "metric."  # sweep.csv's column of every other score a run's summary reports (metric.purity, ...)
 INFO_PREFIX = "info."  # sweep.csv's column of each number a method reports in protocol_info (info.objective, ...)
 MAX_SWEEP_JSON = 64 << 20  # bytes of sweep.json read back
@@ -595,6 +596,9 @@ def summary_row(name: str, method: str, point: dict, seed: int, s: RunSummary, r
                errors=len(s.errors), fingerprint=s.fingerprint or None, run_dir=rel)
     row.update({METRIC_PREFIX + k: v for k, v in m.items() if k not in METRICS})  # whatever else the run scored
     row.update(info_numbers(s.raw.get("protocol_info")))
+    sizes = (s.raw.get("data_info") or {}).get("client_sizes")
+    if isinstance(sizes, list) and sizes and all(isinstance(x, int) for x in sizes):
+        row.update(client_rows_min=min(sizes), client_rows_max=max(sizes))  # the split's extremes
     return row
 
 
@@ -626,7 +630,8 @@ def extra_metrics(rows: list[dict]) -> list[str]:
 
 def sweep_fields(keys: list[str], rows: list[dict]) -> list[str]:
     """sweep.csv's columns: the fixed ones, then every other score some run reported."""
-    return ["scenario", "method", *keys, *RUN_FIELDS, *extra_metrics(rows)]
+    sizes = [k for k in SIZE_FIELDS if any(k in r for r in rows)]
+    return ["scenario", "method", *keys, *RUN_FIELDS, *sizes, *extra_metrics(rows)]
 
 
 def metric_names(rows: list[dict]) -> list[str]:
@@ -749,7 +754,7 @@ def read_sweep(sweep_dir: str | Path) -> tuple[dict, list[dict], list[dict]]:
     try:
         keys = meta.get("grid_keys")
         if not (isinstance(keys, list) and all(isinstance(k, str) for k in keys)):
-            fixed = set(RUN_FIELDS) | {"scenario", "method", "mb_total"}
+            fixed = set(RUN_FIELDS) | set(SIZE_FIELDS) | {"scenario", "method", "mb_total"}
             keys = [k for k in (rows[0].keys() if rows else [])
                     if k not in fixed and not k.startswith((METRIC_PREFIX, INFO_PREFIX))]
             meta["grid_keys"] = keys
@@ -959,7 +964,7 @@ def _kept_rows(out: Path, runs: set[str], cells: list[Cell], keys: list[str]) ->
               "not kept", file=sys.stderr)
         return []
     kept, dropped = [], 0
-    fixed = {"scenario", "method", *RUN_FIELDS}
+    fixed = {"scenario", "method", *RUN_FIELDS, *SIZE_FIELDS}
     for r in old:
         if r["scenario"] not in runs or (r["scenario"], str(r["seed"]), tuple(r.get(k, "") for k in keys)) in planned:
             continue  # not the study's, or swept again now

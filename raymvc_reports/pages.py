@@ -619,18 +619,21 @@ def one_cell_text(res: StudyResult, runs) -> str | None:
     """A line under a study's table: the command that reruns its first cell with a recorded
     labels hash, and the hash and score that run should give again."""
     metric = res.study.spec.metrics[0]
-    for point in res.points():
-        for r in runs:
-            for row in res.cell(r.id, point):
-                digest = str(row.get("labels_sha256") or "")
-                x = num(row.get(column_of(metric)))
-                if row["status"] in OK and len(digest) >= 12 and x is not None:
-                    cmd = one_cell_command(res.study, r.id, point, row["seed"])
-                    return (f"One cell again: `{code(cmd)}` reruns *{esc(r.label)}* at seed {esc(row['seed'])}; it "
-                            f"recorded {score_title(metric)} {x:.{score_digits(metric)}f} and labels hash "
-                            f"`{code(digest[:12])}…`, the SHA-256 of the `labels.csv` it writes "
-                            f"(`sha256sum {code((res.study.default_out() / str(row.get('run_dir') or '')).as_posix())}"
-                            "/labels.csv`).")
+    cells = [(r, point, row) for point in res.points() for r in runs for row in res.cell(r.id, point)]
+    # a row made with pinned arithmetic first: its labels repeat on any x86-64 CPU with AVX2
+    for r, point, row in sorted(cells, key=lambda c: c[2].get("arithmetic") != "pinned"):
+        digest = str(row.get("labels_sha256") or "")
+        x = num(row.get(column_of(metric)))
+        if row["status"] in OK and len(digest) >= 12 and x is not None:
+            arith = str(row.get("arithmetic") or "")
+            where = (f"{_cpu_kind(str(row.get('platform') or '')) or 'a CPU not named'}, "
+                     + (f"{arith} arithmetic" if arith in ("pinned", "native") else "arithmetic not recorded"))
+            cmd = one_cell_command(res.study, r.id, point, row["seed"])
+            return (f"One cell again: `{code(cmd)}` reruns *{esc(r.label)}* at seed {esc(row['seed'])}; it "
+                    f"recorded ({where}) {score_title(metric)} {x:.{score_digits(metric)}f} and labels hash "
+                    f"`{code(digest[:12])}…`, the SHA-256 of the `labels.csv` it writes "
+                    f"(`sha256sum {code((res.study.default_out() / str(row.get('run_dir') or '')).as_posix())}"
+                    "/labels.csv`).")
     return None
 
 

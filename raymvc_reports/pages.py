@@ -824,6 +824,33 @@ def atlas_share(m: re.Match, rankings: dict[str, dict[str, dict]], where: Path) 
     return f"{100 * (a - b) / (a - c):.0f}% ({ci_text(ci, percent=True)}{word})"
 
 
+ATLAS_DIFF = re.compile(r"\{\{atlas-diff:([a-z0-9-]+):([A-Za-z0-9_.-]+):([A-Za-z0-9_.-]+)\}\}")
+
+
+def atlas_diff(m: re.Match, rankings: dict[str, dict[str, dict]], where: Path) -> str:
+    """``{{atlas-diff:KIND:A:B}}``: run B's ACC less run A's at the harshest point, the mean of
+    the differences paired over the seeds both finished, with its 95% interval and the word
+    it allows: ``above`` or ``below`` only where the interval excludes zero, else ``within
+    noise``. A run or kind that is not there, or fewer than two shared seeds, is a
+    ScenarioError naming the notes file."""
+    kind, a, b = m.groups()
+    table = rankings.get(kind)
+    if table is None:
+        raise ScenarioError(f"{where}: {m.group(0)}: no atlas kind {kind!r} (kinds: {', '.join(sorted(rankings))})")
+    for r in (a, b):
+        if r not in table:
+            raise ScenarioError(f"{where}: {m.group(0)}: no run {r!r} in the atlas kind {kind!r}")
+    va, vb = table[a]["harsh_by_seed"], table[b]["harsh_by_seed"]
+    both = sorted(set(va) & set(vb), key=int)
+    if len(both) < 2:
+        raise ScenarioError(f"{where}: {m.group(0)}: {len(both)} seeds where both finished; a paired "
+                            "difference needs two")
+    diffs = [vb[k] - va[k] for k in both]
+    ci = paired_ci([vb[k] for k in both], [va[k] for k in both])
+    said = verdict(ci)
+    return f"{sum(diffs) / len(diffs):+.3f} ({ci_text(ci)}, paired over {len(both)} seeds; {said})"
+
+
 def check_atlas_order(m: re.Match, rankings: dict[str, dict[str, dict]], where: Path) -> str:
     """``{{atlas-order:KIND/RUN>KIND/RUN>...}}``: a sentence's ordering claim, checked against
     the tables and rendered as nothing. Each item's drop (ACC at the mildest point less ACC at
@@ -973,17 +1000,19 @@ def fill_atlas_values(text: str, results: list[StudyResult], where: Path) -> str
 
     out = ATLAS_ORDER.sub(lambda m: check_atlas_order(m, rankings, where), ATLAS_VALUE.sub(value, text))
     out = ATLAS_SHARE.sub(lambda m: atlas_share(m, rankings, where), out)
+    out = ATLAS_DIFF.sub(lambda m: atlas_diff(m, rankings, where), out)
     out = TIME_TO_ACC.sub(tta, out)
     for start, form in (("{{time-to-accuracy:", "{{time-to-accuracy:KIND:REF:RUN}}"),
                         ("{{atlas:", "{{atlas:KIND:RUN:mild|harsh|change|mild_s|harsh_s}}"),
-                        ("{{atlas-share:", "{{atlas-share:KIND:A:B:C}}")):
+                        ("{{atlas-share:", "{{atlas-share:KIND:A:B:C}}"),
+                        ("{{atlas-diff:", "{{atlas-diff:KIND:A:B}}")):
         if start in out:  # a placeholder none of the patterns took
             bad = out[out.index(start):][:80].split("}}")[0]
             raise ScenarioError(f"{where}: {bad}}}}}: expected {form}")
     left = re.search(r"\{\{[^{}\n]{0,80}\}\}", out)
     if left:  # a misspelt or spaced placeholder (`{{atlas-shar:...}}`, `{{ atlas:... }}`) would be copied as it is
         raise ScenarioError(f"{where}: {left.group(0)}: not a placeholder (known: {{{{atlas:...}}}}, "
-                            "{{atlas-order:...}}, {{atlas-share:...}}, {{time-to-accuracy:...}})")
+                            "{{atlas-order:...}}, {{atlas-share:...}}, {{atlas-diff:...}}, {{time-to-accuracy:...}})")
     return out
 
 

@@ -997,6 +997,28 @@ def test_a_share_refuses_runs_of_different_seed_sets_and_says_when_it_is_within_
         share("{{atlas-share:k:a:sub:c}}")
 
 
+def test_a_paired_difference_says_above_only_where_its_interval_excludes_zero(tmp_path):
+    from raymvc_reports.pages import ATLAS_DIFF, atlas_diff
+
+    def entry(accs, seeds=("700", "701", "702", "703", "704")):
+        return {"harsh_by_seed": dict(zip(seeds, accs))}
+
+    table = {"a": entry([0.70, 0.72, 0.65, 0.70, 0.71]), "up": entry([0.80, 0.81, 0.76, 0.80, 0.80]),
+             "flip": entry([0.90, 0.60, 0.85, 0.62, 0.71]), "one": entry([0.9], seeds=("709",))}
+    notes = tmp_path / "n.md"
+
+    def diff(text):
+        return atlas_diff(ATLAS_DIFF.search(text), {"k": table}, notes)
+
+    assert diff("{{atlas-diff:k:a:up}}") == "+0.098 (95% CI 0.088 to 0.108, paired over 5 seeds; above)"
+    assert diff("{{atlas-diff:k:up:a}}").endswith("; below)")
+    assert diff("{{atlas-diff:k:a:flip}}").endswith("; within noise)")
+    with pytest.raises(ScenarioError, match="0 seeds where both finished"):
+        diff("{{atlas-diff:k:a:one}}")
+    with pytest.raises(ScenarioError, match="no run 'nope'"):
+        diff("{{atlas-diff:k:a:nope}}")
+
+
 def test_misspelt_placeholders_malformed_curves_and_untimed_runs_are_one_line_errors(tmp_path):
     """A misspelt or spaced placeholder was copied into the page as it was; a run without
     virtual time divided by zero; a malformed acc_by_time raised a traceback."""

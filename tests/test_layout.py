@@ -141,6 +141,16 @@ def test_every_subpackage_is_installed_by_a_plain_install():
     assert folders - listed == set()
 
 
+# modules still over the size a reader takes in at once; the list only shrinks
+STILL_LONG = {"cli.py", "runtime/secagg.py", "runtime/engine.py"}
+
+
+def test_no_module_is_longer_than_600_lines_but_the_few_listed():
+    long = {str(p.relative_to(PKG)) for p in PKG.rglob("*.py") if len(p.read_text().splitlines()) > 600}
+    assert long <= STILL_LONG, f"over 600 lines: {sorted(long - STILL_LONG)}"
+    assert long == STILL_LONG, f"now short enough, take them off STILL_LONG: {sorted(STILL_LONG - long)}"
+
+
 def test_method_docstrings_carry_no_scores():
     """Numbers live in generated pages: a method's text says what it does and where its
     measurements are, never an ACC or NMI of its own."""
@@ -204,7 +214,7 @@ def test_the_top_level_is_grouped_into_rooms():
     level keeps the few modules every room shares."""
     top = sorted(p.stem for p in PKG.glob("*.py") if p.name != "__init__.py")
     assert len(top) <= 15, top
-    rooms = {"study": {"files", "sweep", "grid", "plot"},
+    rooms = {"study": {"files", "sweep", "cells", "execute", "rows", "grid", "plot"},
              "results": {"folder", "runfolder", "summary", "status", "provenance"}}
     for room, members in rooms.items():
         assert {p.stem for p in (PKG / room).glob("*.py")} >= members

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-import raymvc.study.sweep as sweep_mod
+import raymvc.study.execute as sweep_mod
 from raymvc.cli import main
 from raymvc.scenario import ScenarioError
 from raymvc.study.sweep import aggregate, parse_grid, parse_seeds
@@ -232,7 +232,8 @@ def test_a_second_signal_stops_the_cells_under_way_at_once(tmp_path):
     interrupted and the loop returns. Driven by events, not by time."""
     from concurrent.futures import Future
 
-    from raymvc.study.sweep import Outcome, _drain, _SweepStop, plan
+    from raymvc.study.execute import Outcome, _drain, _SweepStop
+    from raymvc.study.sweep import plan
 
     sc = tiny(tmp_path)
     cells = plan([str(sc)], [], [0, 1], {}, tmp_path / "sw")

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import raymvc.study.sweep as sweep_mod
+import raymvc.study.execute as sweep_mod
 from raymvc.cli import main
 from raymvc.messages import Done
 from raymvc.protocols import kfed

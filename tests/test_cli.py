@@ -359,12 +359,12 @@ def test_validate_and_the_summary_show_the_rows_each_client_holds(tmp_path, caps
 
 
 def test_a_run_folder_named_from_overrides_stays_short_and_says_what_was_set():
-    from raymvc.cli import _default_run_dir
+    from raymvc.results.folder import run_dir_for
 
-    empty = _default_run_dir("hw", {"params": {}}).name
+    empty = run_dir_for("hw", {"params": {}}).name
     assert empty.startswith("hw_params-empty-")
     long = {"data.path": "/very/long/folder/of/someone/with/data/views.csv", "faults.dropout.rate": 0.3}
-    name = _default_run_dir("hw", long).name
+    name = run_dir_for("hw", long).name
     assert len(name) < 60 and "dropout0.3" in name and name.startswith("hw_path-")
-    other = _default_run_dir("hw", {**long, "data.path": long["data.path"].replace("views", "other")}).name
+    other = run_dir_for("hw", {**long, "data.path": long["data.path"].replace("views", "other")}).name
     assert other.split("_")[1] != name.split("_")[1]  # two long values stay apart

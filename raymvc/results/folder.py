@@ -516,3 +516,21 @@ def differing_keys(scenarios: list[dict], ignore: tuple[str, ...] = ("descriptio
     flat = [flatten(s) for s in scenarios]
     keys = sorted(set().union(*flat)) if flat else []
     return [k for k in keys if k not in ignore and len({yaml.safe_dump(f.get(k)) for f in flat}) > 1]
+
+
+def run_dir_for(name: str, overrides: dict) -> Path:
+    """``runs/<name>[_<key><value>...]-<time>``: the overrides show in the folder name."""
+    import hashlib
+
+    from ..study.grid import short_key, slug
+
+    bits = []
+    for key, value in overrides.items():
+        if isinstance(value, (dict, list)) and not value:
+            text = "empty"  # params={} or a list emptied
+        else:
+            text = slug(short_value(value)) if slug(short_value(value)) != "x" else "none"
+        if len(text) > 16:  # a long value (a path, a mapping): its start and a digest keep names short and apart
+            text = f"{text[:11]}-{hashlib.sha1(short_value(value).encode()).hexdigest()[:4]}"
+        bits.append(f"{short_key(key)}{'-' if text[:1].isalpha() else ''}{text}")
+    return default_out_dir("_".join([name, *bits])[:80])

@@ -223,7 +223,7 @@ class _Scorer:
     def scores(self, row: dict, labels: np.ndarray) -> dict[str, float]:
         from ..data.prepare import prepare
         from ..protocols import get
-        from ..runtime.engine import final_scores
+        from ..results.outcome import final_scores
         from ..scenario import load_scenario, merge_overrides
 
         run = self.runs[row["scenario"]]

@@ -60,11 +60,41 @@ def prepare(sc: Scenario, dataset=None, machine: bool = True):
     Every problem is raised as a :class:`ScenarioError` naming the key.
     """
     from ..protocols import get
-    from . import DataError
-    from .datasets import image_shapes_for, select_views
 
     proto = get(sc.method)
     _check_secure_aggregation(sc, proto)
+    ds = normalize(_load(sc, dataset), sc.data.normalize)
+    kind = sc.data.partition or proto.partition
+    if kind != proto.partition:
+        if "method" in sc._overrides and "data.partition" not in sc._overrides:  # the method came from --set
+            raise ScenarioError(f"--set {show_override('method', sc.method)}: method {sc.method} needs a "
+                                f"{proto.partition} split; {sc.source or 'the scenario'} has data.partition: {kind} "
+                                f"(add --set data.partition={proto.partition}, or pick a {kind} method)")
+        raise scenario_error(sc, "data.partition", f"method {sc.method} needs a {proto.partition} split, got {kind}")
+    pooled = central(sc, proto)
+    if pooled:
+        _check_central(sc, proto)
+    try:
+        part = _split(sc, ds, kind, pooled)
+    except ValueError as e:
+        if isinstance(e, ScenarioError):
+            raise
+        raise scenario_error(sc, "data", str(e)) from None
+    _check_faults_fit(sc, proto, part)
+    if machine:
+        _check_machine_bounds(sc, proto, part)
+    if sc.runtime.score_every and not scores_mid_run(proto):
+        raise scenario_error(sc, "runtime.score_every", f"method {sc.method} has no model to score along its rounds "
+                                                        "(its server does not define current_model); leave it out")
+    return ds, part
+
+
+def _load(sc: Scenario, dataset=None):
+    """The scenario's data set (or ``dataset``), its image shapes and cluster count checked, not
+    yet normalised; refused in one line where it would not fit in memory."""
+    from . import DataError
+    from .datasets import image_shapes_for, select_views
+
     d = sc.data
     if dataset is None and d.path is None and d.dataset == "synthetic":  # known before a value is drawn
         _check_memory(sc, d.synthetic.n_values() * 8)
@@ -100,53 +130,32 @@ def prepare(sc: Scenario, dataset=None, machine: bool = True):
     if not ds.has_labels and (d.heterogeneity > 0):
         raise scenario_error(sc, "data.heterogeneity", "a label-skewed split needs labels; this data has none")
     _check_memory(sc, sum(int(v.nbytes) for v in ds.views))
-    ds = normalize(ds, d.normalize)
-    kind = d.partition or proto.partition
-    if kind != proto.partition:
-        if "method" in sc._overrides and "data.partition" not in sc._overrides:  # the method came from --set
-            raise ScenarioError(f"--set {show_override('method', sc.method)}: method {sc.method} needs a "
-                                f"{proto.partition} split; {sc.source or 'the scenario'} has data.partition: {kind} "
-                                f"(add --set data.partition={proto.partition}, or pick a {kind} method)")
-        raise scenario_error(sc, "data.partition", f"method {sc.method} needs a {proto.partition} split, got {kind}")
-    if central(sc, proto):
-        _check_central(sc, proto)
-    rng = stream(sc.seed, streams.SPLIT)
-    try:
-        if kind == "vertical" and central(sc, proto):  # the centralised reference: every view at one party
-            part = parts.pooled_views(ds)
-        elif kind == "vertical":
-            if d.n_clients is not None and d.n_clients != ds.n_views:
-                raise scenario_error(sc, "data.n_clients",
-                                     f"a vertical split has one client per view ({ds.n_views}), got {d.n_clients}")
-            mask = None
-            if d.missing.rate > 0:
-                mask = parts.missing_mask(ds.n_samples, ds.n_views, d.missing.rate, d.missing.pattern, rng,
-                                          base=ds.present, imbalance_alpha=d.imbalance_alpha)
-            part = parts.vertical(ds, rng, missing=mask)
-            if d.unaligned > 0:
-                part = parts.unalign(part, d.unaligned, rng)
-        else:
-            if ds.n_views != 1 and d.views is None:
-                raise scenario_error(sc, "data.views", f"{ds.name} has {ds.n_views} views; a horizontal split needs one "
-                                             "(e.g. data.views: [4])")
-            if central(sc, proto):  # the centralised reference: every row at one party
-                part = parts.horizontal(ds, 1, rng)
-            else:
-                n_clients = d.n_clients or ds.n_clusters
-                part = parts.horizontal(ds, n_clients, rng, heterogeneity=d.heterogeneity,
-                                        dirichlet_alpha=d.dirichlet_alpha)
-    except ValueError as e:
-        if isinstance(e, ScenarioError):
-            raise
-        raise scenario_error(sc, "data", str(e)) from None
-    _check_faults_fit(sc, proto, part)
-    if machine:
-        _check_machine_bounds(sc, proto, part)
-    if sc.runtime.score_every and not scores_mid_run(proto):
-        raise scenario_error(sc, "runtime.score_every", f"method {sc.method} has no model to score along its rounds "
-                                                        "(its server does not define current_model); leave it out")
-    return ds, part
+    return ds
 
+
+def _split(sc: Scenario, ds, kind: str, pooled: bool):
+    """The partition: ``pooled`` (a centralised reference) puts every row, or every view side
+    by side, at one party; otherwise the scenario's vertical or horizontal split."""
+    d, rng = sc.data, stream(sc.seed, streams.SPLIT)
+    if kind == "vertical":
+        if pooled:
+            return parts.pooled_views(ds)
+        if d.n_clients is not None and d.n_clients != ds.n_views:
+            raise scenario_error(sc, "data.n_clients",
+                                 f"a vertical split has one client per view ({ds.n_views}), got {d.n_clients}")
+        mask = None
+        if d.missing.rate > 0:
+            mask = parts.missing_mask(ds.n_samples, ds.n_views, d.missing.rate, d.missing.pattern, rng,
+                                      base=ds.present, imbalance_alpha=d.imbalance_alpha)
+        part = parts.vertical(ds, rng, missing=mask)
+        return parts.unalign(part, d.unaligned, rng) if d.unaligned > 0 else part
+    if ds.n_views != 1 and d.views is None:
+        raise scenario_error(sc, "data.views", f"{ds.name} has {ds.n_views} views; a horizontal split needs one "
+                                               "(e.g. data.views: [4])")
+    if pooled:
+        return parts.horizontal(ds, 1, rng)
+    return parts.horizontal(ds, d.n_clients or ds.n_clusters, rng, heterogeneity=d.heterogeneity,
+                            dirichlet_alpha=d.dirichlet_alpha)
 
 def central(sc: Scenario, proto) -> bool:
     """Whether the run is a centralised reference: ``central: true``, or a method that is one."""

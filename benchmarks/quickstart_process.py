@@ -5,6 +5,7 @@
     python benchmarks/quickstart_process.py --compare ../other-checkout   # + that checkout on Ray, alternating
     python benchmarks/quickstart_process.py --pooled 3 --ray-alone   # + pooled clients, + Ray with empty actors
     python benchmarks/quickstart_process.py --ray-alone --floor-imports numpy,scipy.linalg,pydantic   # + a floor with libraries
+    python benchmarks/quickstart_process.py --ray-alone --fair-floor   # + the fair floor (below)
 
 Each run is a fresh process (``raymvc run ... --json --out TMP``), so it pays what a
 user pays: the interpreter and imports, the data, Ray's start, the actors, the
@@ -25,7 +26,17 @@ With ``--ray-alone`` it also times the imports raymvc adds to each process over
 cores are a floor under the gap between the run and Ray alone that no scheduling
 removes. ``--floor-imports`` adds a floor whose actors import the libraries the method's
 parties need whatever runs them (numpy, ...): the run's time above it is what raymvc's own
-code and structure cost.
+code and structure cost. ``--fair-floor`` is the floor any run of the method must pay: the
+clients import what a client needs (``--floor-imports``, default numpy and scipy.linalg),
+the server what the server needs (``--floor-server-imports``, default sklearn.cluster),
+and the driver loads the scenario's data file, scales it and hands each client its view;
+the run above it pays its protocol and what raymvc's structure adds (target: within
+1.5 s, quiet machine).
+
+The columns add up to the process time: ``outside`` (interpreter, every import with
+``import ray`` among them, the data, scoring, writing the summary), Ray's start, start-up
+(actors up), the protocol, ``rest`` (the rest of the run's ``wall_s``: building the
+parties' spec, stopping the actors, the results on disk) and ``exit``.
 
 Output: stdout and ``benchmarks/quickstart_process.md`` (command line, machine, date).
 """
@@ -54,6 +65,7 @@ from raymvc.bench.timed import run_timed  # noqa: E402
 OUT_MD = REPO / "benchmarks" / "quickstart_process.md"
 TARGET_S = 6.0  # the quickstart as a process on Ray, idle 2-core machine
 TARGET_GAP_S = 0.75  # the quickstart on Ray minus Ray alone with as many empty actors
+TARGET_FAIR_GAP_S = 1.5  # the quickstart on Ray minus the fair floor (--fair-floor)
 PAUSE_S = 2.0  # between runs
 
 
@@ -70,11 +82,11 @@ def one_run(scenario: Path, backend: str, out: Path, repo: Path = REPO, sets: li
     t = summary["timing"]
     return {"process_s": run.process_s, "exit_s": run.exit_s, "outside_s": run.answer_s - t["wall_s"],
             "ray_init_s": t["ray_init_s"], "startup_s": t["startup_s"], "protocol_s": t["protocol_s"],
-            "wall_s": t["wall_s"], "status": summary["status"], "nmi": summary["metrics"]["nmi"],
-            "mb": summary["communication"]["mb_total"]}
+            "rest_s": t["wall_s"] - t["ray_init_s"] - t["startup_s"] - t["protocol_s"], "wall_s": t["wall_s"],
+            "status": summary["status"], "nmi": summary["metrics"]["nmi"], "mb": summary["communication"]["mb_total"]}
 
 
-COLS = ("process_s", "outside_s", "ray_init_s", "startup_s", "protocol_s", "exit_s")
+COLS = ("process_s", "outside_s", "ray_init_s", "startup_s", "protocol_s", "rest_s", "exit_s")
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -92,9 +104,16 @@ def main() -> None:
                     help="with --ray-alone: also time Ray alone with actors that import these modules as they start "
                          "(comma-separated, e.g. numpy,scipy.linalg,pydantic: the libraries the method's parties "
                          "need whatever runs them)")
+    ap.add_argument("--fair-floor", action="store_true",
+                    help="with --ray-alone: also time the fair floor (clients import --floor-imports, the server "
+                         "--floor-server-imports, the driver loads the data and hands out the views)")
+    ap.add_argument("--floor-server-imports", default="sklearn.cluster",
+                    help="with --fair-floor: what the server imports (default sklearn.cluster)")
     args = ap.parse_args()
-    if args.floor_imports and not args.ray_alone:
-        ap.error("--floor-imports needs --ray-alone")
+    if (args.floor_imports or args.fair_floor) and not args.ray_alone:
+        ap.error("--floor-imports and --fair-floor need --ray-alone")
+    fair_clients = tuple(m for m in (args.floor_imports or "numpy,scipy.linalg").split(",") if m)
+    fair_server = tuple(m for m in args.floor_server_imports.split(",") if m)
     label = args.label or str(args.compare)
     systems = [("ray", "ray", REPO, []), ("local", "local", REPO, [])]
     if args.pooled:
@@ -113,8 +132,12 @@ def main() -> None:
         alone = (n_actors, math.ceil(cpus_needed(sc, n_clients)), sc.runtime.client_cpus, sc.runtime.server_cpus)
         systems.append((f"Ray alone, {n_actors} empty actors", "alone", None, []))
         libs = tuple(m for m in args.floor_imports.split(",") if m)
-        if libs:
+        if libs and not args.fair_floor:
             systems.append((f"Ray alone, {n_actors} actors importing {', '.join(libs)}", "alone", None, list(libs)))
+        if args.fair_floor:
+            fair = f"fair floor: clients import {', '.join(fair_clients)}, the server {', '.join(fair_server)}; data loaded"
+            systems.append((fair, "fair", None, []))
+            data_file = data_path(sc)
     runs: dict[str, list[dict]] = {s[0]: [] for s in systems}
     with tempfile.TemporaryDirectory(prefix="quickstart-") as tmp:
         for i in range(args.repeats):
@@ -122,7 +145,11 @@ def main() -> None:
             for j, (name, backend, repo, sets) in [*enumerate(systems)][k:] + [*enumerate(systems)][:k]:
                 time.sleep(PAUSE_S)  # the previous process's Ray workers finish exiting
                 if backend == "alone":
-                    r = {**ray_alone(*alone, imports=tuple(sets)), "protocol_s": 0.0, "nmi": None, "mb": None}
+                    r = {**ray_alone(*alone, imports=tuple(sets)), "protocol_s": 0.0, "rest_s": 0.0, "nmi": None,
+                         "mb": None}
+                elif backend == "fair":
+                    r = {**ray_alone(*alone, imports=fair_clients, server_imports=fair_server, data=data_file),
+                         "protocol_s": 0.0, "rest_s": 0.0, "nmi": None, "mb": None}
                 else:
                     r = one_run(args.scenario.resolve(), backend, Path(tmp) / f"{j}-{i}", repo, sets)
                 runs[name].append(r)
@@ -131,12 +158,16 @@ def main() -> None:
              f"- command: `python benchmarks/quickstart_process.py --repeats {args.repeats}"
              + (f" --pooled {args.pooled}" if args.pooled else "") + (" --ray-alone" if args.ray_alone else "")
              + (f" --floor-imports {args.floor_imports}" if args.floor_imports else "")
+             + (" --fair-floor" if args.fair_floor else "")
+             + (f" --floor-server-imports {args.floor_server_imports}"
+                if args.fair_floor and args.floor_server_imports != "sklearn.cluster" else "")
              + (f" --compare {'<' + label + '>' if args.label else args.compare}`" if args.compare else "`"),
              f"- machine: {os.cpu_count()} cores ({cpu_model()}); medians over fresh processes, the order of the "
              f"rows rotating from one repeat to the next, {PAUSE_S:g} s between runs",
              f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC", "",
-             "| backend | process s | outside wall s | Ray start s | start-up s | protocol s | exit s | NMI | MB |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| backend | process s | outside wall s | Ray start s | start-up s | protocol s | rest s | exit s "
+             "| NMI | MB |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for backend, rs in runs.items():
         med = {k: statistics.median(r[k] for r in rs) for k in COLS}
         scores = " | - | - |" if rs[0]["nmi"] is None else f" | {rs[0]['nmi']:.4f} | {rs[0]['mb']:.3f} |"
@@ -173,6 +204,12 @@ def main() -> None:
             lines += ["", f"Against {name} (they import {libs_cpu:.2f} CPU s each over `import ray`, "
                       f"{libs_cpu * n_actors / (os.cpu_count() or 1):.2f} s of wall time at least for the "
                       f"{n_actors}): Ray vs that floor {lib_gap:+.2f} s, what raymvc itself adds."]
+    for name in [s[0] for s in systems if s[1] == "fair"]:
+        fair_gap = ray_med - statistics.median(r["process_s"] for r in runs[name])
+        proto = statistics.median(r["protocol_s"] for r in runs["ray"])
+        lines += ["", f"Against the fair floor ({name}): Ray vs it {fair_gap:+.2f} s, of which the protocol "
+                  f"{proto:.2f} s (target within +{TARGET_FAIR_GAP_S:g} s: "
+                  f"{'met' if fair_gap <= TARGET_FAIR_GAP_S else 'not met'})."]
     lines += ["", f"Process on Ray, median {ray_med:.2f} s (best {min(r['process_s'] for r in runs['ray']):.2f} s); "
               f"target <= {TARGET_S:.0f} s: {'met' if ray_med <= TARGET_S else 'not met'}. "
               f"Same NMI and MB in every run: {len(same) == 1}.", "",
@@ -181,6 +218,16 @@ def main() -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     args.md.write_text(text)
+
+
+def data_path(sc) -> Path | None:
+    """The ``.npz`` the scenario's data come from (a built-in data set's or the user's), else None
+    (the fair floor then loads nothing)."""
+    from raymvc.data.datasets import BUILTIN_DIR
+
+    own = getattr(sc.data, "path", None)
+    f = Path(own) if isinstance(own, (str, Path)) else BUILTIN_DIR / f"{sc.data.dataset}.npz"
+    return f if f.suffix == ".npz" and f.is_file() else None
 
 
 def import_cpu(modules: list[str], repeats: int = 3) -> float:

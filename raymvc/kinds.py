@@ -22,7 +22,10 @@ mean anything; a scenario that pairs the kind with a method lacking it is refuse
 A scenario lists its kinds under ``faults.kinds``: ``[{kind: churn, rate: 0.05}]`` for a
 built-in one, ``[{kind: battery:Battery, ...}]`` for a class of one's own (its module
 beside the scenario file is found as a method of one's own is, on Ray too). Adding a
-built-in kind is a class in this file (and its row in docs/fault-models.md).
+built-in kind is a class in this file (and its row in docs/fault-models.md). A built-in
+kind may also name a ``shorthand``, a key of ``faults`` that switches it on with its
+parameters alone (``faults.partial_work: {fraction: F, work: W}`` is the kind
+``partial_work``); the scenario's schema takes that key's type from the kind's ``Config``.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from . import streams
 from .availability import Context, ModelConfig
 from .streams import stream
 
-__all__ = ["REGISTRY", "Context", "FaultKind", "KindError", "ModelConfig", "build", "get_kind"]
+__all__ = ["REGISTRY", "Context", "FaultKind", "KindError", "ModelConfig", "build", "entries", "get_kind"]
 
 
 class FaultKind:
@@ -46,6 +49,7 @@ class FaultKind:
     name: ClassVar[str]
     Config: ClassVar[type[ModelConfig]]
     requires: ClassVar[frozenset[str]] = frozenset()
+    shorthand: ClassVar[str | None] = None  # a built-in kind's own key of ``faults``, if it has one
 
     def __init__(self, cfg: ModelConfig, ctx: Context):
         self.cfg, self.ctx = cfg, ctx
@@ -154,7 +158,30 @@ class Churn(FaultKind):
         return {"gone": sorted(c for c in clients if round >= self.leaves_at(c))}
 
 
-REGISTRY: dict[str, type[FaultKind]] = {cls.name: cls for cls in (Churn,)}
+class PartialWork(FaultKind):
+    """Clients that do only part of their local work: in each round each client, with chance
+    ``fraction``, does only the share ``work`` of it (a coin of its own per client and round).
+    Methods with ``partial_work`` in ``Protocol.supports`` scale their local epochs by it;
+    closed-form methods ignore it. Not a missing reply: the round's record lists the client
+    under ``partial_work``."""
+
+    name = "partial_work"
+    shorthand = "partial_work"
+
+    class Config(ModelConfig):
+        fraction: float = Field(default=0.0, ge=0.0, le=1.0,
+                                description="chance per client and round that it does only part of its work")
+        work: float = Field(default=1.0, gt=0.0, le=1.0, description="the share of its local work it then does")
+
+    def work(self, round: int, client: int) -> float:
+        if self.cfg.fraction <= 0 or self.cfg.work >= 1:
+            return 1.0
+        # the stream keyed (client, round) as it always was, so runs keep their labels
+        u = stream(self.ctx.seed, streams.PARTIAL, client, round).random()
+        return float(self.cfg.work) if u < self.cfg.fraction else 1.0
+
+
+REGISTRY: dict[str, type[FaultKind]] = {cls.name: cls for cls in (Churn, PartialWork)}
 
 
 def get_kind(name: str) -> type[FaultKind]:
@@ -170,11 +197,20 @@ def get_kind(name: str) -> type[FaultKind]:
     return own_class(name, FaultKind, "fault kind")
 
 
-def build(cfg: ModelConfig, ctx: Context) -> FaultKind:
-    """The kind one entry of ``faults.kinds`` names (``kind``), with its parameters (the
-    entry's other keys)."""
-    cls = get_kind(cfg.kind)
-    kind = cls(cls.Config(**{k: v for k, v in cfg.model_dump().items() if k != "kind"}), ctx)
+def entries(faults) -> list[tuple[str, dict[str, Any]]]:
+    """The kinds a scenario's ``faults`` switches on, as ``(kind, parameters)``: those of the
+    built-in kinds' shorthand keys that are set (registry order), then ``faults.kinds`` in
+    its order."""
+    out = [(cls.name, getattr(faults, cls.shorthand).model_dump()) for cls in REGISTRY.values()
+           if cls.shorthand and getattr(faults, cls.shorthand, None) is not None]
+    return out + [(e.kind, e.params()) for e in faults.kinds]
+
+
+def build(name: str, params: dict[str, Any], ctx: Context) -> FaultKind:
+    """The kind ``name`` (built in, or ``module.path:ClassName``) with its ``params``
+    (one entry of :func:`entries`)."""
+    cls = get_kind(name)
+    kind = cls(cls.Config(**params), ctx)
     if not isinstance(getattr(cls, "name", None), str):
-        kind.name = cfg.kind  # a class of one's own need not name itself
+        kind.name = name  # a class of one's own need not name itself
     return kind

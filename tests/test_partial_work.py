@@ -13,12 +13,14 @@ import torch
 import yaml
 from helpers import run_rounds
 
+from raymvc import streams
 from raymvc.cli import main
 from raymvc.protocol import ClientContext, work_steps
 from raymvc.protocols import get
 from raymvc.runtime import prepare
 from raymvc.runtime.faults import FaultPlan, work_share
 from raymvc.scenario import FaultsCfg, PartialWorkCfg, scenario_from_dict
+from raymvc.streams import stream
 
 PARTIAL = {"fraction": 0.4, "work": 0.5}
 
@@ -81,13 +83,42 @@ def test_the_draw_is_seeded_per_client_and_round_with_the_given_share():
     grid = np.array([[a.work(r, c) for c in ids] for r in range(200)])
     assert set(np.unique(grid)) == {0.5, 1.0}
     # the same whatever the client order or what was asked before; work_share is the plan's
-    assert all(b.work(r, c) == grid[r, c] == work_share(PartialWorkCfg(**PARTIAL), 7, r, c) for r in (199, 0, 57) for c in ids)
+    assert all(b.work(r, c) == grid[r, c] == work_share(b.kinds, r, c) for r in (199, 0, 57) for c in ids)
+    # the coin is the stream keyed (seed, tag, client, round) it always was: runs keep their labels
+    coin = np.array([[stream(7, streams.PARTIAL, c, r).random() for c in ids] for r in range(200)])
+    assert np.array_equal(grid, np.where(coin < 0.4, 0.5, 1.0))
     assert abs((grid < 1).mean() - 0.4) < 0.03
     assert not np.array_equal(grid, [[FaultPlan(faults, ids, seed=8).work(r, c) for c in ids] for r in range(200)])
-    # off: no partial work at all, and no stream drawn
+    # off: no partial work at all
     for cfg in (None, PartialWorkCfg(fraction=0.0, work=0.5), PartialWorkCfg(fraction=1.0, work=1.0)):
-        assert work_share(cfg, 7, 3, 1) == 1.0
+        assert FaultPlan(FaultsCfg(partial_work=cfg), ids, 7).work(3, 1) == 1.0
     assert FaultPlan(FaultsCfg(partial_work={"fraction": 1.0, "work": 0.25}), ids, 0).work(5, 3) == 0.25
+
+
+def test_partial_work_is_a_fault_kind_of_the_registry_and_its_key_a_shorthand(tmp_path, capsys):
+    """``faults.partial_work`` is the built-in kind ``partial_work``: listed with the kinds,
+    and the same run whether a scenario names it by its key or in ``faults.kinds``."""
+    from raymvc import kinds
+
+    assert kinds.REGISTRY["partial_work"].shorthand == "partial_work"
+    assert PartialWorkCfg is kinds.REGISTRY["partial_work"].Config  # the schema's key takes the kind's parameters
+    ids = list(range(12))
+    by_key = FaultPlan(FaultsCfg(partial_work=PARTIAL), ids, seed=5)
+    by_kind = FaultPlan(FaultsCfg(kinds=[{"kind": "partial_work", **PARTIAL}]), ids, seed=5)
+    assert [[by_key.work(r, c) for c in ids] for r in range(30)] == [[by_kind.work(r, c) for c in ids] for r in range(30)]
+    assert by_key.kind_records(3) is None  # it adds nothing to a round's record beyond partial_work
+    path = workecho_file(tmp_path)
+    first = run_rounds(path, tmp_path / "key")
+    listed = yaml.safe_load(path.read_text())
+    listed["faults"] = {"kinds": [{"kind": "partial_work", **PARTIAL}]}
+    other = tmp_path / "listed.yaml"
+    other.write_text(yaml.safe_dump(listed))
+    second = run_rounds(other, tmp_path / "kinds")
+    assert [(r["partial_work"], r["info"]) for r in second] == [(r["partial_work"], r["info"]) for r in first]
+    assert any(r["partial_work"] for r in first)
+    assert main(["list"]) == 0
+    kinds_part = capsys.readouterr().out.split("fault kinds")[1]
+    assert "partial_work" in kinds_part and "fraction, work" in kinds_part
 
 
 def test_bad_partial_work_is_a_scenario_error(tmp_path, capsys):

@@ -283,7 +283,7 @@ def _curious_server(net: Net, peers_pk: dict[int, dict[int, bytes]]) -> list[tup
                 for j, row in zip(np.asarray(m[ids]).tolist(), np.asarray(m[sh])):
                     into.setdefault((j, int(m["k"])), {})[c + 1] = int.from_bytes(bytes(row), "big")
     b = {key: sa.shamir_reconstruct(sh, net.server.t) for key, sh in b_sh.items() if len(sh) >= net.server.t}
-    keys = [(j, sa._sk_from_int(sa.shamir_reconstruct(sh, net.server.t)))
+    keys = [(j, sa.secret_from_int(sa.shamir_reconstruct(sh, net.server.t)))
             for (j, _), sh in s_sh.items() if len(sh) >= net.server.t]
     read = []
     for (i, k), y in masked.items():
@@ -297,7 +297,7 @@ def _curious_server(net: Net, peers_pk: dict[int, dict[int, bytes]]) -> list[tup
             for peer, pk in peers_pk[k].items():
                 if peer != i:
                     mask = sa.prg(sa.pairwise_seed(sk, pk, i, peer, k), len(y), p.ring_bits)
-                    v = v - mask if sa._sign_mask(i, peer) > 0 else v + mask
+                    v = v - mask if sa.mask_sign(i, peer) > 0 else v + mask
             vals = sa.decode_fixed(v, p.frac_bits, p.ring_bits)
             if np.all(np.abs(vals) < 1e6):  # masks removed: a plausible w * x, not ring noise
                 read.append((i, k))
@@ -419,10 +419,10 @@ def test_client_refuses_to_reveal_both_shares_and_to_mask_twice():
 
 def test_share_ciphertexts_are_bound_to_sender_receiver_and_purpose():
     a, b = sa.SecAggClient(0), sa.SecAggClient(1)
-    pk = lambda c: sa._pk(c.c_sk)  # noqa: E731
-    ct = sa.seal_share(a.c_sk, pk(b), 0, 1, sa._B, 3, 12345)
-    assert sa.open_share(b.c_sk, pk(a), 0, 1, sa._B, 3, ct) == 12345
-    for args in ((1, 0, sa._B, 3), (0, 1, sa._S, 3), (0, 1, sa._B, 4)):
+    pk = lambda c: sa.public_bytes(c.c_sk)  # noqa: E731
+    ct = sa.seal_share(a.c_sk, pk(b), 0, 1, sa.SHARE_OF_SEED, 3, 12345)
+    assert sa.open_share(b.c_sk, pk(a), 0, 1, sa.SHARE_OF_SEED, 3, ct) == 12345
+    for args in ((1, 0, sa.SHARE_OF_SEED, 3), (0, 1, sa.SHARE_OF_KEY, 3), (0, 1, sa.SHARE_OF_SEED, 4)):
         with pytest.raises(InvalidTag):
             sa.open_share(b.c_sk, pk(a), *args, ct)
 

@@ -265,11 +265,13 @@ def _check_faults_fit(sc: Scenario, proto, part) -> None:
     if sc.faults.inference_round and not proto.final_model:
         raise scenario_error(sc, "faults.inference_round", f"method {sc.method} ends with no final model to hand "
                                                             "to the clients (Protocol.final_model); leave it out")
-    for i, entry in enumerate(sc.faults.kinds):
-        lacks = sorted(kinds.get_kind(entry.kind).requires - proto.supports)
+    named = [(f"faults.{cls.shorthand}", cls.name) for cls in kinds.REGISTRY.values()
+             if cls.shorthand and getattr(sc.faults, cls.shorthand, None) is not None]
+    for key, name in named + [(f"faults.kinds.{i}", e.kind) for i, e in enumerate(sc.faults.kinds)]:
+        lacks = sorted(kinds.get_kind(name).requires - proto.supports)
         if lacks:
-            raise scenario_error(sc, f"faults.kinds.{i}", f"fault kind {entry.kind!r} needs a method that declares "
-                                                         f"{', '.join(lacks)} (Protocol.supports); {sc.method} does not")
+            raise scenario_error(sc, key, f"fault kind {name!r} needs a method that declares "
+                                          f"{', '.join(lacks)} (Protocol.supports); {sc.method} does not")
     if sc.faults.stale_replies is not None:
         if "stale_replies" not in proto.supports:
             raise scenario_error(sc, "faults.stale_replies", f"method {sc.method} does not use old replies "

@@ -21,9 +21,10 @@ What a fault means (the same on both backends):
   only a seeded share of the clients (:meth:`FaultPlan.sampled`); the others get no
   message that round and the server's step sees them as missing. Not a fault: counted in
   no fault total, listed as ``not_sampled`` in ``rounds.jsonl``.
-* **partial work** (``faults.partial_work``): the client acts on the message and replies,
-  but after only the share ``work`` of its local work (``ClientContext.work``); methods
-  with local epochs or steps honour it, closed-form ones ignore it. Decided by
+* **partial work** (``faults.partial_work``, the fault kind ``partial_work`` of
+  :mod:`raymvc.kinds`, as any kind's ``work`` hook): the client acts on the message and
+  replies, but after only the share ``work`` of its local work (``ClientContext.work``);
+  methods with local epochs or steps honour it, closed-form ones ignore it. Decided by
   :func:`work_share`, which the client's node calls for itself (the draw depends on the
   seed, client and round only, so it is the plan's on either backend); the server's plan
   records it (``partial_work`` in ``rounds.jsonl``). Not a missing reply.
@@ -62,7 +63,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import availability, kinds, selection, streams
-from ..scenario import DEVICE_QUANTITIES, DelayCfg, DeviceClass, DevicesCfg, FaultsCfg, NetworkCfg, PartialWorkCfg
+from ..scenario import DEVICE_QUANTITIES, DelayCfg, DeviceClass, DevicesCfg, FaultsCfg, NetworkCfg
 from ..streams import stream
 
 
@@ -78,22 +79,19 @@ def _draw_delay(cfg: DelayCfg, rng: np.random.Generator) -> float:
     return float(rng.lognormal(mu, cfg.sigma))
 
 
-def work_share(cfg: PartialWorkCfg | None, seed: int, round: int, client: int, fault_kinds=()) -> float:
-    """The share of its local work ``client`` does in ``round``: ``cfg.work`` with probability
-    ``cfg.fraction`` (a coin from the stream ``(seed, tag, client, round)``), else 1; and no
-    more than any of ``fault_kinds`` (:mod:`raymvc.kinds`) allows."""
+def work_share(fault_kinds, round: int, client: int) -> float:
+    """The share of its local work ``client`` does in ``round``: the least any of
+    ``fault_kinds`` (:mod:`raymvc.kinds`, ``partial_work`` among them) allows, 1 without."""
     share = 1.0
-    if cfg is not None and cfg.fraction > 0 and cfg.work < 1:
-        u = stream(seed, streams.PARTIAL, client, round).random()
-        share = float(cfg.work) if u < cfg.fraction else 1.0
     for k in fault_kinds:
         share = min(share, kinds.work(k, round, client))
     return share
 
 
 def build_kinds(cfg: FaultsCfg, ctx: availability.Context) -> list:
-    """The fault kinds ``faults.kinds`` names, built once per party (each decides alone)."""
-    return [kinds.build(entry, ctx) for entry in cfg.kinds]
+    """The fault kinds ``faults`` switches on (its built-in kinds' own keys, then
+    ``faults.kinds``), built once per party (each decides alone)."""
+    return [kinds.build(name, params, ctx) for name, params in kinds.entries(cfg)]
 
 
 def _sub(sub: int) -> tuple[int, ...]:
@@ -132,7 +130,7 @@ class FaultPlan:
         ctx = availability.Context(self.seed, list(self.client_ids), self.client_sizes, self.client_dims, self.trace)
         a = self.cfg.availability
         self.availability = None if a is None else availability.build(a, ctx)
-        self.kinds = build_kinds(self.cfg, ctx)  # faults.kinds
+        self.kinds = build_kinds(self.cfg, ctx)  # faults.kinds and the kinds' own keys
 
     @property
     def p_client(self) -> dict[int, float]:
@@ -210,14 +208,13 @@ class FaultPlan:
 
     def work(self, round: int, client: int) -> float:
         """The share of its local work ``client`` does in ``round`` (:func:`work_share`)."""
-        return work_share(self.cfg.partial_work, self.seed, round, client, self.kinds)
+        return work_share(self.kinds, round, client)
 
     def kind_records(self, round: int) -> dict[str, dict] | None:
-        """What each fault kind adds to the round's record, by kind (None without kinds)."""
-        if not self.kinds:
-            return None
+        """What each fault kind adds to the round's record, by kind (None where none adds anything)."""
         ids = sorted(self.client_ids)
-        return {k.name: kinds.record(k, round, ids) for k in self.kinds}
+        out = {k.name: rec for k in self.kinds if (rec := kinds.record(k, round, ids))}
+        return out or None
 
     def crashes_now(self, round: int) -> list[int]:
         return sorted(c for c, r in self.crash_at.items() if r == round)

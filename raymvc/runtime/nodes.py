@@ -87,10 +87,10 @@ class ClientNode:
 
         self.cid = cid
         self.seed = spec.seed
-        self.partial_work = spec.partial_work  # faults.partial_work
-        # faults.kinds: each client decides its work share with the kinds as the server's plan does
+        # the fault kinds (faults.partial_work among them): each client decides its work share
+        # with them as the server's plan does
         self.kinds = build_kinds(spec.faults, Context(spec.seed, spec.client_ids, dict(spec.client_sizes),
-                                                      dict(spec.client_dims), spec.trace)) if spec.faults.kinds else []
+                                                      dict(spec.client_dims), spec.trace))
         self.threads = spec.threads
         pin_threads(spec.threads)
         ch = spec.channel
@@ -157,7 +157,7 @@ class ClientNode:
         try:
             self.client.ctx.round = opened.round
             # the plan's decision (FaultPlan.work), drawn here from the same stream
-            self.client.ctx.work = work_share(self.partial_work, self.seed, opened.round, self.cid, self.kinds)
+            self.client.ctx.work = work_share(self.kinds, opened.round, self.cid)
             if opened.msg.kind == EVAL_PREDICT:
                 y = self.client.predict()  # None: nothing to label its rows with
                 reply = Message(EVAL_LABELS) if y is None else Message(EVAL_LABELS, y=labels_array(y))

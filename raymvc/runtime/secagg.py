@@ -9,7 +9,9 @@ dropped client leaves behind are rebuilt from shares of its mask key.
 Two state machines, :class:`SecAggServer` and :class:`SecAggClient`, hold the
 cryptography. The engine drives them (``raymvc.runtime.secure``): no method runs them
 itself. Their messages are ordinary :class:`~raymvc.messages.Message` objects of the
-kinds in :data:`KINDS`, carried, encrypted and metered like any other.
+kinds in :data:`KINDS`, carried, encrypted and metered like any other. The pieces they
+are built from (Shamir sharing, the PRG, sealed shares, the SecAgg+ ring, the checks on
+what a client sends) are in :mod:`raymvc.runtime.secagg_parts`.
 
 Exchanges (S = server, C = client)
 ----------------------------------
@@ -78,404 +80,63 @@ never from the run seed; only the SecAgg+ ring (public) is drawn from the seed.
 from __future__ import annotations
 
 import secrets
-import struct
-from collections.abc import Callable, Container, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from cryptography.hazmat.primitives.serialization import (
-    Encoding,
-    NoEncryption,
-    PrivateFormat,
-    PublicFormat,
-)
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from raymvc import streams
 from raymvc.fixedpoint import bound as fixed_bound
 from raymvc.fixedpoint import check_ring, decode_fixed, encode_fixed, ring_dtype
 from raymvc.messages import Message
-from raymvc.streams import stream
 
-ADVERTISE, KEYS = "secagg.advertise", "secagg.keys"
-ROSTER, SHARES = "secagg.roster", "secagg.shares"
-MASKED, REKEY = "secagg.masked", "secagg.rekey"
-UNMASK, REVEAL = "secagg.unmask", "secagg.reveal"
-INPUT = "secagg.input"
-KINDS = frozenset({ADVERTISE, KEYS, ROSTER, SHARES, MASKED, REKEY, UNMASK, REVEAL, INPUT})
-
-# Shamir shares live in GF(P), P the smallest prime above 2^256: every 32-byte secret fits.
-PRIME = 2**256 + 297
-SHARE_BYTES = 33
-KEY_BYTES = 32
-CT_BYTES = SHARE_BYTES + 16  # AES-GCM adds a 16-byte tag
-_S, _B = 0, 1  # what a share is of: the mask secret key, or a self-mask seed
-
-
-# ---------------------------------------------------------------------------
-# Shamir secret sharing over GF(PRIME)
-def shamir_split(secret: int, t: int, xs: Iterable[int]) -> dict[int, int]:
-    """Shares ``{x: f(x)}`` of ``secret`` for a random polynomial ``f`` of degree ``t - 1``.
-
-    Any ``t`` shares rebuild ``secret``; ``t - 1`` say nothing about it.
-    """
-    xs = [int(x) for x in xs]
-    if not 0 <= secret < PRIME:
-        raise ValueError("secret must lie in [0, PRIME)")
-    if t < 1 or t > len(xs):
-        raise ValueError(f"threshold must be in [1, {len(xs)}], got {t}")
-    if len(set(xs)) != len(xs) or any(x % PRIME == 0 for x in xs):
-        raise ValueError("share points must be distinct and non-zero")
-    coeffs = [secret] + [secrets.randbelow(PRIME) for _ in range(t - 1)]
-    out = {}
-    for x in xs:
-        acc = 0
-        for c in reversed(coeffs):  # Horner
-            acc = (acc * x + c) % PRIME
-        out[x] = acc
-    return out
-
-
-def shamir_interpolate(shares: Mapping[int, int]) -> int:
-    """The value at 0 of the lowest-degree polynomial through ``shares`` (Lagrange)."""
-    if not shares:
-        raise ValueError("no shares")
-    total = 0
-    pts = list(shares.items())
-    for i, (xi, yi) in enumerate(pts):
-        num, den = 1, 1
-        for j, (xj, _) in enumerate(pts):
-            if i != j:
-                num = num * (-xj) % PRIME
-                den = den * (xi - xj) % PRIME
-        total = (total + yi * num * pow(den, -1, PRIME)) % PRIME
-    return total
-
-
-def shamir_reconstruct(shares: Mapping[int, int], t: int) -> int:
-    """Rebuild a secret from at least ``t`` shares; fewer is an error, never a guess."""
-    if len(shares) < t:
-        raise ValueError(f"{len(shares)} shares, need {t}")
-    return shamir_interpolate(dict(list(shares.items())[:t]))
-
-
-# ---------------------------------------------------------------------------
-# Key derivation, PRG, share encryption
-def _kdf(secret: bytes, info: bytes) -> bytes:
-    return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=b"raymvc secagg v1|" + info).derive(secret)
-
-
-def prg(seed: bytes, n: int, bits: int = 64) -> np.ndarray:
-    """``n`` pseudorandom ring elements: AES-256-CTR keyed by ``seed`` over zeros."""
-    dt = ring_dtype(bits)
-    enc = Cipher(algorithms.AES(seed), modes.CTR(b"\x00" * 16)).encryptor()
-    return np.frombuffer(enc.update(b"\x00" * (n * dt.itemsize)) + enc.finalize(), dtype=dt.newbyteorder("<")) \
-        .astype(dt)
-
-
-def pairwise_seed(sk: X25519PrivateKey, peer_pk: bytes, a: int, b: int, k: int) -> bytes:
-    """Seed of the mask between clients ``a`` and ``b`` in aggregation ``k`` (same for both)."""
-    lo, hi = sorted((a, b))
-    secret = sk.exchange(X25519PublicKey.from_public_bytes(peer_pk))
-    return _kdf(secret, b"mask|%d|%d|%d" % (lo, hi, k))
-
-
-def self_seed(b: int, k: int) -> bytes:
-    return _kdf(b.to_bytes(SHARE_BYTES, "big"), b"self|%d" % k)
-
-
-def _share_cipher(c_sk: X25519PrivateKey, peer_c_pk: bytes, src: int, dst: int) -> AESGCM:
-    secret = c_sk.exchange(X25519PublicKey.from_public_bytes(peer_c_pk))
-    return AESGCM(_kdf(secret, b"share|%d->%d" % (src, dst)))
-
-
-def _share_ad(what: int, src: int, dst: int, ctr: int) -> tuple[bytes, bytes]:
-    return struct.pack(">BxxxQ", what, ctr), b"secagg share|%d|%d->%d|%d" % (what, src, dst, ctr)
-
-
-def seal_share(c_sk, peer_c_pk: bytes, src: int, dst: int, what: int, ctr: int, value: int) -> bytes:
-    """Encrypt one share for ``dst``; ``ctr`` (epoch or aggregation) makes the nonce unique."""
-    nonce, ad = _share_ad(what, src, dst, ctr)
-    return _share_cipher(c_sk, peer_c_pk, src, dst).encrypt(nonce, value.to_bytes(SHARE_BYTES, "big"), ad)
-
-
-def open_share(c_sk, peer_c_pk: bytes, src: int, dst: int, what: int, ctr: int, ct: bytes) -> int:
-    nonce, ad = _share_ad(what, src, dst, ctr)
-    return int.from_bytes(_share_cipher(c_sk, peer_c_pk, src, dst).decrypt(nonce, bytes(ct), ad), "big")
-
-
-def _pk(sk: X25519PrivateKey) -> bytes:
-    return sk.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-
-
-def _sk_int(sk: X25519PrivateKey) -> int:
-    return int.from_bytes(sk.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption()), "big")
-
-
-def _sk_from_int(v: int) -> X25519PrivateKey:
-    if v >= 2**256:
-        raise ValueError("reconstructed key out of range")
-    return X25519PrivateKey.from_private_bytes(v.to_bytes(KEY_BYTES, "big"))
-
-
-def _u8(b: bytes | int, n: int | None = None) -> np.ndarray:
-    if isinstance(b, int):
-        b = b.to_bytes(n or SHARE_BYTES, "big")
-    return np.frombuffer(bytes(b), dtype=np.uint8).copy()
-
-
-def _rows(items: list[bytes] | list[int], width: int) -> np.ndarray:
-    return np.stack([_u8(x) for x in items]) if items else np.zeros((0, width), dtype=np.uint8)
-
-
-def _ids(xs: Iterable[int]) -> np.ndarray:
-    return np.asarray(sorted(int(x) for x in xs), dtype=np.int64)
-
-
-def _sign_mask(me: int, peer: int) -> int:
-    return 1 if peer > me else -1
-
-
-def neighbourhoods(ids: Iterable[int], k: int, seed: int = 0) -> dict[int, list[int]]:
-    """Each client's group, itself included: everyone (``k`` = 0 or ``k >= n - 1``), or for
-    SecAgg+ the ``ceil(k/2)`` clients on either side of it in a ring drawn from ``seed``.
-
-    The relation is symmetric (``j`` is in ``i``'s group exactly when ``i`` is in ``j``'s),
-    which the pairwise masks need to cancel.
-    """
-    ids = sorted(int(c) for c in ids)
-    n = len(ids)
-    h = (int(k) + 1) // 2
-    if k <= 0 or 2 * h >= n - 1:
-        return {c: list(ids) for c in ids}
-    order = [ids[i] for i in stream(seed, streams.SECAGG_GROUPS).permutation(n)]
-    nb: dict[int, set[int]] = {c: {c} for c in ids}
-    for i, c in enumerate(order):
-        for d in range(1, h + 1):
-            j = order[(i + d) % n]
-            nb[c].add(j)
-            nb[j].add(c)
-    return {c: sorted(v) for c, v in nb.items()}
-
-
-# ---------------------------------------------------------------------------
-# what the server accepts from one client (anything else is that client's error)
-def _int_scalar(v) -> int | None:
-    """An integer scalar (a 0-d integer array or int, never a bool), else None."""
-    a = np.asarray(v)
-    if a.ndim != 0 or a.dtype.kind not in "iu":
-        return None
-    return int(a)
-
-
-def _int_list(v) -> list[int] | None:
-    """A 1-D array of non-negative integers as a list, else None."""
-    a = np.asarray(v)
-    if a.ndim != 1 or (a.size and (a.dtype.kind not in "iu" or int(a.min()) < 0)):
-        return None
-    return a.astype(np.int64).tolist()
-
-
-def _rows_of(v, n: int, width: int) -> np.ndarray | None:
-    """``n`` rows of ``width`` bytes (a 2-D uint8 array), else None."""
-    a = np.asarray(v)
-    if a.dtype != np.uint8 or a.ndim != 2 or a.shape != (n, width):
-        return None
-    return a
-
-
-def valid_public_key(v) -> bytes | None:
-    """32 bytes of an X25519 public key of full order, else None (a low-order point, e.g.
-    all zeros, would make every peer's key agreement fail)."""
-    a = np.asarray(v)
-    if a.dtype != np.uint8 or a.shape != (KEY_BYTES,):
-        return None
-    raw = a.tobytes()
-    try:
-        X25519PrivateKey.generate().exchange(X25519PublicKey.from_public_bytes(raw))
-    except ValueError:
-        return None
-    return raw
-
-
-def _share_cts(m: Message) -> list[tuple[int, bytes]] | None:
-    """A shares message's ``(recipient, ciphertext)`` pairs, else None."""
-    to = _int_list(m.get("to"))
-    ct = _rows_of(m.get("ct"), len(to), CT_BYTES) if to is not None else None
-    if to is None or ct is None:
-        return None
-    return [(d, bytes(row)) for d, row in zip(to, ct)]
-
-
-def _reveal(m: Message) -> tuple[int, list[list[tuple[int, np.ndarray]]], list[int]] | None:
-    """A reveal's aggregation number, its (self-mask, mask-key) shares by client id and the
-    senders whose shares did not decrypt; ``None`` if it is malformed."""
-    k = _int_scalar(m.get("k"))
-    parts = []
-    for ids, sh in (("b_ids", "b_sh"), ("s_ids", "s_sh")):
-        got = _int_list(m.get(ids))
-        rows = _rows_of(m.get(sh), len(got), SHARE_BYTES) if got is not None else None
-        parts.append(None if rows is None else list(zip(got, rows)))
-    bad = _int_list(m.get("bad", np.zeros(0, dtype=np.int64)))
-    return None if k is None or None in parts or bad is None else (k, parts, bad)
-
-
-def linked_parts(group: Mapping[int, Iterable[int]], alive: set[int]) -> int:
-    """How many parts ``alive`` forms when two clients are linked by a pairwise mask (same group)."""
-    seen, parts = set(), 0
-    for start in sorted(alive):
-        if start in seen:
-            continue
-        parts += 1
-        todo = [start]
-        seen.add(start)
-        while todo:
-            c = todo.pop()
-            for j in group.get(c, ()):
-                if j in alive and j not in seen:
-                    seen.add(j)
-                    todo.append(j)
-    return parts
-
-
-@dataclass(frozen=True)
-class SecAggParams:
-    """Encoding parameters, the same on every party.
-
-    Inputs are multiplied by the client's weight and scaled by ``2^frac_bits``; the sum
-    over all clients must stay inside the signed range of Z_{2^ring_bits}. With ``clip``
-    set, inputs are clipped to ``[-clip, clip]`` and the ring is checked before masking;
-    with ``clip=None`` each client takes the largest bound that keeps the sum of ``n``
-    clients' inputs inside the ring, ``2^(ring_bits-2-frac_bits) / (max(|w|, 1) n)``, and
-    an entry beyond it (or not finite) is an error rather than a silent clip.
-    ``threshold`` is ``t``; ``None`` takes ``floor(fraction x g) + 1`` for groups of ``g``
-    (the default fraction 0.5: a majority). ``neighbours`` is the
-    SecAgg+ group size ``k`` (0: every client is in every group, plain SecAgg).
-    """
-
-    ring_bits: int = 64
-    frac_bits: int = 24
-    clip: float | None = 1.0e4
-    threshold: int | None = None
-    fraction: float = 0.5
-    neighbours: int = 0
-
-
-# ---------------------------------------------------------------------------
-@dataclass
-class Outcome:
-    """What one :meth:`SecAggServer.step` produced.
-
-    ``send``: messages for another exchange (then call ``step`` again with the replies).
-    Otherwise the phase ended: ``ended`` is true when an aggregation ended, with
-    ``total`` (``Σ w_i x_i``) and ``weight`` (``Σ w_i``) over ``contributors`` if it
-    succeeded, or ``failed`` saying why not. ``disclosed``: the clients whose sum a
-    server that keeps every reply it ever receives may still decode although the
-    aggregation failed -- the survivors, when it failed after the unmasking request went
-    out (reveals that arrive late, or that the server holds back, complete the shares).
-    """
-
-    send: dict[int, Message] | None = None
-    ended: bool = False
-    total: np.ndarray | None = None
-    weight: float | None = None
-    contributors: list[int] = field(default_factory=list)
-    dropped: list[int] = field(default_factory=list)
-    failed: str | None = None
-    disclosed: list[int] = field(default_factory=list)
-
-
-class Mailbox:
-    """The share ciphertexts the server relays, by recipient: ``(sender, what, counter) ->
-    ciphertext``, each sealed for its recipient (the server cannot open one)."""
-
-    def __init__(self):
-        self.boxes: dict[int, dict[tuple[int, int, int], bytes]] = {}
-
-    def post(self, src: int, what: int, ctr: int, cts: Iterable[tuple[int, bytes]], to: Container[int]) -> None:
-        """Keep ``src``'s ciphertexts for the recipients in ``to`` (the others are dropped)."""
-        for dst, ct in cts:
-            if dst in to:
-                self.boxes.setdefault(dst, {})[(src, what, ctr)] = ct
-
-    def discard(self, which: Callable[[tuple[int, int, int]], bool], dsts: Iterable[int] | None = None) -> None:
-        """Drop the ciphertexts whose key ``which`` picks, for ``dsts`` (default: every recipient)."""
-        for dst in list(self.boxes) if dsts is None else dsts:
-            box = self.boxes.get(dst, {})
-            for key in [key for key in box if which(key)]:
-                del box[key]
-
-    def waiting(self, dst: int) -> dict[tuple[int, int, int], bytes]:
-        return self.boxes.get(dst, {})
-
-
-def threshold(params: SecAggParams, g: int) -> int:
-    """Shares needed to rebuild a secret, for groups of at least ``g`` clients: the parameter's
-    (or a fraction of ``g``, plus one), never 1 where a group has company (a lone survivor's
-    self-mask seed and its peers' revealed keys would otherwise unmask its input)."""
-    if not g:
-        return 1
-    t = params.threshold or int(params.fraction * g) + 1
-    return max(min(2, g), min(t, g))
-
-
-def _common_length(lengths: list[int]) -> tuple[int | None, int]:
-    """The vector length most masked inputs have and how many have it; ``(None, -1)`` on a tie."""
-    counts = {n: lengths.count(n) for n in set(lengths)}
-    best = max(counts.values(), default=0)
-    if sum(v == best for v in counts.values()) > 1:
-        return None, -1
-    return next((n for n, v in counts.items() if v == best), None), best
-
-
-def _masked_input(m: Message, ring_bits: int) -> tuple[int | None, np.ndarray | None, list | None]:
-    """A masked input's aggregation number, vector and share ciphertexts; ``k`` is ``None`` if it is malformed."""
-    k, y, cts = _int_scalar(m.get("k")), np.asarray(m.get("y")), _share_cts(m)
-    if k is None or y.ndim != 1 or y.dtype != ring_dtype(ring_bits) or cts is None:
-        return None, None, None
-    return k, y, cts
-
-
-def _unmask_request(k: int, grp: list[int], alive: set[int], lost: set[int], box: dict) -> Message:
-    """The unmask request of aggregation ``k`` to one survivor: who of its group survived and who
-    dropped, and the share ciphertexts that wait for it."""
-    rel = sorted(box.items())
-    return Message(UNMASK, k=k, U=_ids(j for j in grp if j in alive), D=_ids(j for j in grp if j in lost),
-                   src=np.asarray([r[0][0] for r in rel], dtype=np.int64),
-                   what=np.asarray([r[0][1] for r in rel], dtype=np.uint8),
-                   ctr=np.asarray([r[0][2] for r in rel], dtype=np.int64), ct=_rows([r[1] for r in rel], CT_BYTES))
-
-
-def unmask_sum(y: Mapping[int, np.ndarray], k: int, bits: int, group: Mapping[int, list[int]],
-               active_pk: Mapping[int, bytes], b: Mapping[int, int], s_sk: Mapping[int, X25519PrivateKey]) -> np.ndarray:
-    """Aggregation ``k``'s sum in the ring: the survivors' masked inputs ``y`` summed, less each
-    survivor's self-mask (from its rebuilt seed ``b``) and the pairwise masks it shares with each
-    dropped client of its group (from that client's rebuilt mask key ``s_sk``)."""
-    L = len(next(iter(y.values())))
-    acc = np.zeros(L, dtype=ring_dtype(bits))
-    for c in b:
-        acc += y[c]
-        acc -= prg(self_seed(b[c], k), L, bits)
-    for j, sk in s_sk.items():
-        for i in (i for i in b if i in group[j]):  # y_i holds sign(i, j) PRG(s_ij)
-            mask = prg(pairwise_seed(sk, active_pk[i], i, j, k), L, bits)
-            if _sign_mask(i, j) > 0:
-                acc -= mask
-            else:
-                acc += mask
-    return acc
-
-
-def _roster(ids: list[int], c_pk: Mapping[int, bytes], s_pk: Mapping[int, bytes], epoch: Mapping[int, int],
-            t: int) -> Message:
-    """The roster message of one group: its members' two public keys and key epochs, and the threshold."""
-    return Message(ROSTER, ids=_ids(ids), c_pk=_rows([c_pk[c] for c in ids], 32), s_pk=_rows([s_pk[c] for c in ids], 32),
-                   epoch=np.asarray([epoch[c] for c in ids], dtype=np.int64), t=t)
+from .secagg_parts import (
+    ADVERTISE,
+    CT_BYTES,
+    INPUT,
+    KEYS,
+    KINDS,
+    MASKED,
+    PRIME,
+    REKEY,
+    REVEAL,
+    ROSTER,
+    SHARE_BYTES,
+    SHARE_OF_KEY,
+    SHARE_OF_SEED,
+    SHARES,
+    UNMASK,
+    Mailbox,
+    Outcome,
+    SecAggParams,
+    byte_rows,
+    common_length,
+    id_array,
+    int_scalar,
+    linked_parts,
+    mask_sign,
+    neighbourhoods,
+    open_share,
+    pairwise_seed,
+    parse_masked_input,
+    parse_reveal,
+    prg,
+    public_bytes,
+    roster_message,
+    seal_share,
+    secret_from_int,
+    secret_int,
+    self_seed,
+    shamir_interpolate,
+    shamir_reconstruct,
+    shamir_split,
+    share_cts,
+    threshold,
+    u8,
+    unmask_request,
+    unmask_sum,
+    valid_public_key,
+)
 
 
 class SecAggServer:
@@ -532,9 +193,9 @@ class SecAggServer:
             self.begin()
         group = self.group.get(cid, (cid,))  # O(group), not O(clients), per request
         changed = [c for c in group if c in self.members and self.epoch[c] > 0]
-        return {"secagg_k": self.k, "secagg_active": _ids(c for c in group if c in self.active_pk),
+        return {"secagg_k": self.k, "secagg_active": id_array(c for c in group if c in self.active_pk),
                 "secagg_rekey": cid in self.exposed,
-                "secagg_pk_ids": _ids(changed), "secagg_pk": _rows([self.s_pk[c] for c in sorted(changed)], 32),
+                "secagg_pk_ids": id_array(changed), "secagg_pk": byte_rows([self.s_pk[c] for c in sorted(changed)], 32),
                 "secagg_epochs": np.asarray([self.epoch[c] for c in sorted(changed)], dtype=np.int64)}
 
     def input_requests(self, kind: str, fields: dict, to: Iterable[int]) -> dict[int, Message]:
@@ -554,7 +215,7 @@ class SecAggServer:
         whole = len(self.group.get(cid, ())) == len(self.roster)
         if whole and self._roster_cache is not None:
             return self._roster_cache
-        msg = _roster(self.group[cid], self.c_pk, self.s_pk, self.epoch, self.t)
+        msg = roster_message(self.group[cid], self.c_pk, self.s_pk, self.epoch, self.t)
         if whole:
             self._roster_cache = msg
         return msg
@@ -608,13 +269,13 @@ class SecAggServer:
         for c, m in replies.items():
             if c not in self.c_pk or m.kind not in (SHARES, REKEY):
                 continue
-            cts = _share_cts(m)
+            cts = share_cts(m)
             if cts is None:
                 self._blame(c, f"its {m.kind} message does not hold one {CT_BYTES}-byte ciphertext per recipient")
                 self.exposed.add(c)  # its peers may not hold its key's shares: it re-keys before taking part
                 continue
             if m.kind == REKEY:
-                epoch, s_pk = _int_scalar(m.get("epoch")), valid_public_key(m.get("s_pk"))
+                epoch, s_pk = int_scalar(m.get("epoch")), valid_public_key(m.get("s_pk"))
                 if epoch is None or s_pk is None:
                     self._blame(c, "its new mask key is not an integer epoch with a 32-byte X25519 key of full order")
                     self.exposed.add(c)  # it would mask with a key the server never took: it re-keys first
@@ -626,8 +287,8 @@ class SecAggServer:
                 self.s_pk[c] = s_pk
                 self.epoch[c] = epoch
                 # shares of the old key: of no use now
-                self.pending.discard(lambda key, c=c: key[0] == c and key[1] == _S, self.group.get(c))
-            self.pending.post(c, _S, self.epoch[c], cts, self.c_pk)
+                self.pending.discard(lambda key, c=c: key[0] == c and key[1] == SHARE_OF_KEY, self.group.get(c))
+            self.pending.post(c, SHARE_OF_KEY, self.epoch[c], cts, self.c_pk)
             self.members.add(c)
             self.exposed.discard(c)
 
@@ -637,14 +298,14 @@ class SecAggServer:
         for c, m in sorted(replies.items()):
             if m.kind != MASKED or c not in self.active_pk:
                 continue
-            k, y, cts = _masked_input(m, self.params.ring_bits)
+            k, y, cts = parse_masked_input(m, self.params.ring_bits)
             if k is None:
                 self._blame(c, f"its masked input is not a 1-D vector of the ring with integer k and "
                                f"{CT_BYTES}-byte share ciphertexts; left out of aggregation {self.k}")
                 continue
             if k == self.k:
                 inputs[c] = (y, cts)
-        L, best = _common_length([len(y) for y, _ in inputs.values()])
+        L, best = common_length([len(y) for y, _ in inputs.values()])
         if best < 0:  # no length most clients agree on
             self.dropped = sorted(set(self.active) - set(inputs))
             return self._fail(f"masked inputs of {sorted({len(y) for y, _ in inputs.values()})} entries, "
@@ -655,7 +316,7 @@ class SecAggServer:
                                f"left out of aggregation {self.k}")
                 continue
             self.y[c] = y
-            self.pending.post(c, _B, self.k, cts, self.active_pk)
+            self.pending.post(c, SHARE_OF_SEED, self.k, cts, self.active_pk)
         self.survivors = sorted(self.y)
         self.dropped = sorted(set(self.active) - set(self.y))
         if len(self.survivors) < self.t:
@@ -670,7 +331,7 @@ class SecAggServer:
         self.phase = "unmask"
         self.exposed |= set(self.dropped)  # their mask keys are about to be rebuilt
         lost = set(self.dropped)
-        return Outcome(send={c: _unmask_request(self.k, self.group[c], alive, lost, self.pending.waiting(c))
+        return Outcome(send={c: unmask_request(self.k, self.group[c], alive, lost, self.pending.waiting(c))
                              for c in self.survivors})
 
     def reset(self) -> None:
@@ -688,7 +349,7 @@ class SecAggServer:
 
     def _ended_self_share(self, key: tuple[int, int, int]) -> bool:
         """A self-mask share of an ended aggregation: of no use any more."""
-        return key[1] == _B and key[2] <= self.k
+        return key[1] == SHARE_OF_SEED and key[2] <= self.k
 
     def _on_reveal(self, replies: Mapping[int, Message]) -> Outcome:
         b_sh: dict[int, dict[int, int]] = {j: {} for j in self.survivors}
@@ -696,7 +357,7 @@ class SecAggServer:
         for c, m in sorted(replies.items()):
             if m.kind != REVEAL or c not in self.survivors:
                 continue
-            parsed = _reveal(m)
+            parsed = parse_reveal(m)
             if parsed is None:
                 self._blame(c, f"its reveal is not an integer k with {SHARE_BYTES}-byte shares by client id")
                 continue
@@ -706,7 +367,7 @@ class SecAggServer:
             for src in bad:  # its share ciphertexts to c did not open: the sender's fault, not c's
                 if src in self.c_pk and src != c:
                     self._blame(src, f"its encrypted shares for client {c} did not decrypt")
-            self.pending.discard(lambda key: key[1] == _S, [c])  # delivered: the client keeps them
+            self.pending.discard(lambda key: key[1] == SHARE_OF_KEY, [c])  # delivered: the client keeps them
             for pairs, into in zip(parts, (b_sh, s_sh)):
                 for j, row in pairs:
                     if j in into:
@@ -716,7 +377,7 @@ class SecAggServer:
             return self._fail(f"fewer than {self.t} shares for clients {sorted(short)}")
         acc = unmask_sum(self.y, self.k, self.params.ring_bits, self.group, self.active_pk,
                          {c: shamir_reconstruct(b_sh[c], self.t) for c in self.survivors},
-                         {j: _sk_from_int(shamir_reconstruct(s_sh[j], self.t)) for j in self.dropped})
+                         {j: secret_from_int(shamir_reconstruct(s_sh[j], self.t)) for j in self.dropped})
         self.phase = "idle"
         self.pending.discard(self._ended_self_share)
         vals = decode_fixed(acc, self.params.frac_bits, self.params.ring_bits)
@@ -756,7 +417,7 @@ class SecAggClient:
 
     def handle(self, msg: Message) -> Message | None:
         if msg.kind == ADVERTISE:
-            return Message(KEYS, c_pk=_u8(_pk(self.c_sk)), s_pk=_u8(_pk(self.s_sk)))
+            return Message(KEYS, c_pk=u8(public_bytes(self.c_sk)), s_pk=u8(public_bytes(self.s_sk)))
         if msg.kind == ROSTER:
             return self._on_roster(msg)
         if msg.kind == UNMASK:
@@ -765,12 +426,12 @@ class SecAggClient:
 
     def _share_out(self, kind: str, **extra) -> Message:
         """Shares of my current s_SK for every roster member, each encrypted to its owner."""
-        sh = shamir_split(_sk_int(self.s_sk), self.t, [c + 1 for c in self.roster])
-        self.held[(self.id, _S, self.epoch)] = sh[self.id + 1]
+        sh = shamir_split(secret_int(self.s_sk), self.t, [c + 1 for c in self.roster])
+        self.held[(self.id, SHARE_OF_KEY, self.epoch)] = sh[self.id + 1]
         to = [c for c in self.roster if c != self.id]
-        cts = [seal_share(self.c_sk, self.c_pk[c], self.id, c, _S, self.epoch, sh[c + 1]) for c in to]
+        cts = [seal_share(self.c_sk, self.c_pk[c], self.id, c, SHARE_OF_KEY, self.epoch, sh[c + 1]) for c in to]
         self.joined = True
-        return Message(kind, to=_ids(to), ct=_rows(cts, CT_BYTES), **extra)
+        return Message(kind, to=id_array(to), ct=byte_rows(cts, CT_BYTES), **extra)
 
     def _on_roster(self, msg: Message) -> Message:
         ids = np.asarray(msg["ids"]).tolist()
@@ -782,7 +443,7 @@ class SecAggClient:
         for c, cpk, spk, ep in zip(ids, np.asarray(msg["c_pk"]), np.asarray(msg["s_pk"]),
                                    np.asarray(msg["epoch"]).tolist()):
             self.c_pk[c], self.s_pk[c], self.peer_epoch[c] = bytes(cpk), bytes(spk), int(ep)
-        if self.c_pk[self.id] != _pk(self.c_sk) or self.s_pk[self.id] != _pk(self.s_sk):
+        if self.c_pk[self.id] != public_bytes(self.c_sk) or self.s_pk[self.id] != public_bytes(self.s_sk):
             raise ValueError("secagg client: the roster carries someone else's keys for me")
         self.t = int(msg["t"])
         if not 1 <= self.t <= len(ids):
@@ -793,7 +454,7 @@ class SecAggClient:
         """A fresh mask key pair, shared anew: the old one is exposed or its shares were lost."""
         self.s_sk = X25519PrivateKey.generate()
         self.epoch += 1
-        return self._share_out(REKEY, s_pk=_u8(_pk(self.s_sk)), epoch=self.epoch)
+        return self._share_out(REKEY, s_pk=u8(public_bytes(self.s_sk)), epoch=self.epoch)
 
     # -- masked input -----------------------------------------------------------
     def masked(self, msg: Message, x: np.ndarray, weight: float = 1.0) -> Message | None:
@@ -840,16 +501,16 @@ class SecAggClient:
         y = y + prg(self_seed(b, k), L, p.ring_bits)
         for c in peers:
             mask = prg(pairwise_seed(self.s_sk, self.s_pk[c], self.id, c, k), L, p.ring_bits)
-            y = y + mask if _sign_mask(self.id, c) > 0 else y - mask
+            y = y + mask if mask_sign(self.id, c) > 0 else y - mask
         sh = shamir_split(b, self.t, [c + 1 for c in active])
-        for key in [key for key in self.held if key[1] == _B]:  # self-mask shares of past aggregations
+        for key in [key for key in self.held if key[1] == SHARE_OF_SEED]:  # self-mask shares of past aggregations
             del self.held[key]
         self.masked_with.clear()
-        self.held[(self.id, _B, k)] = sh[self.id + 1]
-        cts = [seal_share(self.c_sk, self.c_pk[c], self.id, c, _B, k, sh[c + 1]) for c in peers]
+        self.held[(self.id, SHARE_OF_SEED, k)] = sh[self.id + 1]
+        cts = [seal_share(self.c_sk, self.c_pk[c], self.id, c, SHARE_OF_SEED, k, sh[c + 1]) for c in peers]
         self.last_k = k
         self.masked_with[k] = {c: (self.s_pk[c], self.peer_epoch[c]) for c in peers}
-        return Message(MASKED, k=k, y=y, to=_ids(peers), ct=_rows(cts, CT_BYTES))
+        return Message(MASKED, k=k, y=y, to=id_array(peers), ct=byte_rows(cts, CT_BYTES))
 
     def fresh_key(self) -> Message | None:
         """A fresh mask key pair for the next aggregation: its public half and encrypted shares
@@ -881,26 +542,27 @@ class SecAggClient:
                     self.held[(src, what, ctr)] = open_share(self.c_sk, self.c_pk[src], src, self.id, what, ctr, ct)
                 except (InvalidTag, ValueError):  # its sender's fault: that share is missing, the reveal goes on
                     bad.add(src)
-        if any((j, _B, k) in self.held for j in D):
+        if any((j, SHARE_OF_SEED, k) in self.held for j in D):
             raise ValueError("secagg client: a client named dropped sent its input; refusing to unmask")
         self.revealed.add(k)
         b_ids, b_sh, s_ids, s_sh = [], [], [], []
         for j in U:
-            pk = _pk(self.s_sk) if j == self.id else self.masked_with[k][j][0]
-            if (j, _B, k) in self.held and pk not in self.exposed_pks:
+            pk = public_bytes(self.s_sk) if j == self.id else self.masked_with[k][j][0]
+            if (j, SHARE_OF_SEED, k) in self.held and pk not in self.exposed_pks:
                 b_ids.append(j)
-                b_sh.append(self.held[(j, _B, k)])
+                b_sh.append(self.held[(j, SHARE_OF_SEED, k)])
         for j in D:
             pk, ep = self.masked_with[k][j]
-            if (j, _S, ep) in self.held:
+            if (j, SHARE_OF_KEY, ep) in self.held:
                 s_ids.append(j)
-                s_sh.append(self.held[(j, _S, ep)])
+                s_sh.append(self.held[(j, SHARE_OF_KEY, ep)])
                 self.exposed_pks.add(pk)
-        return Message(REVEAL, k=k, b_ids=np.asarray(b_ids, dtype=np.int64), b_sh=_rows(b_sh, SHARE_BYTES),
-                       s_ids=np.asarray(s_ids, dtype=np.int64), s_sh=_rows(s_sh, SHARE_BYTES), bad=_ids(bad))
+        return Message(REVEAL, k=k, b_ids=np.asarray(b_ids, dtype=np.int64), b_sh=byte_rows(b_sh, SHARE_BYTES),
+                       s_ids=np.asarray(s_ids, dtype=np.int64), s_sh=byte_rows(s_sh, SHARE_BYTES), bad=id_array(bad))
 
 
 __all__ = [
+    "ADVERTISE", "KEYS", "ROSTER", "SHARES", "INPUT", "MASKED", "REKEY", "UNMASK", "REVEAL",
     "KINDS", "PRIME", "neighbourhoods", "ring_dtype", "SecAggParams", "SecAggServer", "SecAggClient", "Outcome", "shamir_split",
     "shamir_interpolate", "shamir_reconstruct", "encode_fixed", "decode_fixed", "prg",
 ]

@@ -140,12 +140,8 @@ class StragglerCfg(_Strict):
     delay_s: DelayCfg = DelayCfg()
 
 
-class PartialWorkCfg(_Strict):
-    """Completeness (docs/fault-models.md): in each round each client, with probability
-    ``fraction``, finishes only the share ``work`` of its local work."""
-
-    fraction: float = Rate
-    work: float = Field(default=1.0, gt=0.0, le=1.0)
+# faults.partial_work: the built-in fault kind's own key, its parameters the kind's (raymvc.kinds)
+PartialWorkCfg = _kinds.PartialWork.Config
 
 
 class SamplingCfg(_Strict):
@@ -197,7 +193,7 @@ class KindEntry(_Strict):
     ``module.path:ClassName``) and the kind's parameters beside it, checked by its ``Config``."""
 
     model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
-    kind: str = Field(description="the kind: churn, or module.path:ClassName of your own")
+    kind: str = Field(description=f"the kind: {', '.join(_kinds.REGISTRY)}, or module.path:ClassName of your own")
 
     def params(self) -> dict[str, Any]:
         return {k: v for k, v in self.model_dump().items() if k != "kind"}
@@ -296,8 +292,8 @@ class FaultsCfg(_Strict):
         "true: after the last round the final model goes to every available client, metered (horizontal methods "
         "whose clients label their rows)"))
     kinds: list[KindEntry] = Field(default=[], description=(
-        "[{kind: K, ...}]: device behaviours of raymvc.kinds (churn) or of your own (module:Class); each may take "
-        "a client away, delay its reply, cut its work and add to the round's record"))
+        f"[{{kind: K, ...}}]: device behaviours of raymvc.kinds ({', '.join(_kinds.REGISTRY)}) or of your own "
+        "(module:Class); each may take a client away, delay its reply, cut its work and add to the round's record"))
 
     @model_validator(mode="after")
     def _one_availability(self) -> FaultsCfg:

@@ -224,9 +224,8 @@ class StudyResult:
                                    f"{ci_text(wilson(counts[1], n), percent=True)})")
         return f"{counts[1]} {esc(m.above)}, {counts[0]} {esc(m.below)}{share}"
 
-    def grid_mean(self, run_id: str, metric: str) -> tuple[float | None, float | None, int, int]:
-        """Per seed, the mean over the grid's points; then mean ± std over the seeds that
-        finished at every point."""
+    def grid_seed_means(self, run_id: str, metric: str) -> list[float]:
+        """Per seed that finished at every point of the grid, the mean of ``metric`` over the points."""
         per_seed: dict[str, list[float]] = defaultdict(list)
         points = self.points()
         for point in points:
@@ -234,10 +233,19 @@ class StudyResult:
                 x = num(r.get(column_of(metric)))
                 if r["status"] in OK and x is not None:
                     per_seed[r["seed"]].append(x)
-        full = [sum(v) / len(v) for v in per_seed.values() if len(v) == len(points)]
+        return [sum(v) / len(v) for v in per_seed.values() if len(v) == len(points)]
+
+    def grid_mean(self, run_id: str, metric: str) -> tuple[float | None, float | None, int, int]:
+        """Per seed, the mean over the grid's points; then mean ± std over the seeds that
+        finished at every point."""
+        full = self.grid_seed_means(run_id, metric)
         mean, std = mean_std(full)
         run = self.study.labels().get(run_id)
         return mean, std, len(full), len(self.study.run_seeds(run) if run is not None else self.study.seeds())
+
+    def grid_ci(self, run_id: str, metric: str) -> tuple[float, float] | None:
+        """The 95% bootstrap interval of the mean over the seeds of their means over the grid."""
+        return mean_ci(self.grid_seed_means(run_id, metric))
 
     def wall(self) -> tuple[float, int]:
         """Summed run time of the cells swept here (not those joined from elsewhere), and their count."""
@@ -1210,7 +1218,7 @@ def check_text(check: StudyResult | None, run_id: str, point: dict | None, paper
     if modes:
         text += f", {modes}"
     if paper_acc is not None:
-        ci = check.ci(run_id, point, "acc") if point is not None else None
+        ci = check.ci(run_id, point, "acc") if point is not None else check.grid_ci(run_id, "acc")
         if ci is None:
             text += f"; the paper's {paper_acc:.3f} ({ci_text(ci)})"
         else:

@@ -146,13 +146,21 @@ def test_a_scenario_outside_the_checkout_is_refused(tmp_path):
     assert check_committed(repo / "s.yaml", []).seeds_commit == git(repo, "rev-parse", "HEAD")
 
 
-def _record(path: Path, study: str, run: str, seeds: range, accs: list[float], commits: str = "") -> None:
-    """A hand-made record; ``commits``: what its rows name as their commits ("" for none)."""
-    rows = [{"scenario": run, "method": "cefmc", "seed": str(s), "status": "completed", "acc": str(a), "nmi": "0.9",
-             "ari": "0.9", "mb": "1.0", "rounds": "3", "wall": "1.0", "fingerprint": f"f{s}", "run_dir": "",
-             "code_version": "v", "platform": "numpy 2; Python 3.11, x86_64, 2 CPUs", "labels_sha256": "h",
-             "seeds_commit": commits, "head_commit": commits, "joined": "", "study": study}
-            for s, a in zip(seeds, accs)]
+def _record(path: Path, study: str, run: str, seeds: range, accs: list[float], commits: str = "",
+            grid: dict | None = None, accs_more: list[float] | None = None) -> None:
+    """A hand-made record; ``commits``: what its rows name as their commits ("" for none);
+    ``grid``: one key and its two values, ``accs`` at the first, ``accs_more`` at the second."""
+    def row(s, a, extra):
+        return {"scenario": run, "method": "cefmc", **extra, "seed": str(s), "status": "completed", "acc": str(a),
+                "nmi": "0.9", "ari": "0.9", "mb": "1.0", "rounds": "3", "wall": "1.0",
+                "fingerprint": f"f{s}{''.join(extra.values())}", "run_dir": "", "code_version": "v",
+                "platform": "numpy 2; Python 3.11, x86_64, 2 CPUs", "labels_sha256": "h", "seeds_commit": commits,
+                "head_commit": commits, "joined": "", "study": study}
+    if grid is None:
+        rows = [row(s, a, {}) for s, a in zip(seeds, accs)]
+    else:
+        (key, values), = grid.items()
+        rows = [row(s, a, {key: v}) for v, some in zip(values, (accs, accs_more)) for s, a in zip(seeds, some)]
     st = load_study(path.parent.parent / f"{study}.yaml")  # the cell digest the page generator checks
     rows = [{**r, "cell": cell_digests(st).get(_row_cell(r, st), "")} for r in rows]
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -210,6 +218,34 @@ def test_readme_shows_a_headlines_second_draw_beside_it_and_old_records_read_as_
     assert "of its 5 runs, 5 ran from a study file no commit held." in page
     assert "Left out of every mean, table and sentence: 5 ran from a study file no commit held." in page
     assert "| Demo | paper | 0/0 | n/a |" in page
+
+
+def test_a_grid_means_second_draw_carries_the_interval_of_its_seeds_means(tmp_path):
+    """A README row that is the mean over a grid (``readme: mean``) sets its second draw
+    against the paper with the interval of the per-seed means over the grid."""
+    studies = tmp_path / "studies"
+    studies.mkdir()
+    scenario = ROOT / "scenarios" / "hw-cefmc.yaml"
+    grid = "  grid: {params.lambda: [1.0, 2.0]}\n  readme: mean\n"
+    studies.joinpath("demo-grid.yaml").write_text(
+        f"study:\n  paper: demo\n  title: Grid\n  seeds: 300-304\n  metrics: [acc]\n{grid}"
+        f"  runs:\n    - {{id: paper, label: Demo, scenario: {scenario}}}\n"
+        "  paper_results:\n    - {run: paper, acc: 0.9}\n")
+    studies.joinpath("demo-grid-check.yaml").write_text(
+        f"study:\n  paper: demo\n  title: Second draw\n  seeds: 400-404\n  metrics: [acc]\n"
+        f"  grid: {{params.lambda: [1.0, 2.0]}}\n  readme: false\n"
+        f"  runs:\n    - {{id: paper, label: Demo, scenario: {scenario}}}\n")
+    head = commit_all(tmp_path)
+    for name, seeds, accs in (("demo-grid", range(300, 305), ([0.95, 0.96, 0.93, 0.95, 0.94], [0.93] * 5)),
+                              ("demo-grid-check", range(400, 405), ([0.80, 0.82, 0.84, 0.81, 0.83], [0.82] * 5))):
+        _record(studies / "results" / f"{name}.csv", name, "paper", seeds, accs[0], commits=head,
+                grid={"params.lambda": ["1.0", "2.0"]}, accs_more=accs[1])
+    readme = tmp_path / "README.md"
+    readme.write_text(f"x\n{README_BEGIN}\n{README_END}\n")
+    write_pages(studies, tmp_path / "runs", readme)
+    row = next(line for line in readme.read_text().splitlines() if line.startswith("| [demo-grid]"))
+    # per seed (0.80 + 0.82) / 2 ... (0.83 + 0.82) / 2, their mean 0.820; its interval lies below 0.9
+    assert "seeds 400-404: 0.820 ± 0.008 (5/5); below the paper's 0.900 (95% CI 0.810 to 0.830)" in row, row
 
 
 def test_the_readme_rows_of_feddmvc_and_fcuif_carry_their_second_draw():

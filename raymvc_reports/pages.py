@@ -201,7 +201,7 @@ class StudyResult:
         return {r["seed"]: x for r in self.cell(run_id, point) if r["status"] in OK and (x := num(r.get(col))) is not None}
 
     def ci(self, run_id: str, point: dict, metric: str) -> tuple[float, float] | None:
-        """The 95% bootstrap interval of the mean of ``metric`` over the cell's finished seeds."""
+        """Student's t 95% interval of the mean of ``metric`` over the cell's finished seeds."""
         return mean_ci(list(self.values(run_id, point, metric).values()))
 
     def mode_counts(self, run_id: str, point: dict) -> tuple[int, int] | None:
@@ -244,7 +244,7 @@ class StudyResult:
         return mean, std, len(full), len(self.study.run_seeds(run) if run is not None else self.study.seeds())
 
     def grid_ci(self, run_id: str, metric: str) -> tuple[float, float] | None:
-        """The 95% bootstrap interval of the mean over the seeds of their means over the grid."""
+        """Student's t 95% interval of the mean, over the seeds, of each seed's mean over the grid."""
         return mean_ci(self.grid_seed_means(run_id, metric))
 
     def wall(self) -> tuple[float, int]:

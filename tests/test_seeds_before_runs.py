@@ -170,19 +170,24 @@ def _record(path: Path, study: str, run: str, seeds: range, accs: list[float], c
         w.writerows(rows)
 
 
+def _demo_study(studies: Path, name: str, title: str, seeds: str, extra: str = "",
+                more_runs: tuple[tuple[str, str], ...] = (), paper_acc: float | None = None) -> None:
+    """A study file of the paper ``demo`` on the quickstart scenario: run ``paper`` (Demo),
+    ``more_runs`` as (id, label) project variants, ``extra`` lines (grid, modes, readme)."""
+    scenario = ROOT / "scenarios" / "hw-cefmc.yaml"
+    runs = f"    - {{id: paper, label: Demo, scenario: {scenario}}}\n" + "".join(
+        f"    - {{id: {i}, label: {label}, variant: project, scenario: {scenario}}}\n" for i, label in more_runs)
+    paper = "" if paper_acc is None else f"  paper_results:\n    - {{run: paper, acc: {paper_acc}}}\n"
+    (studies / f"{name}.yaml").write_text(f"study:\n  paper: demo\n  title: {title}\n  seeds: {seeds}\n"
+                                          f"  metrics: [acc]\n{extra}  runs:\n{runs}{paper}")
+
+
 def test_readme_shows_a_headlines_second_draw_beside_it_and_old_records_read_as_not_recorded(tmp_path):
     studies = tmp_path / "studies"
     studies.mkdir()
-    scenario = ROOT / "scenarios" / "hw-cefmc.yaml"
     modes = "  modes: {metric: acc, split: 0.88, below: merged, above: separated}\n"
-    studies.joinpath("demo-headline.yaml").write_text(
-        f"study:\n  paper: demo\n  title: Headline\n  seeds: 300-304\n  metrics: [acc]\n{modes}"
-        f"  runs:\n    - {{id: paper, label: Demo, scenario: {scenario}}}\n"
-        f"    - {{id: ours, label: Demo+, variant: project, scenario: {scenario}}}\n"
-        "  paper_results:\n    - {run: paper, acc: 0.9}\n")
-    studies.joinpath("demo-headline-check.yaml").write_text(
-        f"study:\n  paper: demo\n  title: Second draw\n  seeds: 400-404\n  metrics: [acc]\n{modes}  readme: false\n"
-        f"  runs:\n    - {{id: paper, label: Demo, scenario: {scenario}}}\n")
+    _demo_study(studies, "demo-headline", "Headline", "300-304", modes, (("ours", "Demo+"),), paper_acc=0.9)
+    _demo_study(studies, "demo-headline-check", "Second draw", "400-404", modes + "  readme: false\n")
     head = commit_all(tmp_path)  # the study files declared before their runs
     _record(studies / "results" / "demo-headline.csv", "demo-headline", "paper", range(300, 305),
             [0.95, 0.96, 0.82, 0.95, 0.94], commits=head)
@@ -225,16 +230,9 @@ def test_a_grid_means_second_draw_carries_the_interval_of_its_seeds_means(tmp_pa
     against the paper with the interval of the per-seed means over the grid."""
     studies = tmp_path / "studies"
     studies.mkdir()
-    scenario = ROOT / "scenarios" / "hw-cefmc.yaml"
-    grid = "  grid: {params.lambda: [1.0, 2.0]}\n  readme: mean\n"
-    studies.joinpath("demo-grid.yaml").write_text(
-        f"study:\n  paper: demo\n  title: Grid\n  seeds: 300-304\n  metrics: [acc]\n{grid}"
-        f"  runs:\n    - {{id: paper, label: Demo, scenario: {scenario}}}\n"
-        "  paper_results:\n    - {run: paper, acc: 0.9}\n")
-    studies.joinpath("demo-grid-check.yaml").write_text(
-        f"study:\n  paper: demo\n  title: Second draw\n  seeds: 400-404\n  metrics: [acc]\n"
-        f"  grid: {{params.lambda: [1.0, 2.0]}}\n  readme: false\n"
-        f"  runs:\n    - {{id: paper, label: Demo, scenario: {scenario}}}\n")
+    grid = "  grid: {params.lambda: [1.0, 2.0]}\n"
+    _demo_study(studies, "demo-grid", "Grid", "300-304", grid + "  readme: mean\n", paper_acc=0.9)
+    _demo_study(studies, "demo-grid-check", "Second draw", "400-404", grid + "  readme: false\n")
     head = commit_all(tmp_path)
     for name, seeds, accs in (("demo-grid", range(300, 305), ([0.95, 0.96, 0.93, 0.95, 0.94], [0.93] * 5)),
                               ("demo-grid-check", range(400, 405), ([0.80, 0.82, 0.84, 0.81, 0.83], [0.82] * 5))):

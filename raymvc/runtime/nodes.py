@@ -86,7 +86,6 @@ class ClientNode:
             add_search_path(folder)
 
         self.cid = cid
-        self.seed = spec.seed
         # the fault kinds (faults.partial_work among them): each client decides its work share
         # with them as the server's plan does
         self.kinds = build_kinds(spec.faults, Context(spec.seed, spec.client_ids, dict(spec.client_sizes),

@@ -10,9 +10,12 @@ them, and says which it set, in every process of a run:
 
 * in the driver when :mod:`raymvc` is imported (:func:`apply`; ``raymvc/__init__.py`` calls it
   before anything imports numpy or torch), which covers the in-process backend;
-* in the workers of a Ray instance raymvc starts or joins, through the job's ``runtime_env``
-  (:func:`ray_runtime_env`), set before each worker process starts, so an actor on another
-  machine of a cluster computes the same way; a worker of a Ray instance someone else
+* in the workers of the Ray instance raymvc starts here, by inheritance: Ray's processes
+  start from the driver's environment, which :func:`apply` has pinned already (a job-level
+  ``runtime_env`` would cost every run its prestarted workers);
+* in the workers of a cluster raymvc joins (``runtime.address``), through the job's
+  ``runtime_env`` (:func:`ray_runtime_env`), set before each worker process starts, so an
+  actor on another machine computes the same way; a worker of a Ray instance someone else
   started pins itself when it imports raymvc (the actor and task code does, before it
   imports numpy), and reports what it got;
 * thread counts are fixed per run (``runtime.threads``, :mod:`raymvc.runtime.threads`).
@@ -184,8 +187,8 @@ def check() -> str | None:
 
 def ray_runtime_env() -> dict:
     """The ``runtime_env`` that puts this process's mode into a Ray worker before it starts
-    (given to ``ray.init`` for the whole job: every worker shares it, so none is started
-    apart for it)."""
+    (given to ``ray.init`` for the whole job when joining a cluster: every worker shares it,
+    so none is started apart for it)."""
     if apply() == "native":
         return {"env_vars": {MODE_VAR: "native"}}
     settings, kept = settings_for(os.environ)

@@ -58,7 +58,7 @@ def _checksum(tmp_path, env: dict) -> dict:
 
 def _cells(tmp_path, backend: str, env: dict, name: str) -> dict:
     done = subprocess.run([sys.executable, str(HERE / "arithmetic_cells.py"), backend, str(tmp_path / name)],
-                          env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+                          env=env, capture_output=True, text=True, timeout=1200, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -164,3 +164,31 @@ def test_deep_cells_give_the_same_labels_on_ray_workers_of_another_perturbed_clu
     assert {m: v[0] for m, v in on_ray.items()} == {m: v[0] for m, v in perturbed_in_process.items()}
     for m, (_, block) in on_ray.items():
         assert block["pinned"] and block["processes"] >= 3 and not block["differing"], m
+
+
+# a run on the Ray instance raymvc starts itself, under PERTURB: the job's runtime_env and the run's block
+EMBEDDED = """
+import json, os, sys
+import raymvc
+import ray
+r = raymvc.run({"name": "embedded", "method": "kfed", "data": {"dataset": "digits", "partition": "horizontal",
+                "n_clients": 3}, "runtime": {"backend": "ray", "client_cpus": 0.25}, "seed": 1},
+               out=sys.argv[1], progress=False)
+job = ray.get_runtime_context().runtime_env
+print(json.dumps({"status": r.status, "arithmetic": r.summary["arithmetic"], "env_vars": job.get("env_vars") or {}}))
+"""
+
+
+def test_an_embedded_ray_pins_its_workers_through_the_drivers_environment_not_a_job_runtime_env(tmp_path):
+    """The Ray instance a run starts inherits the driver's pinned environment: every process of
+    the run is pinned under variables that would move the bits, and the job carries no
+    ``runtime_env`` (one would keep Ray from handing the run its prestarted workers)."""
+    done = subprocess.run([sys.executable, "-c", EMBEDDED, str(tmp_path / "run")], env=_env(**PERTURB),
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["status"] == "completed"
+    assert found["env_vars"] == {}
+    block = found["arithmetic"]
+    assert block["pinned"] and block["processes"] >= 3 and not block["differing"], block
+    assert block["overridden"]["MKL_CBWR"] == "AVX2"  # the driver found the perturbing value and pinned over it

@@ -150,11 +150,11 @@ def _init_ray(sc: Scenario, n_clients: int) -> float:
         stop_embedded()
     t = time.perf_counter()
     rt = sc.runtime
-    # every worker of the job computes in this driver's arithmetic mode (raymvc.arithmetic)
-    kwargs = dict(include_dashboard=False, log_to_driver=LOG_TO_DRIVER["on"], configure_logging=False,
-                  runtime_env=arithmetic.ray_runtime_env())
+    kwargs = dict(include_dashboard=False, log_to_driver=LOG_TO_DRIVER["on"], configure_logging=False)
     if rt.address:
-        _join(ray, rt.address, kwargs)
+        # every worker of the job computes in this driver's arithmetic mode (raymvc.arithmetic):
+        # a cluster's workers were started from their own nodes' environments
+        _join(ray, rt.address, dict(kwargs, runtime_env=arithmetic.ray_runtime_env()))
         if not _enough(ray, sc, n_clients):
             have = ray.cluster_resources().get("CPU", 0)
             ray.shutdown()
@@ -171,6 +171,9 @@ def _init_ray(sc: Scenario, n_clients: int) -> float:
         import logging
 
         logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+        # The embedded instance's processes inherit this driver's environment, which already
+        # holds its arithmetic mode (raymvc.arithmetic.apply ran on import): no job-level
+        # runtime_env, which would keep Ray from handing the run its prestarted workers.
         ray.init(address="local", num_cpus=max(rt.num_cpus or os.cpu_count() or 1, need), **kwargs)
         if not _started["exit_hook"]:
             atexit.register(stop_embedded)  # runs before Ray's own exit hook (registered at import)

@@ -9,7 +9,9 @@ and the client), so that a run on Ray and one in process see the same:
 * ``away(round, client) -> bool`` -- the client misses the round, as a dropout: the
   server's message is sent and metered, no reply comes (``dropped`` in ``rounds.jsonl``);
 * ``delay_s(round, client) -> float`` -- virtual seconds its reply to the round's first
-  exchange leaves later, as a straggler's (past ``faults.deadline_s`` it is late);
+  exchange leaves later (past ``faults.deadline_s`` it is late); a kind that delays every
+  exchange of a round (three under secure aggregation), as ``stragglers`` does, overrides
+  ``exchange_delay_s(round, client, sub)`` instead;
 * ``work(round, client) -> float`` -- the share of its local work it does, as under
   ``faults.partial_work`` (methods with ``partial_work`` in ``Protocol.supports`` honour
   it, closed-form methods ignore it);
@@ -25,13 +27,14 @@ beside the scenario file is found as a method of one's own is, on Ray too). Addi
 built-in kind is a class in this file (and its row in docs/fault-models.md). A built-in
 kind may also name a ``shorthand``, a key of ``faults`` that switches it on with its
 parameters alone (``faults.partial_work: {fraction: F, work: W}`` is the kind
-``partial_work``); the scenario's schema takes that key's type from the kind's ``Config``.
+``partial_work``); the scenario's schema takes that key's type from the kind's ``Config``,
+and the kind's ``switched_on(cfg)`` says whether those parameters do anything.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
@@ -40,7 +43,11 @@ from . import streams
 from .availability import Context, ModelConfig
 from .streams import stream
 
-__all__ = ["REGISTRY", "Context", "FaultKind", "KindError", "ModelConfig", "build", "entries", "get_kind"]
+__all__ = ["REGISTRY", "Context", "DelayCfg", "FaultKind", "KindError", "ModelConfig", "build", "draw_delay", "entries",
+           "get_kind"]
+
+MAX_SIGMA = 10.0  # a lognormal's sigma: e^(10 x 3) already spans 13 orders of magnitude
+MAX_SECONDS = 1e9  # a delay's mean (about 30 years)
 
 
 class FaultKind:
@@ -64,6 +71,17 @@ class FaultKind:
 
     def delay_s(self, round: int, client: int) -> float:
         return 0.0
+
+    def exchange_delay_s(self, round: int, client: int, sub: int) -> float:
+        """Virtual seconds the reply to exchange ``sub`` of ``round`` leaves later: by default
+        :meth:`delay_s` in the first exchange and nothing in the others."""
+        return self.delay_s(round, client) if sub == 0 else 0.0
+
+    @classmethod
+    def switched_on(cls, cfg: ModelConfig) -> bool:
+        """Whether a shorthand key's parameters do anything (a kind whose key has a default
+        that does nothing, as ``stragglers: {fraction: 0}``, is then not built at all)."""
+        return True
 
     def work(self, round: int, client: int) -> float:
         return 1.0
@@ -95,6 +113,15 @@ def delay_s(kind: FaultKind, round: int, client: int) -> float:
     if not (isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
             and math.isfinite(float(v)) and float(v) >= 0.0):
         raise KindError(f"fault kind {kind.name!r}: delay_s({round}, {client}) returned {v!r}, not seconds >= 0")
+    return float(v)
+
+
+def exchange_delay_s(kind: FaultKind, round: int, client: int, sub: int) -> float:
+    v = _call(kind, "exchange_delay_s", round, client, sub)
+    if not (isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+            and math.isfinite(float(v)) and float(v) >= 0.0):
+        raise KindError(f"fault kind {kind.name!r}: exchange_delay_s({round}, {client}, {sub}) returned {v!r}, "
+                        "not seconds >= 0")
     return float(v)
 
 
@@ -181,7 +208,63 @@ class PartialWork(FaultKind):
         return float(self.cfg.work) if u < self.cfg.fraction else 1.0
 
 
-REGISTRY: dict[str, type[FaultKind]] = {cls.name: cls for cls in (Churn, PartialWork)}
+class DelayCfg(ModelConfig):
+    """A delay in virtual seconds: its distribution, its mean and (lognormal) the sigma of
+    the underlying normal."""
+
+    dist: Literal["lognormal", "exponential", "constant", "uniform"] = Field(
+        default="lognormal", description="lognormal, exponential, constant, or uniform in [0, 2 x mean]")
+    mean: float = Field(default=2.0, ge=0.0, le=MAX_SECONDS, description="mean delay, virtual seconds")
+    sigma: float = Field(default=0.5, ge=0.0, le=MAX_SIGMA, description="lognormal: the underlying normal's sigma")
+
+
+def draw_delay(cfg, rng: np.random.Generator) -> float:
+    """One draw of a delay (:class:`DelayCfg`, or a device quantity of the same shape) from ``rng``."""
+    if cfg.dist == "constant" or cfg.mean == 0:
+        return float(cfg.mean)
+    if cfg.dist == "exponential":
+        return float(rng.exponential(cfg.mean))
+    if cfg.dist == "uniform":
+        return float(rng.uniform(0.0, 2.0 * cfg.mean))
+    # lognormal parametrised by its mean and the sigma of the underlying normal
+    mu = math.log(cfg.mean) - cfg.sigma**2 / 2.0
+    return float(rng.lognormal(mu, cfg.sigma))
+
+
+class Stragglers(FaultKind):
+    """Slow devices: a share ``fraction`` of the clients, drawn once from the seed, replies
+    late in every exchange of every round, by a delay drawn per client, round and exchange
+    (past ``faults.deadline_s`` the reply is late). Not a missing reply by itself: the round's
+    record lists a client under ``late`` only when its reply missed the deadline."""
+
+    name = "stragglers"
+    shorthand = "stragglers"
+
+    class Config(ModelConfig):
+        fraction: float = Field(default=0.0, ge=0.0, le=1.0, description="share of the clients that are slow")
+        delay_s: DelayCfg = Field(default=DelayCfg(), description="the delay each of their replies gets")
+
+    @classmethod
+    def switched_on(cls, cfg) -> bool:
+        return cfg.fraction > 0
+
+    def __init__(self, cfg, ctx):
+        super().__init__(cfg, ctx)
+        ids = np.array(ctx.client_ids)
+        n_slow = int(round(cfg.fraction * len(ids)))
+        # the streams as they always were, so runs keep their labels
+        rng = stream(ctx.seed, streams.STRAGGLERS)
+        self.slow: frozenset[int] = frozenset(int(c) for c in rng.choice(ids, n_slow, replace=False)) if n_slow \
+            else frozenset()
+
+    def exchange_delay_s(self, round: int, client: int, sub: int) -> float:
+        if client not in self.slow:
+            return 0.0
+        return draw_delay(self.cfg.delay_s, stream(self.ctx.seed, streams.DELAY, round, client,
+                                                          *((sub,) if sub else ())))  # none for the first exchange
+
+
+REGISTRY: dict[str, type[FaultKind]] = {cls.name: cls for cls in (Churn, PartialWork, Stragglers)}
 
 
 def get_kind(name: str) -> type[FaultKind]:
@@ -202,7 +285,8 @@ def entries(faults) -> list[tuple[str, dict[str, Any]]]:
     built-in kinds' shorthand keys that are set (registry order), then ``faults.kinds`` in
     its order."""
     out = [(cls.name, getattr(faults, cls.shorthand).model_dump()) for cls in REGISTRY.values()
-           if cls.shorthand and getattr(faults, cls.shorthand, None) is not None]
+           if cls.shorthand and getattr(faults, cls.shorthand, None) is not None
+           and cls.switched_on(getattr(faults, cls.shorthand))]
     return out + [(e.kind, e.params()) for e in faults.kinds]
 
 

@@ -69,11 +69,52 @@ def test_without_kinds_the_plan_draws_and_the_scenario_reads_as_before(tmp_path)
     cfg = FaultsCfg(dropout={"rate": 0.3}, stragglers={"fraction": 0.5})
     a = FaultPlan(cfg, list(range(8)), seed=1)
     b = FaultPlan(FaultsCfg(dropout={"rate": 0.3}, stragglers={"fraction": 0.5}, kinds=[]), list(range(8)), seed=1)
-    assert a.kinds == [] and [a.dropped(r, c) for r in range(5) for c in range(8)] == \
+    assert [k.name for k in a.kinds] == ["stragglers"]  # faults.stragglers is a built-in kind's own key
+    assert [a.dropped(r, c) for r in range(5) for c in range(8)] == \
         [b.dropped(r, c) for r in range(5) for c in range(8)]
     assert [a.delay(r, c) for r in range(5) for c in range(8)] == [b.delay(r, c) for r in range(5) for c in range(8)]
     assert "kinds" not in load_scenario(ROOT / "scenarios" / "hw-cefmc.yaml").to_yaml()
     assert "kinds" in load_scenario(echo(tmp_path, [{"kind": "churn", "rate": 0.1}])).to_yaml()
+
+
+def _old_straggler_delay(seed, ids, fraction, mean, r, client, sub):
+    """The delay as the fault plan drew it before stragglers became a kind (the streams the
+    records' labels were made with): the slow clients once from STRAGGLERS, then a lognormal
+    of mean ``mean`` (sigma 0.5) per round, client and exchange from DELAY."""
+    import math
+
+    import numpy as np
+
+    n_slow = int(round(fraction * len(ids)))
+    slow = set(int(c) for c in stream(seed, streams.STRAGGLERS).choice(np.array(ids), n_slow, replace=False))
+    if client not in slow:
+        return 0.0
+    rng = stream(seed, streams.DELAY, r, client, *((sub,) if sub else ()))
+    return float(rng.lognormal(math.log(mean) - 0.5**2 / 2.0, 0.5))
+
+
+def test_stragglers_are_a_fault_kind_drawing_every_exchange_as_before(tmp_path, capsys):
+    """``faults.stragglers`` is the built-in kind ``stragglers``: the same delays as the plan
+    drew before it was one (every exchange of a round, so secure aggregation's too), the same
+    by its key and in ``faults.kinds``, nothing built while its share is 0, listed by ``raymvc list``."""
+    ids = list(range(10))
+    cfg = {"fraction": 0.4, "delay_s": {"mean": 3.0}}
+    by_key = FaultPlan(FaultsCfg(stragglers=cfg, deadline_s=3.0), ids, seed=7, exchanges=3)
+    by_kind = FaultPlan(FaultsCfg(kinds=[{"kind": "stragglers", **cfg}], deadline_s=3.0), ids, seed=7, exchanges=3)
+    want = [_old_straggler_delay(7, ids, 0.4, 3.0, r, c, sub) for r in range(6) for c in ids for sub in range(3)]
+    assert sum(d > 0 for d in want) == 4 * 6 * 3  # four slow clients, every round and exchange
+    assert [by_key.delay(r, c, sub) for r in range(6) for c in ids for sub in range(3)] == want
+    assert [by_kind.delay(r, c, sub) for r in range(6) for c in ids for sub in range(3)] == want
+    assert FaultPlan(FaultsCfg(), ids, seed=7).kinds == []  # the default share 0 builds no kind
+    assert by_key.kind_records(2) is None  # a late reply is the round's own record, not the kind's
+    first = rounds_of(echo(tmp_path, [], name="key", stragglers=cfg, deadline_s=3.0), tmp_path / "key")
+    second = rounds_of(echo(tmp_path, [{"kind": "stragglers", **cfg}], name="listed", deadline_s=3.0), tmp_path / "kinds")
+    keep = ("replied", "late", "virtual_end_s")
+    assert [{k: r[k] for k in keep} for r in first] == [{k: r[k] for k in keep} for r in second]
+    assert any(r["late"] for r in first)
+    assert main(["list"]) == 0
+    kinds_part = capsys.readouterr().out.split("fault kinds")[1]
+    assert "stragglers" in kinds_part and "fraction, delay_s" in kinds_part
 
 
 def test_a_churned_client_misses_its_rounds_and_the_round_record_says_who_is_gone(tmp_path):

@@ -63,20 +63,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import availability, kinds, selection, streams
-from ..scenario import DEVICE_QUANTITIES, DelayCfg, DeviceClass, DevicesCfg, FaultsCfg, NetworkCfg
+from ..kinds import draw_delay
+from ..scenario import DEVICE_QUANTITIES, DeviceClass, DevicesCfg, FaultsCfg, NetworkCfg
 from ..streams import stream
-
-
-def _draw_delay(cfg: DelayCfg, rng: np.random.Generator) -> float:
-    if cfg.dist == "constant" or cfg.mean == 0:
-        return float(cfg.mean)
-    if cfg.dist == "exponential":
-        return float(rng.exponential(cfg.mean))
-    if cfg.dist == "uniform":
-        return float(rng.uniform(0.0, 2.0 * cfg.mean))
-    # lognormal parametrised by its mean and the sigma of the underlying normal
-    mu = math.log(cfg.mean) - cfg.sigma**2 / 2.0
-    return float(rng.lognormal(mu, cfg.sigma))
 
 
 def work_share(fault_kinds, round: int, client: int) -> float:
@@ -92,11 +81,6 @@ def build_kinds(cfg: FaultsCfg, ctx: availability.Context) -> list:
     """The fault kinds ``faults`` switches on (its built-in kinds' own keys, then
     ``faults.kinds``), built once per party (each decides alone)."""
     return [kinds.build(name, params, ctx) for name, params in kinds.entries(cfg)]
-
-
-def _sub(sub: int) -> tuple[int, ...]:
-    """The key suffix of a round's exchange: none for the first, so plain runs draw as before."""
-    return (int(sub),) if sub else ()
 
 
 @dataclass
@@ -117,9 +101,6 @@ class FaultPlan:
         n_off = int(round(self.cfg.disconnect.rate * n))
         rng = stream(self.seed, streams.DISCONNECT)
         self.disconnected: set[int] = set(int(c) for c in rng.choice(ids, n_off, replace=False)) if n_off else set()
-        n_slow = int(round(self.cfg.stragglers.fraction * n))
-        rng = stream(self.seed, streams.STRAGGLERS)
-        self.stragglers: set[int] = set(int(c) for c in rng.choice(ids, n_slow, replace=False)) if n_slow else set()
         frac = self.cfg.sampling.fraction if self.cfg.sampling is not None else 1.0
         self.n_sampled = max(1, int(round(frac * n))) if n else 0  # clients asked per round (sampling)
         self._rule = None  # faults.sampling's rule, built on first use
@@ -178,13 +159,9 @@ class FaultPlan:
         return int(np.searchsorted(np.cumsum(w / w.sum()), rng.random(), side="right").clip(0, n - 1))
 
     def delay(self, round: int, client: int, sub: int = 0) -> float:
-        """A straggler's delay in exchange ``sub`` of ``round``, plus, in the first exchange,
-        what the fault kinds add."""
-        extra = sum(kinds.delay_s(k, round, client) for k in self.kinds) if sub == 0 and self.kinds else 0.0
-        if client not in self.stragglers:
-            return extra
-        return extra + _draw_delay(self.cfg.stragglers.delay_s,
-                                   stream(self.seed, streams.DELAY, round, client, *_sub(sub)))
+        """The virtual seconds the fault kinds (``stragglers`` among them) add to ``client``'s
+        reply in exchange ``sub`` of ``round``."""
+        return sum(kinds.exchange_delay_s(k, round, client, sub) for k in self.kinds) if self.kinds else 0.0
 
     def sampled(self, round: int, candidates=None, seen: dict | None = None,
                 speed_s: dict[int, float] | None = None) -> set[int] | None:
@@ -342,7 +319,7 @@ class DeviceProfiles:
                     if v is None:
                         v = default[name]
                     elif not isinstance(v, (int, float)):  # a DeviceDraw
-                        v = _draw_delay(v, stream(self.seed, streams.DEVICE, c, q))
+                        v = draw_delay(v, stream(self.seed, streams.DEVICE, c, q))
                         if name != "latency_ms":  # a uniform draw of exactly 0 would stop the clock
                             v = max(v, 1e-9)
                     values[name] = None if v is None else float(v)

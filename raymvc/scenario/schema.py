@@ -120,8 +120,8 @@ class ChannelCfg(_Strict):
         return max(1, int(self.max_message_mb * 1_000_000))
 
 
-MAX_SIGMA = 10.0  # a lognormal's sigma: e^(10 x 3) already spans 13 orders of magnitude
-MAX_SECONDS = 1e9  # a delay's mean (about 30 years)
+MAX_SIGMA = _kinds.MAX_SIGMA  # a lognormal's sigma: e^(10 x 3) already spans 13 orders of magnitude
+MAX_SECONDS = _kinds.MAX_SECONDS  # a delay's mean (about 30 years)
 MAX_ROUNDS_SPAN = _availability.MAX_ROUNDS_SPAN  # a stretch or a day, in rounds
 
 
@@ -129,15 +129,9 @@ class RateCfg(_Strict):
     rate: float = Rate
 
 
-class DelayCfg(_Strict):
-    dist: Literal["lognormal", "exponential", "constant", "uniform"] = "lognormal"
-    mean: float = Field(default=2.0, ge=0.0, le=MAX_SECONDS)
-    sigma: float = Field(default=0.5, ge=0.0, le=MAX_SIGMA)
-
-
-class StragglerCfg(_Strict):
-    fraction: float = Rate
-    delay_s: DelayCfg = DelayCfg()
+DelayCfg = _kinds.DelayCfg
+# faults.stragglers: the built-in fault kind's own key, its parameters the kind's (raymvc.kinds)
+StragglerCfg = _kinds.Stragglers.Config
 
 
 # faults.partial_work: the built-in fault kind's own key, its parameters the kind's (raymvc.kinds)
@@ -272,8 +266,9 @@ class FaultsCfg(_Strict):
                                                         "(a scheduled dropout)")
     crash: list[CrashCfg] = Field(default=[], description="[{client: C, at_round: R}]: the client's actor is "
                                                           "killed at round R")
-    stragglers: StragglerCfg = Field(default=StragglerCfg(), description="share of slow clients and their delay "
-                                                                         "distribution (virtual seconds)")
+    stragglers: StragglerCfg = Field(default=StragglerCfg(), description=(
+        "{fraction: F, delay_s: {dist, mean, sigma}}: share of slow clients and the delay of each of their replies "
+        "(virtual seconds); the fault kind stragglers"))
     partial_work: PartialWorkCfg | None = Field(default=None, description=(
         "{fraction: F, work: W}: per client and round, with chance F it does only W of its local work "
         "(raymvc params METHOD says which methods honour it)"))

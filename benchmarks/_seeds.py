@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from raymvc.runtime import run_scenario
+from raymvc.driver import run_scenario
 from raymvc.scenario import load_scenario
 
 

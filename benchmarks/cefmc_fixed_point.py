@@ -36,9 +36,9 @@ from pathlib import Path
 
 import numpy as np
 
+from raymvc.driver import prepare
 from raymvc.protocol import ClientContext, ServerContext
 from raymvc.protocols import get
-from raymvc.runtime import prepare
 from raymvc.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,7 +137,7 @@ def whole_run(scenario: str, overrides: list[str], rounds: int = 20) -> tuple[fl
     import tempfile
 
     sc = load_scenario(scenario, [*overrides, "runtime.backend=local", "params.tol=0", f"params.max_rounds={rounds}"])
-    from raymvc.runtime import run_scenario
+    from raymvc.driver import run_scenario
 
     with tempfile.TemporaryDirectory() as tmp:
         summary = run_scenario(sc, Path(tmp) / "r", progress=lambda line: None)

@@ -47,7 +47,7 @@ from pathlib import Path
 import raymvc
 from raymvc.scenario import load_scenario, merge_overrides
 from raymvc.study.files import is_study_file, load_study
-from raymvc.runtime import run_scenario
+from raymvc.driver import run_scenario
 
 path, spec, out = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
 if is_study_file(path):

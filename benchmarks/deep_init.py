@@ -30,8 +30,8 @@ def run(scenario: str, seed: int, sets: dict) -> dict:
 
     import raymvc.protocols.feddmvc as fd
     from raymvc import api
+    from raymvc.driver.engine import prepare
     from raymvc.metrics import acc
-    from raymvc.runtime.engine import prepare
     from raymvc.scenario import load_scenario
 
     if seed < 100:

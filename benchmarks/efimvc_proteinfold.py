@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from raymvc.runtime import run_scenario
+from raymvc.driver import run_scenario
 from raymvc.scenario import ScenarioError, load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]

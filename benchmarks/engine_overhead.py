@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from raymvc.bench.machine import cpu_model  # noqa: E402
-from raymvc.runtime import run_scenario  # noqa: E402
+from raymvc.driver import run_scenario  # noqa: E402
 from raymvc.scenario import load_scenario  # noqa: E402
 
 QUICK = REPO / "scenarios" / "hw-cefmc.yaml"

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from raymvc.driver import run_scenario
 from raymvc.metrics import acc as matched_accuracy
-from raymvc.runtime import run_scenario
 from raymvc.scenario import load_scenario
 
 REPO = Path(__file__).resolve().parents[1]

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from raymvc.runtime import run_scenario
+from raymvc.driver import run_scenario
 from raymvc.scenario import ScenarioError, load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -30,8 +30,8 @@ import numpy as np
 from sklearn.cluster import KMeans
 
 import raymvc.protocols.feddmvc as fd
+from raymvc.driver import prepare, run_scenario
 from raymvc.metrics import acc as clustering_accuracy
-from raymvc.runtime import prepare, run_scenario
 from raymvc.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]

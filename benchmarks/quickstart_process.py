@@ -122,8 +122,8 @@ def main() -> None:
     if args.compare:
         systems.append(("ray, " + label, "ray", args.compare.resolve(), []))
     if args.ray_alone:
-        from raymvc.runtime.cluster import actors_needed, cpus_needed
-        from raymvc.runtime.engine import prepare
+        from raymvc.driver.cluster import actors_needed, cpus_needed
+        from raymvc.driver.engine import prepare
         from raymvc.scenario import load_scenario
 
         sc = load_scenario(args.scenario)
@@ -190,7 +190,7 @@ def main() -> None:
 
         method = f"protocols.{_REGISTRY[sc.method]}"
         actor = import_cpu(["raymvc.runtime.nodes", method])
-        driver = import_cpu(["raymvc.cli", "raymvc.runtime.engine", "raymvc.metrics", method])
+        driver = import_cpu(["raymvc.cli", "raymvc.driver.engine", "raymvc.metrics", method])
         gap = ray_med - statistics.median(r["process_s"] for r in runs[f"Ray alone, {n_actors} empty actors"])
         floor = actor * n_actors / (os.cpu_count() or 1)
         lines += ["", f"Imports over `import ray` (CPU s, median of 3 fresh interpreters): a client or server "

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from raymvc.bench import fedavg_echo
-from raymvc.runtime import run_scenario
+from raymvc.driver import run_scenario
 from raymvc.scenario import scenario_from_dict
 
 

@@ -192,8 +192,8 @@ def run(scenario: str | Path | Mapping | Scenario, *, data: MultiViewData | None
     raises :class:`~raymvc.scenario.ScenarioError` (or ``ValueError`` for ``data``).
     """
     from .data.prepare import prepare
+    from .driver import run_scenario
     from .results.folder import default_out_dir
-    from .runtime import run_scenario
 
     with _api_words():
         sets = merge_overrides(as_overrides(overrides), {"runtime.backend": backend} if backend else {})

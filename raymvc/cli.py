@@ -70,11 +70,11 @@ def _load_and_prepare(args):
 
 
 def cmd_run(args) -> int:
+    from .driver import run_scenario
+    from .driver.engine import ClusterError
     from .progress import RunProgress
     from .results.folder import format_summary
     from .results.runfolder import RunFolder
-    from .runtime import run_scenario
-    from .runtime.engine import ClusterError
 
     resume = getattr(args, "resume", None)
     if resume:
@@ -114,7 +114,7 @@ def cmd_run(args) -> int:
     result = sys.stdout
     sys.stdout = sys.stderr  # stdout carries the summary alone: Ray's and the methods' own prints go to stderr
     if args.json:
-        from .runtime import cluster
+        from .driver import cluster
 
         cluster.LOG_TO_DRIVER["on"] = False  # nor may Ray print workers' lines there later, at shutdown
     try:
@@ -361,8 +361,8 @@ def sweep_request(args):
 
 
 def cmd_sweep(args) -> int:
+    from .driver.engine import ClusterError
     from .results.folder import ResultsError, check_out_dir
-    from .runtime.engine import ClusterError
     from .study.sweep import run_sweep
 
     try:

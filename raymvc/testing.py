@@ -56,9 +56,9 @@ def check_protocol(method, *, workdir: str | Path | None = None) -> list[str]:
     ``AssertionError`` listing every check it failed and why. Run folders go to
     ``workdir`` (default: a temporary folder, removed afterwards)."""
     from .data.prepare import prepare
+    from .driver import run_scenario
     from .protocol import RunFacts
     from .protocols import get
-    from .runtime import run_scenario
 
     name = method if isinstance(method, str) else method.__name__
     proto = get(name)

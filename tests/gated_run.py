@@ -26,9 +26,9 @@ import sys
 
 def _main() -> None:
     at, ready, go = (int(x) for x in sys.argv[1:4])
-    from raymvc import cli, runtime
+    from raymvc import cli, driver
 
-    real = runtime.run_scenario
+    real = driver.run_scenario
     gate = {"open": False}  # a sweep's runs: only the first to reach the round waits there
 
     def gated(sc, out_dir=None, **kw):
@@ -44,7 +44,7 @@ def _main() -> None:
 
         return real(sc, out_dir, **{**kw, "on_round": on_round})
 
-    runtime.run_scenario = gated  # what `raymvc run` calls
+    driver.run_scenario = gated  # what `raymvc run` and a sweep call
     sys.argv = ["raymvc", *sys.argv[4:]]
     cli.entry()
 

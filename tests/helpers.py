@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from raymvc.cli import main
-from raymvc.runtime import run_scenario
+from raymvc.driver import run_scenario
 from raymvc.scenario import load_scenario
 
 

@@ -14,7 +14,7 @@ import yaml
 from helpers import run_rounds, stopped_then_resumed, validate_fails_in_one_line
 
 from raymvc.cli import main
-from raymvc.runtime import prepare, run_scenario
+from raymvc.driver import prepare, run_scenario
 from raymvc.runtime.faults import FaultPlan
 from raymvc.scenario import FaultsCfg, load_scenario
 from raymvc.scenario.sidefiles import availability_trace

@@ -16,9 +16,9 @@ torch = pytest.importorskip("torch")
 
 import raymvc.protocols.ccfc as ccfc  # noqa: E402
 from raymvc.channel import decode, encode  # noqa: E402
+from raymvc.driver import prepare, run_scenario  # noqa: E402
 from raymvc.messages import Message  # noqa: E402
 from raymvc.protocol import ServerContext  # noqa: E402
-from raymvc.runtime import prepare, run_scenario  # noqa: E402
 from raymvc.runtime.nodes import ClientNode, ServerNode  # noqa: E402
 from raymvc.runtime.spec import RunSpec  # noqa: E402
 from raymvc.scenario import load_scenario, scenario_from_dict  # noqa: E402

@@ -10,10 +10,10 @@ import pytest
 from sklearn.metrics import adjusted_rand_score
 
 from raymvc.cli import main
+from raymvc.driver import prepare
+from raymvc.driver.engine import run_scenario
 from raymvc.protocol import ClientContext
 from raymvc.protocols import ffcm, kfed
-from raymvc.runtime import prepare
-from raymvc.runtime.engine import run_scenario
 from raymvc.scenario import ScenarioError, load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]

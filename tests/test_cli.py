@@ -82,7 +82,7 @@ def test_overrides_are_parsed_as_yaml_and_validated():
     with pytest.raises(ScenarioError, match=r"channel.encryption: "):
         load_scenario(QUICK, ["channel.encryption=rot13"])
     with pytest.raises(ScenarioError, match=r"faults.crash: client 9 does not exist"):
-        from raymvc.runtime import prepare
+        from raymvc.driver import prepare
 
         prepare(load_scenario(QUICK, ["faults.crash=[{client: 9, at_round: 1}]"]))
 
@@ -193,7 +193,7 @@ def test_data_path_on_the_command_line_replaces_the_dataset_and_resolves_here(tm
     for missing in ({"data.path": Path("gone.npz")}, {"data": {"path": tmp_path / "gone.npz"}}):
         with pytest.raises(ScenarioError, match="data.path: file not found"):  # its error shows it as text
             load_scenario(QUICK, missing)
-    from raymvc.runtime import prepare
+    from raymvc.driver import prepare
 
     ds, part = prepare(sc)
     assert ds.n_samples == 90 and part.n_clients == 2
@@ -240,9 +240,9 @@ def test_method_by_import_path_from_the_current_directory(tmp_path, capsys, monk
     # centroids and counts, never rows of its own data
     import fedlloyd
 
+    from raymvc.driver import prepare
     from raymvc.messages import Message
     from raymvc.protocol import ClientContext
-    from raymvc.runtime import prepare
     from raymvc.scenario import load_scenario
 
     _, part = prepare(load_scenario("fedlloyd.yaml", ["runtime.backend=local"]))

@@ -102,7 +102,7 @@ def test_unreachable_cluster_is_one_clean_error(tmp_path):
 EMBEDDED = r"""
 import json, os, sys
 import ray
-from raymvc.runtime import cluster
+from raymvc.driver import cluster
 from raymvc.scenario import load_scenario
 sc = load_scenario(sys.argv[1], ["runtime.num_cpus=2"])
 pids, monitor_at_shutdown = [], []
@@ -155,7 +155,7 @@ def test_embedded_instance_stops_without_leaving_processes(isolated_env, tmp_pat
 SWITCH = r"""
 import sys
 import ray
-from raymvc.runtime import cluster
+from raymvc.driver import cluster
 from raymvc.scenario import load_scenario
 cluster.init_ray(load_scenario(sys.argv[1], ["runtime.num_cpus=2"]), 2)
 try:
@@ -186,7 +186,7 @@ def test_placement_timeout_is_validated_like_the_other_runtime_keys(capsys):
 
 
 def test_the_unplaced_count_packs_bundles_node_by_node():
-    from raymvc.runtime.placement import _fits
+    from raymvc.driver.placement import _fits
 
     assert _fits([0.5, 2.0, 2.0], 1.25, 3) == 2  # no bundle straddles two nodes
     assert _fits([1.0, 2.0, 2.0], 0.5, 6) == 6
@@ -208,7 +208,7 @@ class _FakeRay:
 
 
 def test_the_placement_error_names_what_could_not_be_placed(scenario_path):
-    from raymvc.runtime.placement import _unplaced
+    from raymvc.driver.placement import _unplaced
     from raymvc.scenario import load_scenario
 
     sc = load_scenario(scenario_path("hw-cefmc.yaml"), ["runtime.server_cpus=1"])
@@ -223,8 +223,8 @@ def test_the_placement_error_names_what_could_not_be_placed(scenario_path):
 
 
 def test_client_cpus_auto_shares_the_free_cpus_within_bounds():
-    from raymvc.runtime.cluster import cpus_needed
-    from raymvc.runtime.placement import client_cpus
+    from raymvc.driver.cluster import cpus_needed
+    from raymvc.driver.placement import client_cpus
     from raymvc.scenario import scenario_from_dict
 
     def sc(v, server=0.5):
@@ -240,8 +240,8 @@ def test_client_cpus_auto_shares_the_free_cpus_within_bounds():
 
 
 def test_gpus_asked_for_enter_the_bundles_and_a_cluster_without_them_is_one_line():
-    from raymvc.runtime.cluster import ClusterError
-    from raymvc.runtime.placement import _bundle, _check_gpus
+    from raymvc.driver.cluster import ClusterError
+    from raymvc.driver.placement import _bundle, _check_gpus
     from raymvc.scenario import scenario_from_dict
 
     def rt(**kw):

@@ -31,9 +31,10 @@ import pytest
 from sklearn.cluster import KMeans
 from sklearn.metrics import normalized_mutual_info_score
 
+from raymvc.driver import prepare, run_scenario
 from raymvc.protocol import RunFacts
 from raymvc.protocols import available, get
-from raymvc.runtime import nodes, prepare, run_scenario
+from raymvc.runtime import nodes
 from raymvc.scenario import ScenarioError, scenario_from_dict
 
 METHODS = available()

@@ -181,7 +181,7 @@ def test_npz_image_shape(tmp_path):
 
 def test_scenario_image_shape_reaches_the_shards(tmp_path):
     """``data.image_shape`` sets the image shape of a user file's rows; CCFC clients reshape with it."""
-    from raymvc.runtime import prepare
+    from raymvc.driver import prepare
     from raymvc.scenario import ScenarioError, scenario_from_dict
 
     r = np.random.default_rng(0)

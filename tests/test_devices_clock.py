@@ -15,7 +15,7 @@ import pytest
 import yaml
 from helpers import validate_fails_in_one_line
 
-from raymvc.runtime import prepare, run_scenario
+from raymvc.driver import prepare, run_scenario
 from raymvc.runtime.faults import DeviceProfiles
 from raymvc.scenario import DevicesCfg, NetworkCfg, load_scenario
 from raymvc.scenario.sidefiles import device_classes

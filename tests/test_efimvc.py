@@ -259,7 +259,7 @@ def test_client_preprocessing_ignores_scale_and_absent_rows():
 # --------------------------------------------------------------------------- end to end
 @pytest.mark.skipif(not (DATA / "proteinFold_Per0.5.mat").is_file(), reason="ProteinFold data not present")
 def test_proteinfold_end_to_end(tmp_path):
-    from raymvc.runtime import run_scenario
+    from raymvc.driver import run_scenario
     from raymvc.scenario import load_scenario
 
     sc = load_scenario(SCENARIOS / "proteinfold-efimvc.yaml", overrides=[

@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from raymvc.driver import run_scenario
 from raymvc.messages import Message
 from raymvc.protocols import get
-from raymvc.runtime import run_scenario, transport
+from raymvc.runtime import transport
 from raymvc.scenario import load_scenario
 
 QUICK = Path(__file__).resolve().parents[1] / "scenarios" / "hw-cefmc.yaml"
@@ -421,7 +422,7 @@ def test_ray_shares_broadcast_bodies_with_the_same_results(ray_session, tmp_path
 
 
 def test_the_server_runs_fast_rounds_in_batches(tmp_path):
-    from raymvc.runtime.engine import _spawn, prepare
+    from raymvc.driver.engine import _spawn, prepare
 
     echo = _echo(tmp_path, rounds=6, floats=8, n_clients=3, runtime="backend: local")
     sc = load_scenario(echo)
@@ -459,7 +460,7 @@ def test_rounds_of_a_batch_reach_disk_when_a_later_round_raises(tmp_path, monkey
 
 
 def test_salvage_writes_the_rounds_the_driver_never_received():
-    from raymvc.runtime.engine import _Run
+    from raymvc.driver.engine import _Run
     from raymvc.runtime.records import RunEnd
 
     class Writer:

@@ -14,9 +14,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import raymvc.protocols.fcuif as fc  # noqa: E402
+from raymvc.driver import prepare, run_scenario  # noqa: E402
 from raymvc.messages import Message  # noqa: E402
 from raymvc.protocol import ClientContext, RunFacts, ServerContext  # noqa: E402
-from raymvc.runtime import prepare, run_scenario  # noqa: E402
 from raymvc.scenario import scenario_from_dict  # noqa: E402
 
 

@@ -15,9 +15,9 @@ torch = pytest.importorskip("torch")
 
 import raymvc.protocols.feddmvc as fd  # noqa: E402
 from raymvc.data import partition as parts  # noqa: E402
+from raymvc.driver import prepare, run_scenario  # noqa: E402
 from raymvc.messages import Done  # noqa: E402
 from raymvc.protocol import ClientContext, RunFacts, ServerContext  # noqa: E402
-from raymvc.runtime import prepare, run_scenario  # noqa: E402
 from raymvc.scenario import ScenarioError, scenario_from_dict  # noqa: E402
 
 TINY = fd.PROTOCOL.quick_params

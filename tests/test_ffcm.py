@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from raymvc.driver.engine import run_scenario
 from raymvc.protocols import ffcm, kfed
-from raymvc.runtime.engine import run_scenario
 from raymvc.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]

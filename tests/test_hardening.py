@@ -476,7 +476,7 @@ def test_horizontal_covers_every_row_once_and_the_seed_fixes_it(n, k, m, p, alph
 
 
 def _local_run(scenario_path, tmp_path, *overrides):
-    from raymvc.runtime import run_scenario
+    from raymvc.driver import run_scenario
 
     sc = load_scenario(scenario_path("digits-kfed.yaml"), ["runtime.backend=local", *overrides])
     summary = run_scenario(sc, tmp_path / "run", progress=lambda line: None)

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 
 import raymvc.protocols.kfed as kfed
+from raymvc.driver import prepare, run_scenario
 from raymvc.messages import Message
 from raymvc.protocol import ServerContext
-from raymvc.runtime import prepare, run_scenario
 from raymvc.scenario import load_scenario, scenario_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]

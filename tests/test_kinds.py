@@ -13,7 +13,7 @@ import yaml
 
 from raymvc import kinds, streams
 from raymvc.cli import main
-from raymvc.runtime import run_scenario
+from raymvc.driver import run_scenario
 from raymvc.runtime.faults import FaultPlan
 from raymvc.scenario import FaultsCfg, load_scenario
 from raymvc.streams import stream

@@ -172,14 +172,16 @@ def _defs(paths, kinds):
 
 def test_classes_and_engine_functions_stay_readable():
     """No class over 250 lines in the package or the methods, no function over 60 lines in
-    the engine (``raymvc/runtime``): the server is its shell, exchange and round workflow."""
+    the engine (``raymvc/runtime`` and ``raymvc/driver``): the server is its shell, exchange
+    and round workflow."""
     files = [*(p for p in PKG.rglob("*.py") if "protocols" not in p.relative_to(PKG).parts),
              *(PKG.parent / "protocols").glob("*.py")]
     assert any(p.name == "efimvc.py" for p in files)  # the methods are read too
     big = [f"{p.name}:{n.name} ({size} lines)" for p, n, size in _defs(files, ast.ClassDef) if size > 250]
     assert not big
     long = [f"{p.name}:{n.name} ({size} lines)" for p, n, size in
-            _defs(PKG.joinpath("runtime").glob("*.py"), (ast.FunctionDef, ast.AsyncFunctionDef)) if size > 60]
+            _defs([*PKG.joinpath("runtime").glob("*.py"), *PKG.joinpath("driver").glob("*.py")],
+                  (ast.FunctionDef, ast.AsyncFunctionDef)) if size > 60]
     assert not long
 
 
@@ -221,9 +223,26 @@ def test_the_top_level_is_grouped_into_rooms():
         assert not set(top) & members  # no module left behind under its old name
 
 
-DRIVER_SIDE = ("raymvc.scenario.load", "raymvc.scenario.yamlio", "raymvc.scenario.sidefiles", "raymvc.runtime.engine",
-               "raymvc.runtime.cluster", "raymvc.runtime.cell_tasks", "raymvc.study", "raymvc.results", "raymvc.api",
-               "raymvc.cli", "raymvc.data")
+DRIVER_SIDE = ("raymvc.scenario.load", "raymvc.scenario.yamlio", "raymvc.scenario.sidefiles", "raymvc.driver",
+               "raymvc.study", "raymvc.results", "raymvc.api", "raymvc.cli", "raymvc.data")
+
+
+def test_runtime_holds_the_parties_side_and_driver_the_drivers():
+    """``raymvc/runtime`` is what an actor hosts and ``raymvc/driver`` what drives it: no module
+    of the parties' side imports the driver's (the package's lazy entry points aside), and the
+    driver's modules (the engine, the Ray instance, placement, warm actors, checkpoints, stop
+    signals, cells as tasks) live under ``raymvc/driver`` only."""
+    wrong = []
+    for p in PKG.joinpath("runtime").glob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and p.name != "__init__.py":
+                target = node.module if node.level == 0 else "." * node.level + node.module
+                if target.startswith(("..driver", "raymvc.driver")):
+                    wrong.append(f"{p.name}: {target}")
+    assert not wrong
+    driver = {"engine", "cluster", "placement", "warm", "signals", "checkpoint", "cell_tasks"}
+    assert {p.stem for p in PKG.joinpath("driver").glob("*.py")} >= driver
+    assert not driver & {p.stem for p in PKG.joinpath("runtime").glob("*.py")}
 
 
 def _party_modules() -> list[str]:

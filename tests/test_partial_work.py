@@ -15,9 +15,9 @@ from helpers import run_rounds
 
 from raymvc import streams
 from raymvc.cli import main
+from raymvc.driver import prepare
 from raymvc.protocol import ClientContext, work_steps
 from raymvc.protocols import get
-from raymvc.runtime import prepare
 from raymvc.runtime.faults import FaultPlan, work_share
 from raymvc.scenario import FaultsCfg, PartialWorkCfg, scenario_from_dict
 from raymvc.streams import stream

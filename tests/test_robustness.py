@@ -17,9 +17,9 @@ import pytest
 from gated_run import GatedRun
 
 from raymvc.cli import main
+from raymvc.driver import run_scenario
 from raymvc.messages import Message
 from raymvc.protocols import cefmc
-from raymvc.runtime import run_scenario
 from raymvc.scenario import load_scenario
 
 REPO = Path(__file__).resolve().parents[1]

@@ -24,10 +24,10 @@ import pytest
 from raymvc.channel import codec
 from raymvc.channel.meter import Ledger, LedgerRow
 from raymvc.cli import main
+from raymvc.driver import checkpoint, run_scenario
 from raymvc.messages import Message
 from raymvc.results import folder as results
 from raymvc.results.folder import LOCK, MARKER, OutputFolder, ResultsError, RunWriter, folder_kind
-from raymvc.runtime import checkpoint, run_scenario
 from raymvc.runtime.state import StateError, dump_state, load_state
 from raymvc.scenario import ScenarioError, load_scenario
 

@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from raymvc.cli import main
+from raymvc.driver.engine import run_scenario
 from raymvc.protocols import ccfc
 from raymvc.results.plot import PARTICIPATION, _scored
 from raymvc.results.runfolder import RunFolder
-from raymvc.runtime.engine import run_scenario
 from raymvc.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from raymvc.cli import main
-from raymvc.runtime import run_scenario
+from raymvc.driver import run_scenario
 from raymvc.runtime.faults import FaultPlan
 from raymvc.scenario import FaultsCfg, load_scenario
 

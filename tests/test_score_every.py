@@ -12,9 +12,9 @@ import pytest
 import yaml
 from helpers import validate_fails_in_one_line
 
+from raymvc.driver.engine import run_scenario
 from raymvc.messages import Message
 from raymvc.protocols import ccfc
-from raymvc.runtime.engine import run_scenario
 from raymvc.scenario import load_scenario
 
 

@@ -510,7 +510,7 @@ class _Spy:
 
 def _run(tmp_path, name, secure, *overrides, rounds=3, n_clients=6, spy=None, mp=None):
     from raymvc.bench import fedavg_echo
-    from raymvc.runtime import run_scenario
+    from raymvc.driver import run_scenario
     from raymvc.scenario import load_scenario
 
     if spy is not None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from raymvc import scenario as scenario_mod
-from raymvc.runtime import prepare
+from raymvc.driver import prepare
 from raymvc.runtime.nodes import ClientNode, ServerNode
 from raymvc.runtime.spec import RunSpec
 from raymvc.scenario import load_scenario

@@ -323,7 +323,7 @@ def _csv_study(tmp_path):
 def test_a_cell_task_on_a_node_without_the_data_file_ends_in_error_in_one_line(tmp_path, ray_session, monkeypatch):
     """``--cells tasks`` on a cluster whose nodes lack the scenario's data file: every cell
     failed with Ray's coloured remote traceback as its error, and the sweep exited 0."""
-    from raymvc.runtime import cell_tasks
+    from raymvc.driver import cell_tasks
     from raymvc.study.sweep import execute, plan
 
     sc = _csv_study(tmp_path)

@@ -9,8 +9,8 @@ import pytest
 from sklearn.datasets import load_digits
 
 from raymvc.data.datasets import DataError, load_dataset
+from raymvc.driver import prepare
 from raymvc.results.provenance import fingerprint
-from raymvc.runtime import prepare
 from raymvc.scenario import ScenarioError, load_scenario
 
 

@@ -15,10 +15,10 @@ import pytest
 
 import raymvc.study.execute as sweep_mod
 from raymvc.cli import main
+from raymvc.driver import run_scenario
 from raymvc.messages import Done
 from raymvc.protocols import kfed
 from raymvc.results.folder import format_summary
-from raymvc.runtime import run_scenario
 from raymvc.scenario import load_scenario
 
 TINY = """

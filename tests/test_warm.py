@@ -97,7 +97,7 @@ def test_one_crew_serves_runs_of_different_client_counts(tmp_path):
 
 
 def test_a_crew_reserves_the_planned_room_only_where_the_cluster_could_hold_it():
-    from raymvc.runtime.warm import WarmActors
+    from raymvc.driver.warm import WarmActors
 
     class Seats:
         def release(self):

@@ -17,7 +17,7 @@ below, which does what Flower 0.17's simulation does with their server.py settin
         # Flower then calls strategy.evaluate (no eval_fn: nothing) and each client's
         # evaluate, which only loads parameters into a throw-away model and returns 0: skipped.
 
-Data: raymvc.scenario.load_scenario + raymvc.runtime.engine.prepare give the dataset and the
+Data: raymvc.scenario.load_scenario + raymvc.driver.engine.prepare give the dataset and the
 vertical split (one client per view, presence masks, 'aligned' flags, rows[c] = the sample
 behind each of client c's rows). The driver writes it in the layout their sampler.py writes
 (per-client pickles [X_c, Y_c, index_c] and <dataset>missing_<c>.csv), in the sample order
@@ -125,8 +125,8 @@ from flwr.common import FitRes, parameters_to_weights, weights_to_parameters  # 
 from flwr.server.client_proxy import ClientProxy  # noqa: E402
 from myfedavg1 import MyFedAvg  # noqa: E402
 
+from raymvc.driver.engine import prepare  # noqa: E402
 from raymvc.metrics import clustering_scores  # noqa: E402
-from raymvc.runtime.engine import prepare  # noqa: E402
 from raymvc.scenario import load_scenario  # noqa: E402
 
 DEFAULTS = {"pretrain_epochs": 30, "finetune_epochs": 10, "rounds": 3, "hidden": (256, 256, 1024),

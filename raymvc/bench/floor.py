@@ -83,7 +83,7 @@ def main(argv: list[str]) -> None:
     ray.get([a.ping.remote() for a in actors], timeout=timeout_s)
     t3 = time.perf_counter()
     print(json.dumps({"import_s": t1 - t0, "ray_init_s": t2 - t1, "startup_s": t3 - t2}), flush=True)
-    node = ray._private.worker._global_node  # as raymvc.runtime.cluster.stop_embedded does
+    node = ray._private.worker._global_node  # as raymvc.driver.cluster.stop_embedded does
     for info in node.all_processes.get("monitor", []):
         info.process.kill()
     ray.shutdown()

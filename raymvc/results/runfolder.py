@@ -1,6 +1,6 @@
 """A run's folder: the names of its files, and the one place that writes and reads them.
 
-``raymvc run`` (through :func:`raymvc.runtime.run_scenario`) writes a folder with
+``raymvc run`` (through :func:`raymvc.driver.run_scenario`) writes a folder with
 :meth:`RunFolder.writer`; the API's :class:`raymvc.RunResult`, sweeps, the conformance
 checks and the study pages read it back through the same object, so a file's name and
 format live here and in :mod:`raymvc.results.folder` alone.

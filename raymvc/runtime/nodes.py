@@ -231,7 +231,7 @@ class ClientPool:
         self.worker: _Worker | None = None
 
     def reset(self, shards: dict[int, object], spec: RunSpec) -> None:
-        """Host a new run's clients (warm actors, :mod:`raymvc.runtime.warm`): built exactly as
+        """Host a new run's clients (warm actors, :mod:`raymvc.driver.warm`): built exactly as
         a fresh pool's, the earlier run's clients dropped."""
         if self.worker is not None:
             self.worker.jobs.put(None)  # its thread ends
@@ -344,7 +344,7 @@ class ServerNode:
         self.deferred: Exception | None = None  # raised by the next run_rounds call
 
     def reset(self, spec: RunSpec, clients: dict) -> None:
-        """Serve a new run (warm actors, :mod:`raymvc.runtime.warm`): built exactly as a fresh
+        """Serve a new run (warm actors, :mod:`raymvc.driver.warm`): built exactly as a fresh
         server, nothing of the earlier run kept."""
         self.__dict__.clear()
         self.__init__(spec, clients)

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..driver.cluster import AUTO_CAP, actors_needed
+from ..driver.warm import crew_key
 from ..results.folder import short_value
 from ..results.provenance import fingerprint
-from ..runtime.cluster import AUTO_CAP, actors_needed
-from ..runtime.warm import crew_key
 from ..scenario import ScenarioError, load_scenario, merge_overrides
 from .grid import MAX_SEEDS, check_size, parse_grid, parse_seeds, short_key, slug  # noqa: F401 (re-exported)
 

@@ -25,9 +25,9 @@ from .grid import MAX_SEEDS, check_size, parse_grid, parse_seeds, short_key, slu
 
 def _run_cell(scenario: str, overrides: dict[str, Any], run_dir: str, progress=None, **kw) -> dict:
     """Run one cell (in this process, on a thread of it or in a worker process); returns its
-    summary. ``kw`` goes to :func:`raymvc.runtime.run_scenario` (``warm``, ``stop_requested``,
+    summary. ``kw`` goes to :func:`raymvc.driver.run_scenario` (``warm``, ``stop_requested``,
     ``study``)."""
-    from ..runtime import run_scenario
+    from ..driver import run_scenario
 
     sc = load_scenario(scenario, overrides)
     if progress is not None:
@@ -95,12 +95,12 @@ def execute(cells: list[Cell], jobs: int | None = 1, quiet: bool = False, live: 
     holds on Ray). Local runs side by side go to worker processes. Ray runs side by side
     go to threads of this process, each reserving its actors' CPUs whole before it starts
     them; with ``warm`` (on Ray) actors are kept from one run to the next of the same kind
-    (:mod:`raymvc.runtime.warm`). A Ray run that failed, or had a party on a node the
+    (:mod:`raymvc.driver.warm`). A Ray run that failed, or had a party on a node the
     cluster lost while it ran, is run again (at most :data:`RAY_RETRIES` times).
 
     ``as_tasks``: every cell (planned on the in-process backend) runs as one Ray task on
     the cluster at ``tasks_address`` (or an embedded Ray), at most ``jobs`` at once
-    (default: as many as the cluster's CPUs hold); see :mod:`raymvc.runtime.cell_tasks`.
+    (default: as many as the cluster's CPUs hold); see :mod:`raymvc.driver.cell_tasks`.
     """
     from ..progress import SweepProgress
 
@@ -163,7 +163,7 @@ def _warm_actors(on: bool, todo: list[Cell]):
     if not on:
         yield None
         return
-    from ..runtime.warm import WarmActors
+    from ..driver.warm import WarmActors
 
     actors = WarmActors()
     actors.plan(c.extra["crew"] for c in todo if "crew" in c.extra)
@@ -234,7 +234,7 @@ def ray_slots(todo: list[Cell], jobs: int | None) -> int:
     """Start (or join) Ray for the largest run; how many runs side by side it holds (at most ``jobs``)."""
     import ray
 
-    from ..runtime.cluster import init_ray
+    from ..driver.cluster import init_ray
 
     big = max(todo, key=lambda c: c.extra.get("cpus", 0.0))
     init_ray(load_scenario(big.scenario, big.overrides), big.extra.get("n_clients", 1))
@@ -314,7 +314,7 @@ class _SweepStop:
 def _stop_on_signals():
     """While the sweep runs, SIGINT/SIGTERM only set a flag (a run under way installs its own
     handler and stops after its current round): no new run starts after the signal."""
-    from ..runtime.signals import on_stop_signals
+    from ..driver.signals import on_stop_signals
 
     stop = _SweepStop()
 
@@ -364,13 +364,13 @@ def _execute_parallel(todo: list[Cell], jobs: int, prog, stop: _SweepStop, res: 
 
 def _execute_tasks(todo: list[Cell], jobs: int | None, address: str | None, prog, stop, res: Outcome,
                    quiet: bool) -> None:
-    """Each cell as one Ray task (:mod:`raymvc.runtime.cell_tasks`); its files come back
+    """Each cell as one Ray task (:mod:`raymvc.driver.cell_tasks`); its files come back
     to the driver, which writes them into the cell's folder."""
     import ray
 
     from .. import protocols
-    from ..runtime import cell_tasks
-    from ..runtime.cluster import init_ray
+    from ..driver import cell_tasks
+    from ..driver.cluster import init_ray
 
     scenarios = {id(c): load_scenario(c.scenario, c.overrides) for c in todo}
     first = scenarios[id(todo[0])]

@@ -5,7 +5,7 @@ a worker node never takes the server with it), else on any node; then one bundle
 client actor, packed onto as few nodes as possible (``runtime.placement: default``) or
 spread over the nodes (``spread``). Both reservations together wait at most
 ``runtime.placement_timeout_s``; what could not be placed by then is a one-line
-:class:`~raymvc.runtime.cluster.ClusterError` naming it and the cluster's free CPUs,
+:class:`~raymvc.driver.cluster.ClusterError` naming it and the cluster's free CPUs,
 never a run that waits forever for a busy or too small node.
 """
 

@@ -27,18 +27,18 @@ from ..results.provenance import code_version, fingerprint
 from ..results.runfolder import RunFolder
 from ..results.status import FINISHED, Status
 from ..results.summary import RunSummary
+from ..runtime.failures import one_line, party_error
+from ..runtime.nodes import ClientNode, ClientPool, ServerNode
+from ..runtime.records import RoundRecord, RunEnd
+from ..runtime.secagg import KINDS as SECAGG_KINDS
+from ..runtime.spec import RunSpec
+from ..runtime.threads import release_threads
+from ..runtime.transport import Interruption, RayPools, party_lost
 from ..scenario import Scenario, ScenarioError
 from . import checkpoint
 from .cluster import ClusterError, actors_needed, current_node, init_ray
-from .failures import one_line, party_error
-from .nodes import ClientNode, ClientPool, ServerNode
 from .placement import Seats, could_hold, reserve
-from .records import RoundRecord, RunEnd
-from .secagg import KINDS as SECAGG_KINDS
 from .signals import on_stop_signals
-from .spec import RunSpec
-from .threads import release_threads
-from .transport import Interruption, RayPools, party_lost
 from .warm import Crew, WarmActors, crew_key
 
 
@@ -49,7 +49,7 @@ def _progress_default(line: str) -> None:
 def _spawn(sc: Scenario, part, ds, seats=None, crew: Crew | None = None) -> tuple[object, list]:
     """Create the parties (on Ray in the CPUs ``seats`` reserved, else reserved here); returns
     (server node or actor, what to stop at the end: actor handles, then the reservation).
-    With a warm ``crew`` (:mod:`raymvc.runtime.warm`) its actors are reset to this run
+    With a warm ``crew`` (:mod:`raymvc.driver.warm`) its actors are reset to this run
     instead (what to stop is then the crew); a crew whose actors are gone is ended and
     fresh actors start in a new reservation."""
     rt = sc.runtime
@@ -331,7 +331,7 @@ def _out_dir(sc: Scenario, out_dir, overwrite: bool, resume: bool = False) -> Ou
 
 
 def run_identity(sc: Scenario, ds) -> dict:
-    """:func:`raymvc.runtime.checkpoint.identity` of a run of ``sc`` on ``ds``."""
+    """:func:`raymvc.driver.checkpoint.identity` of a run of ``sc`` on ``ds``."""
     return checkpoint.identity(fingerprint(sc, ds.source), code_version(sc.method))
 
 
@@ -347,8 +347,8 @@ def _load_checkpoint(sc: Scenario, out: Path, ds) -> tuple[dict, int]:
                                 "(a run that ends keeps no checkpoint)")
         raise ScenarioError(f"--resume {out}: no checkpoint there (runs save them with runtime.checkpoint: true)")
     from ..channel.codec import CodecError
-    from .nodes import PROTOCOL_INPUTS, SERVER_STATE, decode_ledger
-    from .state import StateError, state_names
+    from ..runtime.nodes import PROTOCOL_INPUTS, SERVER_STATE, decode_ledger
+    from ..runtime.state import StateError, state_names
 
     try:
         ck = checkpoint.load(out, run_identity(sc, ds))
@@ -383,7 +383,7 @@ def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: C
     (``status`` ``failed`` or ``interrupted``). With ``resume``, ``out_dir`` is a run
     folder whose run stopped with ``runtime.checkpoint`` on: the run carries on from its
     last checkpoint and ends as the uninterrupted run would have. ``warm`` (a sweep's
-    :class:`~raymvc.runtime.warm.WarmActors`): on Ray, reuse actors an earlier run of the
+    :class:`~raymvc.driver.warm.WarmActors`): on Ray, reuse actors an earlier run of the
     same shape left, and leave this run's for the next. ``stop_requested()``, asked before
     every call for rounds, returns the name of a stop request made elsewhere (or None): a
     run on a thread other than the main one gets no signal of its own. ``study`` (a study
@@ -415,7 +415,7 @@ def _run_in(sc: Scenario, out: Path, ck, ds, part, wall0: float, progress, on_ro
     except BaseException:
         run.release(reusable=False)
         raise
-    from .state import StateError
+    from ..runtime.state import StateError
 
     interrupted = reusable = False
     refused = None
@@ -494,7 +494,7 @@ def _write_files(sc, ds, part, end: RunEnd, timing: dict, ray_init_s: float, wal
 def _is_failure(e: BaseException) -> bool:
     """Whether an exception that reached the driver means a party was lost or out of reach
     (the run could not finish), rather than code that raised."""
-    from .state import StateError
+    from ..runtime.state import StateError
 
     if isinstance(e, (ClusterError, StateError)):  # StateError: a checkpoint refused on resume
         return True

@@ -30,19 +30,6 @@ def score_digits(name: str) -> int:
     return SCORES.get(name.removeprefix("metric."), (name, 3))[1]
 
 
-def preload() -> None:
-    """Import scikit-learn's metrics on a daemon thread (0.6 s here) while the driver waits
-    for Ray and its actors to start, so that scoring at the end does not pay for it."""
-    import importlib
-    import sys
-    import threading
-
-    if "sklearn.metrics" in sys.modules:  # a later run of the same process (a sweep)
-        return
-    threading.Thread(target=importlib.import_module, args=("sklearn.metrics",), daemon=True,
-                     name="raymvc-preload").start()
-
-
 def _table(y_true, y_pred) -> tuple[np.ndarray, np.ndarray, int]:
     """Contingency table (classes x labelled clusters), the classes' sizes and n.
 

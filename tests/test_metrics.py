@@ -168,16 +168,3 @@ def test_table_and_fscore_equal_the_previous_formulas():
         np.testing.assert_array_equal(sizes, old_sizes)
         assert n == old_n
         assert pairwise_fscore(y_true, y_pred) == pytest.approx(_old_fscore(y_true, y_pred), abs=1e-12)
-
-
-def test_preload_imports_sklearn_metrics_in_a_fresh_process():
-    """The driver starts scikit-learn's metrics import on a daemon thread while Ray starts."""
-    import subprocess
-    import sys
-
-    code = ("import sys, threading; from raymvc.metrics import preload; assert 'sklearn.metrics' not in sys.modules; "
-            "preload(); [t.join() for t in threading.enumerate() if t.name == 'raymvc-preload']; "
-            "print('sklearn.metrics' in sys.modules)")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr[-1000:]
-    assert r.stdout.strip() == "True"

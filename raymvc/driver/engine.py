@@ -19,7 +19,6 @@ from pathlib import Path
 
 from .. import arithmetic
 from ..data.prepare import central, prepare  # noqa: F401 (prepare: the engine's entry point as before)
-from ..metrics import preload
 from ..protocols import get, search_paths
 from ..results.folder import OutputFolder, ResultsError, RunWriter, default_out_dir, format_summary
 from ..results.outcome import assemble_labels, code_errors, errors_log, probe_scores, summarise
@@ -404,8 +403,6 @@ def run_scenario(sc: Scenario, out_dir: str | Path | None = None, *, progress: C
 
 def _run_in(sc: Scenario, out: Path, ck, ds, part, wall0: float, progress, on_round, warm=None,
             stop_requested=None, study=None) -> dict:
-    if sc.runtime.backend == "ray":
-        preload()  # the driver mostly waits while Ray and the actors start
     ray_init_s = init_ray(sc, part.n_clients) if sc.runtime.backend == "ray" else 0.0
     run = _Run(sc, part, ds, warm)
     run.reserve()  # a cluster that cannot place the parties: a ClusterError before anything is written

@@ -1172,7 +1172,10 @@ def _old_readme_rows(text: str) -> dict[str, list[str]]:
     return out
 
 
-CHECK_SUFFIX = "-check"  # studies/<headline>-check.yaml: a second draw of <headline>'s seeds, beside its row
+# studies/<headline>-check.yaml: a second draw of <headline>'s seeds, beside its rows; a run the
+# first check file lacks may have its own, studies/<headline>-check-<anything>.yaml (a check file
+# that gains a run would be declared again, newer than the rows it already holds)
+CHECK_SUFFIX = "-check"
 README_HEAD = ["study", "run", "variant", "at", "ACC", "NMI", "MB", "paper ACC", "paper NMI", "paper MB", "seeds",
                "seeds per mode", "second draw: seeds, ACC, per mode", "labels"]
 
@@ -1200,7 +1203,8 @@ def labels_text(rows: list[dict]) -> str:
 
 
 def check_text(check: StudyResult | None, run_id: str, point: dict | None, paper_acc: float | None) -> str:
-    """A README row's second draw (the study ``<name>-check``): its seeds, ACC mean ± std
+    """A README row's second draw (the study ``<name>-check``, or ``<name>-check-*`` for a run
+    the first lacks): its seeds, ACC mean ± std
     with the runs that entered it, its seeds per mode, and where it lands against the
     paper's ACC; empty where the draw has no such run or none finished."""
     if check is None or run_id not in check.study.labels():
@@ -1245,7 +1249,8 @@ def readme_table(entries: list[tuple[Study, StudyResult | None]], kept: dict[str
         if res is None:
             lines += [_pad_row(line) for line in (kept or {}).get(st.name, [])]
             continue
-        check = by_name.get(st.name + CHECK_SUFFIX)
+        checks = [c for name, c in sorted(by_name.items()) if c is not None and
+                  (name == st.name + CHECK_SUFFIX or name.startswith(st.name + CHECK_SUFFIX + "-"))]
         page = f"studies/{st.spec.paper}.md"
         anchor = re.sub(r"[^\w\- ]", "", st.spec.title.lower()).replace(" ", "-")  # as GitHub makes heading ids
         points = res.points() if st.spec.readme is True else [None]
@@ -1253,6 +1258,7 @@ def readme_table(entries: list[tuple[Study, StudyResult | None]], kept: dict[str
             for _, _, r in st.entries():
                 if r.id in st.spread_ids():
                     continue
+                check = next((c for c in checks if r.id in c.study.labels()), None)
                 if point is None:  # the mean over the grid, per seed
                     acc, nmi, mb = (res.grid_mean(r.id, m) for m in ("acc", "nmi", "mb"))
                     ref = [pr for pr in st.spec.paper_results if not pr.at]

@@ -225,6 +225,32 @@ def test_readme_shows_a_headlines_second_draw_beside_it_and_old_records_read_as_
     assert "| Demo | paper | 0/0 | n/a |" in page
 
 
+def test_a_run_the_check_file_lacks_takes_its_second_draw_from_a_check_file_of_its_own(tmp_path):
+    """``<headline>-check-<x>.yaml`` holds a second draw for a run that ``<headline>-check``
+    does not have (adding the run there would declare that file again, after its rows)."""
+    studies = tmp_path / "studies"
+    studies.mkdir()
+    _demo_study(studies, "demo-headline", "Headline", "300-304", "", (("ours", "Demo+"),), paper_acc=0.9)
+    _demo_study(studies, "demo-headline-check", "Second draw", "400-404", "  readme: false\n")
+    (studies / "demo-headline-check-ours.yaml").write_text(
+        "study:\n  paper: demo\n  title: Second draw of Demo+\n  seeds: 400-404\n  metrics: [acc]\n  readme: false\n"
+        f"  runs:\n    - {{id: ours, label: Demo+, variant: project, scenario: {ROOT / 'scenarios' / 'hw-cefmc.yaml'}}}\n")
+    head = commit_all(tmp_path)
+    _record(studies / "results" / "demo-headline.csv", "demo-headline", "paper", range(300, 305), [0.95] * 5, commits=head)
+    _record(studies / "results" / "demo-headline-check.csv", "demo-headline-check", "paper", range(400, 405),
+            [0.94] * 5, commits=head)
+    _record(studies / "results" / "demo-headline-check-ours.csv", "demo-headline-check-ours", "ours", range(400, 405),
+            [0.80, 0.82, 0.84, 0.81, 0.83], commits=head)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"x\n{README_BEGIN}\n{README_END}\n")
+    write_pages(studies, tmp_path / "runs", readme)
+    rows = [line for line in readme.read_text().splitlines() if line.startswith("| [demo-headline]")]
+    paper = next(line for line in rows if "| Demo |" in line)
+    ours = next(line for line in rows if "| Demo+ |" in line)
+    assert "seeds 400-404: 0.940 ± 0.000 (5/5)" in paper and "0.820" not in paper
+    assert "| seeds 400-404: 0.820 ± 0.016 (5/5) |" in ours, ours
+
+
 def test_a_grid_means_second_draw_carries_the_interval_of_its_seeds_means(tmp_path):
     """A README row that is the mean over a grid (``readme: mean``) sets its second draw
     against the paper with the interval of the per-seed means over the grid."""

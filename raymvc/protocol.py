@@ -25,7 +25,7 @@ the declared fields on the clients and hands the server the sum alone (see
 log (objective values, stale clients...) into ``self.info``; the engine writes them to
 ``rounds.jsonl`` after every step and clears the dict.
 
-The engine (``raymvc.runtime``) moves every message through the channel, so protocols
+The parties' side (``raymvc.runtime``, driven by ``raymvc.driver``) moves every message through the channel, so protocols
 never see bytes, actors, keys or clocks.
 """
 

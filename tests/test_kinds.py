@@ -117,6 +117,21 @@ def test_stragglers_are_a_fault_kind_drawing_every_exchange_as_before(tmp_path, 
     assert "stragglers" in kinds_part and "fraction, delay_s" in kinds_part
 
 
+def test_a_built_in_kind_given_by_its_key_and_in_the_list_is_refused_and_the_list_counts_as_its_key(tmp_path, capsys):
+    """Both ways at once would act twice (stragglers: the same clients, twice the delay): one
+    line naming both; the listed kind alone is what its key is, for the checks too (buffered
+    rounds need clients that take different times)."""
+    path = echo(tmp_path, [{"kind": "stragglers", "fraction": 0.4}], stragglers={"fraction": 0.4})
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "give faults.stragglers or faults.kinds: [{kind: stragglers, ...}], not both" in err
+    ccfc = ROOT / "scenarios" / "digits-ccfc.yaml"
+    for how in ("faults.stragglers.fraction=0.4", "faults.kinds=[{kind: stragglers, fraction: 0.4}]"):
+        assert main(["validate", str(ccfc), "--set", how, "--set", "faults.asynchronous={buffer: 3}"]) == 0, how
+    assert main(["validate", str(ccfc), "--set", "faults.asynchronous={buffer: 3}"]) == 2
+    assert "needs clients that take different times" in capsys.readouterr().err
+
+
 def test_a_churned_client_misses_its_rounds_and_the_round_record_says_who_is_gone(tmp_path):
     rounds = rounds_of(echo(tmp_path, [{"kind": "churn", "rate": 0.3}], rounds=6), tmp_path / "out")
     gone_before: set[int] = set()

@@ -213,11 +213,12 @@ def _check_asynchronous(sc: Scenario, proto, part) -> None:
                                           "that arrived, whenever they were asked for)")
     if cfg.buffer > part.n_clients:
         raise scenario_error(sc, key, f"buffer {cfg.buffer} is more than the {part.n_clients} clients")
-    if sc.devices is None and sc.faults.stragglers.fraction <= 0:
+    if sc.devices is None and not any(name == "stragglers" for name, _ in kinds.entries(sc.faults)):
         # every update would arrive at virtual time 0: the lowest client ids would fill every buffer
         raise scenario_error(sc, key, "needs clients that take different times: give a devices block (speeds, "
-                                      "links) or faults.stragglers.fraction > 0; without either every update "
-                                      "arrives at once and the same clients fill every buffer")
+                                      "links) or stragglers (faults.stragglers.fraction > 0, or the kind in "
+                                      "faults.kinds); without either every update arrives at once and the same "
+                                      "clients fill every buffer")
     if sc.faults.min_clients > cfg.buffer:
         raise scenario_error(sc, "faults.min_clients", f"{sc.faults.min_clients} is more than the {cfg.buffer} updates "
                                                        "a buffered step takes (faults.asynchronous.buffer)")

@@ -297,6 +297,18 @@ class FaultsCfg(_Strict):
                              "(faults.availability.model: iid is the same as dropout.rate)")
         return self
 
+    @model_validator(mode="after")
+    def _each_kind_once(self) -> FaultsCfg:
+        """A built-in kind switched on by its own key and listed in ``kinds`` would act twice."""
+        listed = {e.kind for e in self.kinds}
+        for name, _ in _kinds.entries(self):
+            key = _kinds.REGISTRY[name].shorthand if name in _kinds.REGISTRY else None
+            if key and name in listed and getattr(self, key, None) is not None \
+                    and _kinds.REGISTRY[name].switched_on(getattr(self, key)):
+                raise ValueError(f"give faults.{key} or faults.kinds: [{{kind: {name}, ...}}], not both "
+                                 "(the kind would act twice)")
+        return self
+
 
 class NetworkCfg(_Strict):
     latency_ms: float = Field(default=0.0, ge=0.0)

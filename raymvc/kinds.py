@@ -108,20 +108,14 @@ def away(kind: FaultKind, round: int, client: int) -> bool:
     return bool(v)
 
 
-def delay_s(kind: FaultKind, round: int, client: int) -> float:
-    v = _call(kind, "delay_s", round, client)
-    if not (isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
-            and math.isfinite(float(v)) and float(v) >= 0.0):
-        raise KindError(f"fault kind {kind.name!r}: delay_s({round}, {client}) returned {v!r}, not seconds >= 0")
-    return float(v)
-
-
 def exchange_delay_s(kind: FaultKind, round: int, client: int, sub: int) -> float:
+    """The kind's delay of ``client``'s reply in exchange ``sub`` of ``round`` (its own
+    ``delay_s`` in the first exchange, unless it overrides ``exchange_delay_s``), checked."""
     v = _call(kind, "exchange_delay_s", round, client, sub)
     if not (isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
             and math.isfinite(float(v)) and float(v) >= 0.0):
-        raise KindError(f"fault kind {kind.name!r}: exchange_delay_s({round}, {client}, {sub}) returned {v!r}, "
-                        "not seconds >= 0")
+        raise KindError(f"fault kind {kind.name!r}: delay of round {round}, client {client}, exchange {sub}: "
+                        f"{v!r}, not seconds >= 0")
     return float(v)
 
 

@@ -182,6 +182,14 @@ def _demo_study(studies: Path, name: str, title: str, seeds: str, extra: str = "
                                           f"  metrics: [acc]\n{extra}  runs:\n{runs}{paper}")
 
 
+def _readme_rows(tmp_path: Path, studies: Path, prefix: str) -> list[str]:
+    """The README table rows starting with ``prefix``, after writing every page of ``studies``."""
+    readme = tmp_path / "README.md"
+    readme.write_text(f"x\n{README_BEGIN}\n{README_END}\n")
+    write_pages(studies, tmp_path / "runs", readme)
+    return [line for line in readme.read_text().splitlines() if line.startswith(prefix)]
+
+
 def test_readme_shows_a_headlines_second_draw_beside_it_and_old_records_read_as_not_recorded(tmp_path):
     studies = tmp_path / "studies"
     studies.mkdir()
@@ -241,10 +249,7 @@ def test_a_run_the_check_file_lacks_takes_its_second_draw_from_a_check_file_of_i
             [0.94] * 5, commits=head)
     _record(studies / "results" / "demo-headline-check-ours.csv", "demo-headline-check-ours", "ours", range(400, 405),
             [0.80, 0.82, 0.84, 0.81, 0.83], commits=head)
-    readme = tmp_path / "README.md"
-    readme.write_text(f"x\n{README_BEGIN}\n{README_END}\n")
-    write_pages(studies, tmp_path / "runs", readme)
-    rows = [line for line in readme.read_text().splitlines() if line.startswith("| [demo-headline]")]
+    rows = _readme_rows(tmp_path, studies, "| [demo-headline]")
     paper = next(line for line in rows if "| Demo |" in line)
     ours = next(line for line in rows if "| Demo+ |" in line)
     assert "seeds 400-404: 0.940 ± 0.000 (5/5)" in paper and "0.820" not in paper
@@ -264,10 +269,7 @@ def test_a_grid_means_second_draw_carries_the_interval_of_its_seeds_means(tmp_pa
                               ("demo-grid-check", range(400, 405), ([0.80, 0.82, 0.84, 0.81, 0.83], [0.82] * 5))):
         _record(studies / "results" / f"{name}.csv", name, "paper", seeds, accs[0], commits=head,
                 grid={"params.lambda": ["1.0", "2.0"]}, accs_more=accs[1])
-    readme = tmp_path / "README.md"
-    readme.write_text(f"x\n{README_BEGIN}\n{README_END}\n")
-    write_pages(studies, tmp_path / "runs", readme)
-    row = next(line for line in readme.read_text().splitlines() if line.startswith("| [demo-grid]"))
+    row = _readme_rows(tmp_path, studies, "| [demo-grid]")[0]
     # per seed (0.80 + 0.82) / 2 ... (0.83 + 0.82) / 2, their mean 0.820; its interval lies below 0.9
     assert "seeds 400-404: 0.820 ± 0.008 (5/5); below the paper's 0.900 (95% CI 0.810 to 0.830)" in row, row
 

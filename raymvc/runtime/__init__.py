@@ -14,7 +14,7 @@ __all__ = ["run_scenario", "prepare", "init_ray"]
 
 def __getattr__(name: str):
     if name in __all__:
-        from ..driver import engine
+        from .. import driver
 
-        return getattr(engine, name)
+        return getattr(driver, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

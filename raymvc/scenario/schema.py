@@ -301,12 +301,11 @@ class FaultsCfg(_Strict):
     def _each_kind_once(self) -> FaultsCfg:
         """A built-in kind switched on by its own key and listed in ``kinds`` would act twice."""
         listed = {e.kind for e in self.kinds}
-        for name, _ in _kinds.entries(self):
-            key = _kinds.REGISTRY[name].shorthand if name in _kinds.REGISTRY else None
-            if key and name in listed and getattr(self, key, None) is not None \
-                    and _kinds.REGISTRY[name].switched_on(getattr(self, key)):
-                raise ValueError(f"give faults.{key} or faults.kinds: [{{kind: {name}, ...}}], not both "
-                                 "(the kind would act twice)")
+        for cls in _kinds.REGISTRY.values():
+            cfg = getattr(self, cls.shorthand) if cls.shorthand else None
+            if cls.name in listed and cfg is not None and cls.switched_on(cfg):
+                raise ValueError(f"give faults.{cls.shorthand} or faults.kinds: [{{kind: {cls.name}, ...}}], not "
+                                 "both (the kind would act twice)")
         return self
 
 

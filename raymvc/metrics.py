@@ -3,6 +3,13 @@
 Predicted labels may contain ``-1`` for samples that received no label. Such samples
 count as wrong for ACC, purity and Kappa, belong to no pair for the F-score, and form
 one extra cluster for NMI and ARI. They stay in the denominator everywhere.
+
+Every score is computed from one contingency table built with NumPy, and the matching with
+SciPy's ``linear_sum_assignment``; NMI and ARI are the textbook formulas on that table
+(``tests/test_metrics.py`` holds them to scikit-learn's to 1e-12 on many labellings).
+Importing ``sklearn.metrics`` costs a run's driver about 0.8 CPU s, most of the scoring
+step of a short run (``benchmarks/quickstart_process.md``); the label-free scores, which
+need the data, still use it.
 """
 
 from __future__ import annotations
@@ -41,11 +48,71 @@ def _table(y_true, y_pred) -> tuple[np.ndarray, np.ndarray, int]:
         raise ValueError(f"y_true has {y_true.size} labels but y_pred has {y_pred.size}")
     if y_true.size == 0:
         raise ValueError("cannot score an empty labelling")
-    from sklearn.metrics.cluster import contingency_matrix
-
-    full = contingency_matrix(y_true, y_pred).astype(np.int64)  # columns in sorted label order: -1 first
+    full = _contingency(y_true, y_pred)  # columns in sorted label order: -1 first
     table = full[:, 1:] if np.any(y_pred == UNLABELLED) else full
     return table, full.sum(axis=1), int(y_true.size)
+
+
+def _contingency(y_true: np.ndarray, y_pred: np.ndarray) -> np.ndarray:
+    """Counts of every (class, predicted label) pair, rows and columns in sorted label order."""
+    classes, ci = np.unique(y_true, return_inverse=True)
+    clusters, ki = np.unique(y_pred, return_inverse=True)
+    flat = np.bincount(ci.ravel() * clusters.size + ki.ravel(), minlength=classes.size * clusters.size)
+    return flat.reshape(classes.size, clusters.size).astype(np.int64)
+
+
+def _pairs(counts: np.ndarray) -> float:
+    """Number of unordered pairs inside groups of these sizes: sum of n (n - 1) / 2."""
+    c = counts.astype(np.float64)
+    return float((c * (c - 1.0)).sum() / 2.0)
+
+
+def _entropy(sizes: np.ndarray) -> float:
+    p = sizes[sizes > 0].astype(np.float64)
+    n = p.sum()
+    return float(-np.sum((p / n) * (np.log(p) - np.log(n))))
+
+
+def nmi(y_true, y_pred) -> float:
+    """Normalised mutual information, arithmetic mean of the two entropies as normaliser.
+
+    A labelling with one class and one cluster scores 1; otherwise one with zero
+    mutual information (a single class or a single cluster among them) scores 0.
+    """
+    y_true = np.asarray(y_true).ravel()
+    y_pred = np.asarray(y_pred).ravel()
+    _table(y_true, y_pred)  # the same input checks as every score
+    full = _contingency(y_true, y_pred)
+    if full.shape == (1, 1):
+        return 1.0
+    rows, cols = full.sum(axis=1), full.sum(axis=0)
+    if rows.size == 1 or cols.size == 1:
+        return 0.0
+    i, j = np.nonzero(full)
+    n = float(y_true.size)
+    nij = full[i, j].astype(np.float64)
+    outer = rows[i].astype(np.float64) * cols[j].astype(np.float64)
+    terms = (nij / n) * (np.log(nij) + np.log(n) - np.log(outer))
+    terms = np.where(np.abs(terms) < np.finfo(np.float64).eps, 0.0, terms)
+    mi = max(float(terms.sum()), 0.0)
+    if mi == 0.0:
+        return 0.0
+    return float(mi / ((_entropy(rows) + _entropy(cols)) / 2.0))
+
+
+def ari(y_true, y_pred) -> float:
+    """Adjusted Rand index (Hubert and Arabie) from the contingency table's pair counts."""
+    y_true = np.asarray(y_true).ravel()
+    y_pred = np.asarray(y_pred).ravel()
+    _table(y_true, y_pred)
+    full = _contingency(y_true, y_pred)
+    both, same_true, same_pred = _pairs(full), _pairs(full.sum(axis=1)), _pairs(full.sum(axis=0))
+    total = y_true.size * (y_true.size - 1) / 2.0
+    expected = same_true * same_pred / total if total else 0.0
+    top = (same_true + same_pred) / 2.0
+    if top == expected:  # both labellings one group, or both all singletons: they agree
+        return 1.0
+    return float((both - expected) / (top - expected))
 
 
 def _matching(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -80,11 +147,8 @@ def pairwise_fscore(y_true, y_pred) -> float:
     if unlabelled.any():
         y_pred = y_pred.copy()
         y_pred[unlabelled] = y_pred.max() + 1 + np.arange(int(unlabelled.sum()))
-    # ordered pairs: [[apart in both, together in pred only], [together in true only, together in both]]
-    from sklearn.metrics.cluster import pair_confusion_matrix
-
-    (_, pred_only), (true_only, both) = pair_confusion_matrix(y_true, y_pred)
-    same_both, same_pred, same_true = int(both), int(both + pred_only), int(both + true_only)
+    full = _contingency(y_true, y_pred)
+    same_both, same_pred, same_true = (int(round(_pairs(c))) for c in (full, full.sum(axis=0), full.sum(axis=1)))
     if same_pred == 0 and same_true == 0:
         return 0.0 if unlabelled.any() else 1.0
     precision = same_both / same_pred if same_pred else 0.0
@@ -114,14 +178,12 @@ def matched_kappa(y_true, y_pred) -> float:
 
 def clustering_scores(y_true, y_pred, kappa: bool = False) -> dict[str, float]:
     """ACC, NMI (arithmetic), ARI, purity and pairwise F-score; plus Kappa if asked."""
-    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
-
     y_true = np.asarray(y_true).ravel()
     y_pred = np.asarray(y_pred).ravel()
     scores = {
         "acc": acc(y_true, y_pred),
-        "nmi": float(normalized_mutual_info_score(y_true, y_pred, average_method="arithmetic")),
-        "ari": float(adjusted_rand_score(y_true, y_pred)),
+        "nmi": nmi(y_true, y_pred),
+        "ari": ari(y_true, y_pred),
         "purity": purity(y_true, y_pred),
         "fscore": pairwise_fscore(y_true, y_pred),
     }

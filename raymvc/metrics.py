@@ -14,6 +14,8 @@ need the data, still use it.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 UNLABELLED = -1
@@ -61,18 +63,24 @@ def _contingency(y_true: np.ndarray, y_pred: np.ndarray) -> np.ndarray:
     return flat.reshape(classes.size, clusters.size).astype(np.int64)
 
 
-def _pairs(counts: np.ndarray) -> float:
+def _pairs(counts: np.ndarray) -> int:
     """Number of unordered pairs inside groups of these sizes: sum of n (n - 1) / 2."""
-    c = counts.astype(np.float64)
-    return float((c * (c - 1.0)).sum() / 2.0)
+    c = counts.astype(np.int64)
+    return int((c * (c - 1) // 2).sum())
 
 
 def _entropy(sizes: np.ndarray) -> float:
-    p = sizes[sizes > 0].astype(np.float64)
-    n = p.sum()
-    return float(-np.sum((p / n) * (np.log(p) - np.log(n))))
+    """Entropy (natural log) of a labelling with these group sizes, in sorted label order."""
+    p = sizes.astype(np.float64)
+    if p.size == 1:
+        return 0.0
+    total = p.sum()
+    return float(-np.sum((p / total) * (np.log(p) - math.log(total))))
 
 
+# NMI and ARI below take scikit-learn's (1.9) operations in its order, so that they give its
+# very bits (tests/test_metrics.py checks equality, not closeness): recorded scores stay
+# reproducible from their labels.
 def nmi(y_true, y_pred) -> float:
     """Normalised mutual information, arithmetic mean of the two entropies as normaliser.
 
@@ -82,37 +90,41 @@ def nmi(y_true, y_pred) -> float:
     y_true = np.asarray(y_true).ravel()
     y_pred = np.asarray(y_pred).ravel()
     _table(y_true, y_pred)  # the same input checks as every score
-    full = _contingency(y_true, y_pred)
+    full = _contingency(y_true, y_pred).astype(np.float64)
     if full.shape == (1, 1):
         return 1.0
     rows, cols = full.sum(axis=1), full.sum(axis=0)
     if rows.size == 1 or cols.size == 1:
         return 0.0
-    i, j = np.nonzero(full)
-    n = float(y_true.size)
-    nij = full[i, j].astype(np.float64)
-    outer = rows[i].astype(np.float64) * cols[j].astype(np.float64)
-    terms = (nij / n) * (np.log(nij) + np.log(n) - np.log(outer))
-    terms = np.where(np.abs(terms) < np.finfo(np.float64).eps, 0.0, terms)
-    mi = max(float(terms.sum()), 0.0)
-    if mi == 0.0:
+    i, j = np.nonzero(full)  # row by row, as a sparse table lists them
+    nz = full[i, j]
+    total = full.sum()
+    share = nz / total
+    outer = rows.take(i).astype(np.int64) * cols.take(j).astype(np.int64)
+    log_outer = -np.log(outer) + math.log(rows.sum()) + math.log(cols.sum())
+    terms = share * (np.log(nz) - math.log(total)) + share * log_outer
+    terms = np.where(np.abs(terms) < np.finfo(terms.dtype).eps, 0.0, terms)
+    mi = float(np.clip(terms.sum(), 0.0, None))
+    if mi == 0:
         return 0.0
-    return float(mi / ((_entropy(rows) + _entropy(cols)) / 2.0))
+    return float(mi / float(np.mean([_entropy(rows), _entropy(cols)])))
 
 
 def ari(y_true, y_pred) -> float:
-    """Adjusted Rand index (Hubert and Arabie) from the contingency table's pair counts."""
+    """Adjusted Rand index (Hubert and Arabie), from the ordered pair counts in exact integers."""
     y_true = np.asarray(y_true).ravel()
     y_pred = np.asarray(y_pred).ravel()
     _table(y_true, y_pred)
     full = _contingency(y_true, y_pred)
-    both, same_true, same_pred = _pairs(full), _pairs(full.sum(axis=1)), _pairs(full.sum(axis=0))
-    total = y_true.size * (y_true.size - 1) / 2.0
-    expected = same_true * same_pred / total if total else 0.0
-    top = (same_true + same_pred) / 2.0
-    if top == expected:  # both labellings one group, or both all singletons: they agree
+    n = int(y_true.size)
+    squares = int((full.astype(np.int64) ** 2).sum())
+    tp = squares - n  # together in both
+    fp = int((full.sum(axis=0).astype(np.int64) ** 2).sum()) - squares  # together in the prediction only
+    fn = int((full.sum(axis=1).astype(np.int64) ** 2).sum()) - squares  # together in the truth only
+    tn = n * n - fp - fn - squares
+    if fn == 0 and fp == 0:
         return 1.0
-    return float((both - expected) / (top - expected))
+    return 2.0 * (tp * tn - fn * fp) / ((tp + fn) * (fn + tn) + (tp + fp) * (fp + tn))
 
 
 def _matching(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -148,7 +160,7 @@ def pairwise_fscore(y_true, y_pred) -> float:
         y_pred = y_pred.copy()
         y_pred[unlabelled] = y_pred.max() + 1 + np.arange(int(unlabelled.sum()))
     full = _contingency(y_true, y_pred)
-    same_both, same_pred, same_true = (int(round(_pairs(c))) for c in (full, full.sum(axis=0), full.sum(axis=1)))
+    same_both, same_pred, same_true = _pairs(full), _pairs(full.sum(axis=0)), _pairs(full.sum(axis=1))
     if same_pred == 0 and same_true == 0:
         return 0.0 if unlabelled.any() else 1.0
     precision = same_both / same_pred if same_pred else 0.0

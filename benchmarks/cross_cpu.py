@@ -105,8 +105,11 @@ def render() -> str:
             verdicts.append(f"- cell {cid}: {', '.join(sorted(kinds))}: the same labels"
                             + ("" if len(versions) == 1 else f" (over {len(versions)} code versions)") + ".")
         else:
+            same_method = len({v.partition("-")[2] for v in versions}) == 1
             verdicts.append(f"- cell {cid}: {', '.join(sorted(kinds))}: {len(hashes)} labels hashes: "
                             + ("NOT portable." if len(versions) == 1 else
+                               "inconclusive, the runs differ in code version too (the method's code is the same, "
+                               "the engine's differs); rerun both at one commit." if same_method else
                                "inconclusive, the runs differ in code version too; rerun both at one commit."))
     lines += ["", *verdicts, ""]
     return "\n".join(lines)

@@ -1,5 +1,8 @@
 """Pinned arithmetic: the numerical libraries' code paths fixed, so that a seed gives the
-same labels on any x86-64 CPU with AVX2 (Intel or AMD), not only on the machine that ran it.
+same labels whatever a machine's environment variables and thread settings say, and every
+machine takes one code path per library. It does not make a deep method's labels equal
+between an Intel and an AMD CPU: measured in ``benchmarks/cross_cpu.md`` (the operations one
+by one: ``benchmarks/cross_cpu_ops.py``); docs/reproducibility.md.
 
 The libraries under a run choose their kernels from the CPU they find: MKL (inside torch)
 takes other branches on Intel and on AMD, OpenBLAS (numpy's and scipy's) other kernels on

@@ -628,7 +628,7 @@ def one_cell_text(res: StudyResult, runs) -> str | None:
     labels hash, and the hash and score that run should give again."""
     metric = res.study.spec.metrics[0]
     cells = [(r, point, row) for point in res.points() for r in runs for row in res.cell(r.id, point)]
-    # a row made with pinned arithmetic first: its labels repeat on any x86-64 CPU with AVX2
+    # a row made with pinned arithmetic first: its labels repeat on the CPU kind it names, whatever the environment
     for r, point, row in sorted(cells, key=lambda c: c[2].get("arithmetic") != "pinned"):
         digest = str(row.get("labels_sha256") or "")
         x = num(row.get(column_of(metric)))

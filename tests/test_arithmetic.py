@@ -192,3 +192,58 @@ def test_an_embedded_ray_pins_its_workers_through_the_drivers_environment_not_a_
     block = found["arithmetic"]
     assert block["pinned"] and block["processes"] >= 3 and not block["differing"], block
     assert block["overridden"]["MKL_CBWR"] == "AVX2"  # the driver found the perturbing value and pinned over it
+
+
+def _bench_module(name: str):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_kernel_probe_page_names_the_operation_that_differs_between_cpu_kinds(tmp_path, monkeypatch):
+    """benchmarks/cross_cpu_ops.py: per operation, the hash each CPU kind gave; an operation
+    whose bits differ between an Intel and an AMD probe is marked, one probed on one kind only
+    says so, and an unpinned probe never counts."""
+    import json
+
+    mod = _bench_module("cross_cpu_ops")
+    lines = [{"cpu": "Intel(R) Xeon(R) Processor", "date": "d", "platform": {"torch": "t"}, "arithmetic": {"pinned": True},
+              "ops": {"sgemm": "aaa", "exp": "bbb", "conv": "ccc"}, "knobs": {"MKL_CBWR=AUTO": ["sgemm"]}},
+             {"cpu": "AMD EPYC 9B14", "date": "d", "platform": {"torch": "t"}, "arithmetic": {"pinned": True},
+              "ops": {"sgemm": "aaa", "exp": "zzz"}},
+             {"cpu": "AMD EPYC 9B14", "date": "d", "platform": {}, "arithmetic": {"pinned": False},
+              "ops": {"sgemm": "unpinned", "exp": "unpinned", "conv": "unpinned"}}]
+    jsonl = tmp_path / "ops.jsonl"
+    jsonl.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    monkeypatch.setattr(mod, "JSONL", jsonl)
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in mod.render().splitlines() if line.startswith("| ")}
+    assert rows["sgemm"].endswith("| same |") and "unpinned" not in rows["sgemm"]
+    assert rows["exp"].endswith("| **differs** |")
+    assert rows["conv"].endswith("| one CPU kind so far |")
+    assert "| `MKL_CBWR=AUTO` | sgemm |" in mod.render()
+
+
+def test_the_cross_cpu_page_calls_a_cell_not_portable_only_at_one_code_version(tmp_path, monkeypatch):
+    import json
+
+    mod = _bench_module("cross_cpu")
+
+    def line(cell, cpu, version, digest):
+        return {"cell": cell, "what": "w", "cpu": cpu, "code_version": version, "arithmetic": {"pinned": True},
+                "acc": 0.5, "labels_sha256": digest}
+
+    rows = [line("1", "AMD EPYC", "e1-m1", "a"), line("1", "Intel Xeon", "e1-m1", "b"),
+            line("2", "AMD EPYC", "e1-m1", "a"), line("2", "Intel Xeon", "e2-m1", "b"),
+            line("3", "AMD EPYC", "e1-m1", "a"), line("3", "Intel Xeon", "e2-m1", "a")]
+    jsonl = tmp_path / "cells.jsonl"
+    jsonl.write_text("".join(json.dumps(x) + "\n" for x in rows))
+    monkeypatch.setattr(mod, "JSONL", jsonl)
+    page = mod.render()
+    assert "- cell 1: AMD, Intel: 2 labels hashes: NOT portable." in page
+    assert "- cell 2: AMD, Intel: 2 labels hashes: inconclusive" in page and "the method's code is the same" in page
+    assert "- cell 3: AMD, Intel: the same labels (over 2 code versions)." in page

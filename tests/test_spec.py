@@ -54,3 +54,28 @@ def test_parties_build_from_the_spec_without_validating_a_config_again(monkeypat
     server.connect()
     server.begin()
     assert server.plan.cfg is spec.faults and server.exchange is not None
+
+
+def test_the_methods_params_are_validated_once_in_the_driver_and_reach_every_party_typed(monkeypatch):
+    """Loading the scenario validates ``params``; the spec seals that very Config and each
+    party opens its own copy: one validation a run, not one per party (n + 2 before)."""
+    from raymvc.protocols import get
+
+    cls = get("kfed").config
+    calls = []
+    original = cls.__init__
+
+    def counting(self, *a, **k):
+        calls.append(k)
+        original(self, *a, **k)
+
+    monkeypatch.setattr(cls, "__init__", counting)
+    sc, part, spec = _spec({"params.kmeans_init": 3})
+    clients = {c: ClientNode(c, spec, part.shards[c]) for c in spec.client_ids}
+    server = ServerNode(spec, clients)
+    assert len(calls) == 1  # loading the scenario; the spec and the parties reused it
+    back = pickle.loads(pickle.dumps(spec))  # an actor's spec: the config crosses sealed
+    assert back.config == spec.config and back.method_config(get("kfed")).kmeans_init == 3
+    opened = [spec.method_config(get("kfed")) for _ in range(2)]
+    assert opened[0] == opened[1] and opened[0] is not opened[1]  # each party its own copy
+    assert len(calls) == 1 and server.server is not None

@@ -96,7 +96,7 @@ class ClientNode:
         proto = get(spec.method)
         ctx = ClientContext(client_id=cid, n_clients=spec.n_clients, n_clusters=spec.n_clusters, seed=spec.seed,
                             float_dtype=ch.float_dtype)
-        self.client = proto.client(proto.config(**spec.params), shard, ctx)
+        self.client = proto.client(spec.method_config(proto), shard, ctx)
         self.secure = None  # the secure-aggregation layer, when on and the method declares a sum
         if ch.secure_aggregation and proto.secure_sums:
             from .secure import ClientLayer  # loaded (with cryptography) only when the layer is on
@@ -329,7 +329,7 @@ class ServerNode:
                             n_samples=spec.n_samples, client_sizes=dict(spec.client_sizes),
                             float_dtype=ch.float_dtype, max_staleness=None if spec.faults.asynchronous is None
                             else spec.faults.asynchronous.max_staleness)
-        self.server = proto.server(proto.config(**spec.params), ctx)
+        self.server = proto.server(spec.method_config(proto), ctx)
         stale = self.plan.cfg.stale_replies
         if secure:
             from .secure import ServerLayer  # loaded (with cryptography) only when the layer is on

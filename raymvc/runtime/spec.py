@@ -3,9 +3,11 @@
 The engine builds a :class:`RunSpec` once from the validated scenario and the prepared split
 (:meth:`RunSpec.build`) and gives the same object to the server and to every client (in
 process, or pickled to the Ray actors). The actors read it as it is: its configs are the
-scenario's validated pydantic objects, never dumped to dicts and checked again. A method's
-``params`` stay a mapping, because the method's own ``Config`` (``proto.config``) is what
-gives them meaning, on the side that imports the method.
+scenario's validated pydantic objects, never dumped to dicts and checked again. The method's
+``Config`` is validated once, in the driver, and travels typed (:class:`MethodConfig`): as
+its own pickle inside the spec, so that the spec unpickles in an actor that cannot import a
+method of one's own yet, and each party opens its own copy after adding the search paths
+(:meth:`RunSpec.method_config`). ``params`` (the mapping) stays for what is shown and recorded.
 
 A model of one's own named in ``faults.availability`` travels as the scenario's
 :class:`~raymvc.scenario.OwnAvailability` (its name and parameters): the model's module is
@@ -15,13 +17,44 @@ unpickles in an actor that cannot import that module yet.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..scenario.schema import ChannelCfg, DeviceClass, DevicesCfg, FaultsCfg, NetworkCfg, PartialWorkCfg, Scenario
 
-__all__ = ["RunSpec"]
+__all__ = ["MethodConfig", "RunSpec"]
+
+
+class MethodConfig:
+    """A method's validated ``Config``, sealed as a pickle: it crosses to an actor unopened
+    (nothing of the method's module is needed to receive it) and each :meth:`open` gives a
+    fresh copy, unpickled, not validated again."""
+
+    __slots__ = ("blob",)
+
+    def __init__(self, blob: bytes):
+        self.blob = blob
+
+    @classmethod
+    def seal(cls, cfg) -> MethodConfig:
+        return cls(pickle.dumps(cfg, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def open(self):
+        return pickle.loads(self.blob)
+
+    def __reduce__(self):
+        return (MethodConfig, (self.blob,))
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, MethodConfig) and other.blob == self.blob
+
+    def __hash__(self) -> int:
+        return hash(self.blob)
+
+    def __repr__(self) -> str:
+        return f"MethodConfig({len(self.blob)} bytes)"
 
 
 @dataclass(frozen=True)
@@ -47,6 +80,7 @@ class RunSpec:
     trace: Mapping[int, list[tuple[float, float]]] | None = None  # an availability trace's intervals
     devices: DevicesCfg | None = None
     device_classes: Mapping[str, DeviceClass] | None = None
+    config: MethodConfig | None = None  # the method's Config, validated in the driver
 
     @property
     def client_ids(self) -> list[int]:
@@ -55,6 +89,11 @@ class RunSpec:
     @property
     def partial_work(self) -> PartialWorkCfg | None:
         return self.faults.partial_work
+
+    def method_config(self, proto):
+        """This party's own copy of the method's Config: opened from the one the driver
+        validated (a spec built by hand without one validates ``params`` here)."""
+        return self.config.open() if self.config is not None else proto.config(**self.params)
 
     @classmethod
     def build(cls, sc: Scenario, part, ds, search: tuple[str, ...] = ()) -> RunSpec:
@@ -75,4 +114,5 @@ class RunSpec:
                    client_sizes={c: part.shards[c].rows_held for c in ids},
                    client_dims={c: int(part.shards[c].views[0].shape[1]) for c in ids},
                    trace=availability_trace(sc), devices=own(sc.devices),
-                   device_classes={k: own(v) for k, v in (device_classes(sc) or {}).items()} or None)
+                   device_classes={k: own(v) for k, v in (device_classes(sc) or {}).items()} or None,
+                   config=MethodConfig.seal(sc.protocol_config()))

@@ -9,6 +9,7 @@ a folder name, so it may hold only letters, digits, ``.``, ``_`` and ``-``.
 
 from __future__ import annotations
 
+import copy
 import re
 import typing
 from pathlib import Path
@@ -476,15 +477,25 @@ class Scenario(_Strict):
         return out
 
     def protocol_config(self):
-        """The method's validated config object (raises ScenarioError)."""
+        """The method's validated config object (raises ScenarioError). Validated once: asked
+        again for the same method and params (the run spec asks after loading did), the same
+        object comes back."""
         from ..protocols import get
 
+        held = self._method_config
+        if held is not None and held[0] == self.method and held[1] == self.params:
+            return held[2]
         proto = get(self.method)
         try:
-            return proto.config(**self.params)
+            cfg = proto.config(**self.params)
         except ValidationError as e:
             raise ScenarioError(format_error(self.source, e, prefix=("params",), model=proto.config,
                                         overrides=self._overrides)) from None
+        self._method_config = (self.method, copy.deepcopy(self.params), cfg)
+        return cfg
+
+    # (method, params, config) that protocol_config validated last
+    _method_config: tuple | None = None
 
     # the overrides this scenario was built with, key -> value (to blame them in errors)
     _overrides: dict = {}

@@ -1024,11 +1024,28 @@ def fill_atlas_values(text: str, results: list[StudyResult], where: Path) -> str
     return out
 
 
+CENTRAL = "robustness-central"  # the atlas methods' centralised references, by the atlas's run ids
+
+
+def _central_acc(res: StudyResult | None) -> dict[str, str]:
+    """Run id -> its centralised reference's mean ACC ± std (finished runs), from robustness-central."""
+    if res is None:
+        return {}
+    (point,) = res.points() or [{}]
+    out = {}
+    for r in res.study.spec.runs:
+        m, sd, ok, total = res.stat(r.id, point, "acc")
+        if total:
+            out[r.id] = f"{_pm(m, sd, 3)} ({ok}/{total})"
+    return out
+
+
 def atlas_overview(results: list[StudyResult], fig_dir: Path, page_dir: Path) -> str:
     """The atlas across its fault kinds: a ranking per kind, a rank matrix, and a figure of
     ACC against MB and against the virtual time of every cell. A study of the atlas with no
     grid is no kind of device behaviour (it compares runs at one setting): it keeps its own
     section, and its numbers can be quoted, but stays out of the rankings and the figure."""
+    central = next((res for res in results if res.study.name == CENTRAL and res.rows), None)
     results = [res for res in results if res.rows and res.study.spec.grid]
     if not results:
         return ""
@@ -1067,10 +1084,17 @@ def atlas_overview(results: list[StudyResult], fig_dir: Path, page_dir: Path) ->
             ranks[e["run"].id][kind] = f"{i} ({change})"
         lines.append("")
     labels = {r.id: r.label for res in results for r in res.study.spec.runs}
-    lines += ["**Ranks at a glance** (rank at the harshest point, with the change in ACC):", "",
-              "| run | " + " | ".join(esc(k) for k in kinds) + " |", "|---|" + "---|" * len(kinds)]
+    pooled = _central_acc(central)
+    lines += ["**Ranks at a glance** (rank at the harshest point, with the change in ACC)"
+              + (f"; the last column, each method's centralised reference ({CENTRAL}: all the data at one party, "
+                 "mean ACC ± std over its seeds, finished runs of all): what federation costs a horizontal "
+                 "method where the reference is higher; for a vertical one a reference only, its pooled run having "
+                 "every view side by side (and present)" if pooled else "") + ":", "",
+              "| run | " + " | ".join(esc(k) for k in kinds) + (" | centralised |" if pooled else " |"),
+              "|---|" + "---|" * (len(kinds) + bool(pooled))]
     for rid, per in ranks.items():
-        lines.append(f"| {esc(labels.get(rid, rid))} | " + " | ".join(per.get(k, "-") for k in kinds) + " |")
+        lines.append(f"| {esc(labels.get(rid, rid))} | " + " | ".join(per.get(k, "-") for k in kinds)
+                     + (f" | {pooled.get(rid, '-')} |" if pooled else " |"))
     lines.append("")
     fig = draw_atlas_figure(results, fig_dir / "robustness-atlas.png")
     if fig is not None:

@@ -762,6 +762,23 @@ study:
     assert "**Ranks at a glance**" in page and "| run | drop | one |" in page
     assert "**One point** (one point: " in page and " (n/a) |" in page and "+0.000" not in page
     assert (studies / "figures" / "robustness-atlas.png").stat().st_size > 1000
+    assert "centralised" not in page.split("**Ranks at a glance**")[1].split("\n\n")[0]  # no references yet
+    # the centralised references (robustness-central, no grid): a last column of the rank matrix
+    (studies / "robustness-central.yaml").write_text(atlas.format(extra="central: true").replace(
+        "title: Dropouts", "title: Pooled").replace("  grid: {faults.dropout.rate: [0.0, 0.6]}\n", "").replace(
+        "params.kmeans_init: 5}", "params.kmeans_init: 5, central: true}"))
+    assert sweep_committed("studies/robustness-central.yaml", "--quiet") == 0
+    write_pages(studies, tmp_path / "runs" / "studies", None)
+    page = (studies / "robustness.md").read_text()
+    pooled = _csv(tmp_path / "runs" / "studies" / "robustness-central" / "sweep.csv")
+    assert len(pooled) == 4
+    matrix = page.split("**Ranks at a glance**")[1].split("\n\n")[1]
+    assert matrix.splitlines()[0] == "| run | drop | one | centralised |"
+    for rid in ("few", "many"):
+        accs = [float(r["acc"]) for r in pooled if r["scenario"] == rid]
+        line = next(x for x in matrix.splitlines() if x.startswith(f"| {label[rid]} |"))
+        assert line.endswith(f"| {statistics.mean(accs):.3f} ± {statistics.stdev(accs):.3f} (2/2) |")
+    assert "central" not in page.split("## Ranking per fault kind")[1].split("**Ranks at a glance**")[0]
     record = _csv(studies / "results" / "robustness-drop.csv")
     assert all(r["virtual_s"] != "" for r in record)  # the virtual clock of every cell is kept
 

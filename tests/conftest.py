@@ -10,6 +10,13 @@ from pathlib import Path
 
 import pytest
 
+# Before any test module loads numpy or torch: importing raymvc pins the numerical libraries'
+# code paths in this process (raymvc.arithmetic), as it does in every process of a run. A
+# test module that imported numpy first would leave the in-process parties on the CPU's own
+# kernels (AVX-512 OpenBLAS and numpy loops where the CPU has them) while Ray's workers are
+# pinned, and the two backends would differ in their last bits.
+import raymvc  # noqa: E402,F401  (imported for its effect)
+
 REPO = Path(__file__).resolve().parents[1]
 SCENARIOS = REPO / "scenarios"
 SHARED_DATA = REPO.parent / "shared" / "data"

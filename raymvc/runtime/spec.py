@@ -4,10 +4,11 @@ The engine builds a :class:`RunSpec` once from the validated scenario and the pr
 (:meth:`RunSpec.build`) and gives the same object to the server and to every client (in
 process, or pickled to the Ray actors). The actors read it as it is: its configs are the
 scenario's validated pydantic objects, never dumped to dicts and checked again. The method's
-``Config`` is validated once, in the driver, and travels typed (:class:`MethodConfig`): as
-its own pickle inside the spec, so that the spec unpickles in an actor that cannot import a
-method of one's own yet, and each party opens its own copy after adding the search paths
-(:meth:`RunSpec.method_config`). ``params`` (the mapping) stays for what is shown and recorded.
+``Config`` is validated once, in the driver, and travels as its validated field values
+(:class:`MethodConfig`), so that the spec unpickles in an actor that cannot import a
+method of one's own yet; each party rebuilds its own copy after adding the search paths,
+without validating it again (:meth:`RunSpec.method_config`). ``params`` (the mapping)
+stays for what is shown and recorded.
 
 A model of one's own named in ``faults.availability`` travels as the scenario's
 :class:`~raymvc.scenario.OwnAvailability` (its name and parameters): the model's module is
@@ -17,7 +18,7 @@ unpickles in an actor that cannot import that module yet.
 
 from __future__ import annotations
 
-import pickle
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,34 +28,26 @@ from ..scenario.schema import ChannelCfg, DeviceClass, DevicesCfg, FaultsCfg, Ne
 __all__ = ["MethodConfig", "RunSpec"]
 
 
+@dataclass(frozen=True)
 class MethodConfig:
-    """A method's validated ``Config``, sealed as a pickle: it crosses to an actor unopened
-    (nothing of the method's module is needed to receive it) and each :meth:`open` gives a
-    fresh copy, unpickled, not validated again."""
+    """A method's ``Config`` as the driver validated it: its field values (the validated
+    objects themselves, not a dump) and which of them were given. It crosses to an actor
+    without the Config's class (nothing of the method's module is needed to receive it);
+    :meth:`RunSpec.method_config` rebuilds the Config there with ``model_construct``, which
+    validates nothing. A field value whose own class lives in a method's module of one's
+    own would still need that module to unpickle: keep such values to plain types."""
 
-    __slots__ = ("blob",)
-
-    def __init__(self, blob: bytes):
-        self.blob = blob
+    values: Mapping[str, Any]
+    given: frozenset[str]
 
     @classmethod
     def seal(cls, cfg) -> MethodConfig:
-        return cls(pickle.dumps(cfg, protocol=pickle.HIGHEST_PROTOCOL))
+        return cls(values={name: getattr(cfg, name) for name in type(cfg).model_fields},
+                   given=frozenset(cfg.model_fields_set))
 
-    def open(self):
-        return pickle.loads(self.blob)
-
-    def __reduce__(self):
-        return (MethodConfig, (self.blob,))
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, MethodConfig) and other.blob == self.blob
-
-    def __hash__(self) -> int:
-        return hash(self.blob)
-
-    def __repr__(self) -> str:
-        return f"MethodConfig({len(self.blob)} bytes)"
+    def open(self, config_cls):
+        """A fresh Config of ``config_cls`` (the method's), each party its own copy."""
+        return config_cls.model_construct(_fields_set=set(self.given), **copy.deepcopy(dict(self.values)))
 
 
 @dataclass(frozen=True)
@@ -93,7 +86,7 @@ class RunSpec:
     def method_config(self, proto):
         """This party's own copy of the method's Config: opened from the one the driver
         validated (a spec built by hand without one validates ``params`` here)."""
-        return self.config.open() if self.config is not None else proto.config(**self.params)
+        return self.config.open(proto.config) if self.config is not None else proto.config(**self.params)
 
     @classmethod
     def build(cls, sc: Scenario, part, ds, search: tuple[str, ...] = ()) -> RunSpec:

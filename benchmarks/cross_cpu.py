@@ -77,6 +77,8 @@ def run_cell(cid: str, tmp: Path) -> dict:
 
 
 def render() -> str:
+    from raymvc.results.provenance import cpu_kind
+
     rows = [json.loads(line) for line in JSONL.read_text().splitlines() if line.strip()] if JSONL.is_file() else []
     by_cell: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
@@ -95,7 +97,7 @@ def render() -> str:
         pinned = [r for r in runs if r["arithmetic"].get("pinned")]
         kinds: dict[str, set] = defaultdict(set)
         for r in pinned:
-            kinds["AMD" if "AMD" in r["cpu"] else "Intel" if "Intel" in r["cpu"] else r["cpu"]].add(r["labels_sha256"])
+            kinds[cpu_kind(r["cpu"]) or r["cpu"]].add(r["labels_sha256"])
         hashes = {h for hs in kinds.values() for h in hs}
         versions = {r["code_version"] for r in pinned}
         if len(kinds) < 2:

@@ -151,7 +151,9 @@ def knobs(pinned_ops: dict) -> dict[str, list[str]]:
 
 
 def kind(cpu: str) -> str:
-    return "AMD" if "AMD" in cpu else "Intel" if "Intel" in cpu else cpu
+    from raymvc.results.provenance import cpu_kind
+
+    return cpu_kind(cpu) or cpu
 
 
 def _libs(platform: dict) -> str:

@@ -39,20 +39,26 @@ def score_digits(name: str) -> int:
     return SCORES.get(name.removeprefix("metric."), (name, 3))[1]
 
 
-def _table(y_true, y_pred) -> tuple[np.ndarray, np.ndarray, int]:
-    """Contingency table (classes x labelled clusters), the classes' sizes and n.
-
-    Class sizes include samples predicted ``-1``; the table's columns do not.
-    """
+def _full(y_true, y_pred) -> tuple[np.ndarray, bool]:
+    """The contingency table over every predicted label, ``-1`` included (its first column
+    then), and whether any sample is unlabelled; the input checks every score shares."""
     y_true = np.asarray(y_true).ravel()
     y_pred = np.asarray(y_pred).ravel()
     if y_true.shape != y_pred.shape:
         raise ValueError(f"y_true has {y_true.size} labels but y_pred has {y_pred.size}")
     if y_true.size == 0:
         raise ValueError("cannot score an empty labelling")
-    full = _contingency(y_true, y_pred)  # columns in sorted label order: -1 first
-    table = full[:, 1:] if np.any(y_pred == UNLABELLED) else full
-    return table, full.sum(axis=1), int(y_true.size)
+    return _contingency(y_true, y_pred), bool(np.any(y_pred == UNLABELLED))
+
+
+def _table(y_true, y_pred) -> tuple[np.ndarray, np.ndarray, int]:
+    """Contingency table (classes x labelled clusters), the classes' sizes and n.
+
+    Class sizes include samples predicted ``-1``; the table's columns do not.
+    """
+    full, unlabelled = _full(y_true, y_pred)
+    table = full[:, 1:] if unlabelled else full
+    return table, full.sum(axis=1), int(full.sum())
 
 
 def _contingency(y_true: np.ndarray, y_pred: np.ndarray) -> np.ndarray:
@@ -87,10 +93,7 @@ def nmi(y_true, y_pred) -> float:
     A labelling with one class and one cluster scores 1; otherwise one with zero
     mutual information (a single class or a single cluster among them) scores 0.
     """
-    y_true = np.asarray(y_true).ravel()
-    y_pred = np.asarray(y_pred).ravel()
-    _table(y_true, y_pred)  # the same input checks as every score
-    full = _contingency(y_true, y_pred).astype(np.float64)
+    full = _full(y_true, y_pred)[0].astype(np.float64)
     if full.shape == (1, 1):
         return 1.0
     rows, cols = full.sum(axis=1), full.sum(axis=0)
@@ -112,11 +115,8 @@ def nmi(y_true, y_pred) -> float:
 
 def ari(y_true, y_pred) -> float:
     """Adjusted Rand index (Hubert and Arabie), from the ordered pair counts in exact integers."""
-    y_true = np.asarray(y_true).ravel()
-    y_pred = np.asarray(y_pred).ravel()
-    _table(y_true, y_pred)
-    full = _contingency(y_true, y_pred)
-    n = int(y_true.size)
+    full = _full(y_true, y_pred)[0]
+    n = int(full.sum())
     squares = int((full.astype(np.int64) ** 2).sum())
     tp = squares - n  # together in both
     fp = int((full.sum(axis=0).astype(np.int64) ** 2).sum()) - squares  # together in the prediction only
@@ -152,17 +152,11 @@ def pairwise_fscore(y_true, y_pred) -> float:
 
     Every unlabelled sample becomes a singleton cluster, so it is in no predicted pair.
     """
-    y_true = np.asarray(y_true).ravel()
-    y_pred = np.asarray(y_pred).ravel()
-    _table(y_true, y_pred)  # the same input checks as every score
-    unlabelled = y_pred == UNLABELLED
-    if unlabelled.any():
-        y_pred = y_pred.copy()
-        y_pred[unlabelled] = y_pred.max() + 1 + np.arange(int(unlabelled.sum()))
-    full = _contingency(y_true, y_pred)
-    same_both, same_pred, same_true = _pairs(full), _pairs(full.sum(axis=0)), _pairs(full.sum(axis=1))
+    table, class_sizes, n = _table(y_true, y_pred)
+    unlabelled = table.sum() < n  # singletons: in no predicted pair, so only the labelled columns count
+    same_both, same_pred, same_true = _pairs(table), _pairs(table.sum(axis=0)), _pairs(class_sizes)
     if same_pred == 0 and same_true == 0:
-        return 0.0 if unlabelled.any() else 1.0
+        return 0.0 if unlabelled else 1.0
     precision = same_both / same_pred if same_pred else 0.0
     recall = same_both / same_true if same_true else 0.0
     return float(2 * precision * recall / (precision + recall)) if precision + recall else 0.0

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from raymvc.metrics import score_digits, score_title
 from raymvc.results.folder import ResultsError, short_value, write_file
-from raymvc.results.provenance import platform_text
+from raymvc.results.provenance import cpu_kind, platform_text
 from raymvc.results.runfolder import RunFolder
 from raymvc.results.status import FINISHED
 from raymvc.safeio import confined
@@ -634,7 +634,7 @@ def one_cell_text(res: StudyResult, runs) -> str | None:
         x = num(row.get(column_of(metric)))
         if row["status"] in OK and len(digest) >= 12 and x is not None:
             arith = str(row.get("arithmetic") or "")
-            where = (f"{_cpu_kind(str(row.get('platform') or '')) or 'a CPU not named'}, "
+            where = (f"{cpu_kind(str(row.get('platform') or '')) or 'a CPU not named'}, "
                      + (f"{arith} arithmetic" if arith in ("pinned", "native") else "arithmetic not recorded"))
             cmd = one_cell_command(res.study, r.id, point, row["seed"])
             return (f"One cell again: `{code(cmd)}` reruns *{esc(r.label)}* at seed {esc(row['seed'])}; it "
@@ -1204,11 +1204,6 @@ README_HEAD = ["study", "run", "variant", "at", "ACC", "NMI", "MB", "paper ACC",
                "seeds per mode", "second draw: seeds, ACC, per mode", "labels"]
 
 
-def _cpu_kind(platform: str) -> str:
-    """"Intel", "AMD" or "" (another CPU, or a platform recorded without its model)."""
-    return next((k for k in ("Intel", "AMD") if k in platform), "")
-
-
 def labels_text(rows: list[dict]) -> str:
     """A README row's labels: the first 12 hex digits of a SHA-256 over its finished runs'
     ``seed:labels hash`` lines (sorted), the arithmetic they ran with and the CPU kinds
@@ -1222,7 +1217,7 @@ def labels_text(rows: list[dict]) -> str:
     lines = sorted(f"{r['seed']}:{r['labels_sha256']}" for r in ok)
     digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:12]
     arith = sorted({r.get("arithmetic") or "arithmetic not recorded" for r in ok})
-    kinds = sorted({k for r in ok if (k := _cpu_kind(r.get("platform") or ""))})
+    kinds = sorted({k for r in ok if (k := cpu_kind(r.get("platform") or ""))})
     return f"`{digest}`, {' + '.join(arith)}" + (f", {' + '.join(kinds)}" if kinds else "")
 
 

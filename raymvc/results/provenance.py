@@ -135,6 +135,12 @@ def cpu_model() -> str:
     return " ".join((platform.processor() or "").split())[:100]
 
 
+def cpu_kind(text: str) -> str:
+    """"Intel", "AMD" or "" (another CPU, or a text without its model): the kind of CPU a
+    processor's model name (or a platform line holding it) names."""
+    return next((k for k in ("Intel", "AMD") if k in text), "")
+
+
 def platform_text(info: dict | None) -> str:
     """``numpy 2.4.6, scipy 1.17.1, ...; Python 3.11.7, x86_64 (Intel(R) Xeon(R) Processor), 2 CPUs``
     (empty for none; runs recorded before the CPU's model was leave it out)."""

@@ -40,8 +40,14 @@ MD = ROOT / "benchmarks" / "cross_cpu_ops.md"
 
 # Run in a fresh interpreter: raymvc first (it pins the libraries before numpy or torch loads).
 PROBE = r'''
-import hashlib, json
+import hashlib, json, os
 import raymvc
+knob = os.environ.get("RAYMVC_PROBE_KNOB")  # --knobs: one switch moved after the pin, before any library loads
+if knob:
+    var, _, value = knob.partition("=")
+    os.environ[var] = value
+    if var == "ONEDNN_MAX_CPU_ISA":
+        os.environ["DNNL_MAX_CPU_ISA"] = value
 from raymvc import arithmetic
 from raymvc.results.provenance import platform_info
 import numpy as np
@@ -117,12 +123,37 @@ from threadpoolctl import threadpool_limits
 with threadpool_limits(1):
     km = KMeans(10, n_init=1, random_state=0).fit(rng.standard_normal((2000, 76)))
 out["scikit-learn KMeans 2000x76, k = 10"] = h(np.concatenate([km.cluster_centers_.ravel(), km.labels_]))
+# the products raymvc's torch methods compute with (OpenBLAS under pinned arithmetic), on inputs of their own
+from raymvc.protocols import _torch as rt
+from raymvc.protocols import ccfc
+rng = np.random.default_rng(1)
+out["raymvc sqdist 512x10 to 10x10 (OpenBLAS)"] = h(rt.sqdist(t(512, 10), t(10, 10)))
+torch.manual_seed(0)
+net = torch.nn.Sequential(rt.Linear(240, 500), torch.nn.ReLU(), rt.Linear(500, 10),
+                          rt.Linear(10, 500), torch.nn.ReLU(), rt.Linear(500, 240))
+opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+x = t(512, 240)
+for step in range(20):
+    opt.zero_grad()
+    F.mse_loss(net(x), x).backward()
+    opt.step()
+out["raymvc autoencoder, 20 Adam steps (OpenBLAS products)"] = h(torch.cat([p.detach().ravel() for p in net.parameters()]))
+torch.manual_seed(0)
+enc = ccfc.Encoder(ccfc.Config(), (28, 28))
+opt = torch.optim.Adam(enc.parameters(), lr=1e-3)
+imgs = t(64, 1, 28, 28)
+for step in range(3):
+    opt.zero_grad()
+    enc(imgs).square().mean().backward()
+    opt.step()
+out["raymvc CCFC encoder on 28x28, 3 Adam steps (oneDNN convs)"] = h(torch.cat([p.detach().ravel() for p in enc.parameters()]))
 print(json.dumps({"ops": out, "arithmetic": arithmetic.describe(), "platform": platform_info()}))
 '''
 
 
 # one switch at a time, away from its pinned value
-KNOBS = (("MKL_CBWR", "AUTO"), ("MKL_CBWR", "AVX512"), ("ONEDNN_MAX_CPU_ISA", "ALL"), ("OPENBLAS_CORETYPE", "SkylakeX"),
+KNOBS = (("MKL_CBWR", "AUTO"), ("MKL_CBWR", "AVX2"), ("MKL_CBWR", "AVX512"), ("ONEDNN_MAX_CPU_ISA", "ALL"),
+         ("OPENBLAS_CORETYPE", "SkylakeX"),
          ("OPENBLAS_CORETYPE", "Zen"), ("ATEN_CPU_CAPABILITY", "avx512"), ("NPY_DISABLE_CPU_FEATURES", ""))
 
 
@@ -136,16 +167,13 @@ def probe(env: dict | None = None) -> dict:
 
 def knobs(pinned_ops: dict) -> dict[str, list[str]]:
     """For each alternative setting of one switch: the operations whose bits it moves here."""
-    from raymvc.arithmetic import PINNED, pinned_value
+    from raymvc.arithmetic import cpu_flags
 
-    base = {k: v for k, v in os.environ.items() if k not in PINNED}
-    base.update({v: pinned_value(v) for v in PINNED}, RAYMVC_ARITHMETIC="native")
-    if probe(base)["ops"] != pinned_ops:
-        raise SystemExit("the pinned values set by hand do not give the pinned run's bits: --knobs cannot tell")
     moved = {}
-    for var, alt in KNOBS:
-        env = {**base, var: alt, **({"DNNL_MAX_CPU_ISA": alt} if var == "ONEDNN_MAX_CPU_ISA" else {})}
-        got = probe(env)["ops"]
+    for var, alt in KNOBS:  # raymvc pins, then the probe moves the one switch before numpy or torch loads
+        if alt.lower() in ("avx512", "skylakex") and "avx512f" not in (cpu_flags() or ()):
+            continue  # kernels this CPU cannot run
+        got = probe({**os.environ, "RAYMVC_PROBE_KNOB": f"{var}={alt}"})["ops"]
         moved[f"{var}={alt}"] = [op for op in got if got[op] != pinned_ops.get(op)]
     return moved
 

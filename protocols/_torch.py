@@ -5,7 +5,9 @@
 * FedAvg of such arrays, weighted by sample counts;
 * seeded model construction that leaves torch's global generator untouched;
 * a context manager that switches deterministic algorithms on for one call;
-* random mini-batches from a ``torch.Generator``.
+* random mini-batches from a ``torch.Generator``;
+* matrix products that give the same bits on every x86-64 CPU under pinned arithmetic
+  (:func:`mm`, :class:`Linear`, :func:`sqdist`).
 
 Only protocol modules import this (the engine never imports torch).
 """
@@ -94,6 +96,74 @@ def batches(n: int, batch_size: int, g: torch.Generator, min_size: int = 2) -> l
     """
     nb = max(1, math.ceil(n / batch_size))
     return [b for b in torch.randperm(n, generator=g).tensor_split(nb) if len(b) >= min_size]
+
+
+# ---------------------------------------------------------------------------
+# matrix products: the same bits on Intel and AMD CPUs
+#
+# torch's float32 products run on MKL, whose COMPATIBLE branch (pinned arithmetic) gives
+# other bits on an Intel Xeon and an AMD EPYC for some shapes (a 512x12 by 12x10 product, an
+# autoencoder's gradients: benchmarks/cross_cpu_ops.md), although MKL documents the branch as
+# identical. Under pinned arithmetic the torch methods therefore compute every product of
+# their models and losses with OpenBLAS (through numpy), whose kernels are fixed to one core
+# type on every CPU (raymvc.arithmetic), forward and backward. In native mode, and on a GPU,
+# torch's own product is used.
+
+
+def _portable(*ts: torch.Tensor) -> bool:
+    from raymvc import arithmetic
+
+    return arithmetic.mode() == "pinned" and all(t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64)
+                                                      for t in ts)
+
+
+def _np_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    # numpy passes a transposed view to BLAS as a transpose flag; other strides are copied
+    return torch.from_numpy(np.matmul(a.detach().numpy(), b.detach().numpy()))
+
+
+class _OpenBLASMatmul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(a, b)
+        return _np_mm(a, b)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        a, b = ctx.saved_tensors
+        ga = _np_mm(g, b.mT) if ctx.needs_input_grad[0] else None
+        gb = _np_mm(a.mT, g) if ctx.needs_input_grad[1] else None
+        return ga, gb
+
+
+def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` for 2-D ``a`` (``n x k``) and ``b`` (``k x m``), differentiable in both."""
+    if a.dim() != 2 or b.dim() != 2:
+        raise ValueError(f"mm: two matrices expected, got {a.dim()}-D and {b.dim()}-D tensors")
+    return _OpenBLASMatmul.apply(a, b) if _portable(a, b) else a @ b
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x W^T + b`` over the last axis of ``x`` (as ``torch.nn.functional.linear``)."""
+    if not _portable(x, weight):
+        return torch.nn.functional.linear(x, weight, bias)
+    lead = x.shape[:-1]
+    out = mm(x.reshape(-1, x.shape[-1]), weight.T)
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*lead, weight.shape[0])
+
+
+class Linear(nn.Linear):
+    """``torch.nn.Linear`` (same parameters, names and initialisation) computing with :func:`linear`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
+
+def sqdist(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Squared Euclidean distances between the rows of ``a`` and of ``b`` (``n x m``), at least 0."""
+    return ((a * a).sum(1, keepdim=True) - 2.0 * mm(a, b.T) + (b * b).sum(1)[None, :]).clamp_min(0.0)
 
 
 # ---------------------------------------------------------------------------

@@ -156,7 +156,7 @@ from raymvc.protocol import (
 
 from . import _torch
 from ._common import kmeans_capped, normalise_rows
-from ._torch import W_PREFIX, arrays_from_message, fedavg, seeded, state_to_arrays
+from ._torch import W_PREFIX, Linear, arrays_from_message, fedavg, mm, seeded, state_to_arrays
 
 __all__ = ["W_PREFIX", "UPDATE", "arrays_from_message", "fedavg", "load_arrays", "state_to_arrays"]
 
@@ -283,8 +283,8 @@ class Encoder(nn.Module):
         self.backbone = nn.Sequential(_conv(1, c1, s1, cfg.norm), _conv(c1, c2, 2, cfg.norm), _conv(c2, c3, 2, cfg.norm),
                                       nn.AdaptiveAvgPool2d(cfg.pool_grid), nn.Flatten())
         self.projector = nn.Sequential(
-            nn.Linear(c3 * cfg.pool_grid ** 2, cfg.proj_hidden, bias=False), nn.BatchNorm1d(cfg.proj_hidden), nn.ReLU(),
-            nn.Linear(cfg.proj_hidden, cfg.latent_dim, bias=False), nn.BatchNorm1d(cfg.latent_dim, affine=False),
+            Linear(c3 * cfg.pool_grid ** 2, cfg.proj_hidden, bias=False), nn.BatchNorm1d(cfg.proj_hidden), nn.ReLU(),
+            Linear(cfg.proj_hidden, cfg.latent_dim, bias=False), nn.BatchNorm1d(cfg.latent_dim, affine=False),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -297,8 +297,8 @@ class Predictor(nn.Module):
 
     def __init__(self, cfg: Config):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(cfg.latent_dim, cfg.pred_dim, bias=False), nn.BatchNorm1d(cfg.pred_dim),
-                                 nn.ReLU(), nn.Linear(cfg.pred_dim, cfg.latent_dim))
+        self.net = nn.Sequential(Linear(cfg.latent_dim, cfg.pred_dim, bias=False), nn.BatchNorm1d(cfg.pred_dim),
+                                 nn.ReLU(), Linear(cfg.pred_dim, cfg.latent_dim))
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         return self.net(z)
@@ -426,7 +426,7 @@ def cluster_contrastive_loss(p: torch.Tensor, z: torch.Tensor, y: torch.Tensor,
     ok = npos > 0
     if not bool(ok.any()):
         return p.sum() * 0.0
-    D = -((P @ Z.T) * same).sum(dim=1)[ok] / npos[ok]
+    D = -(mm(P, Z.T) * same).sum(dim=1)[ok] / npos[ok]
     w = _cluster_weights(y[ok])
     return (w * D).sum()
 
@@ -478,7 +478,7 @@ def embed(model: CCFCModel, x: torch.Tensor, chunk: int = 512) -> torch.Tensor:
 def assign(Z: torch.Tensor, C: np.ndarray) -> torch.Tensor:
     """Nearest global centroid by cosine similarity (Eq. 3 on normalised vectors)."""
     Cn = F.normalize(torch.from_numpy(np.asarray(C, dtype=np.float32)), dim=1)
-    return torch.argmax(Z @ Cn.T, dim=1)
+    return torch.argmax(mm(Z, Cn.T), dim=1)
 
 
 # ---------------------------------------------------------------------------

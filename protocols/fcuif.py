@@ -140,7 +140,7 @@ from raymvc.protocol import (
 )
 
 from . import feddmvc as fd
-from ._torch import batches, generator, seeded, torch_mode
+from ._torch import batches, generator, mm, seeded, torch_mode
 
 
 class Config(fd.Config):
@@ -256,9 +256,9 @@ class Versatility(nn.Module):
 def alignment_loss(Fa: torch.Tensor, Fm: torch.Tensor, perm: torch.Tensor, alpha: float) -> torch.Tensor:
     """Eq. (10) for one member: ``Fa`` (``B x D``, anchor), ``Fm`` (``B x D``, the member's rows
     shuffled so that row ``j`` is the anchor's row ``perm[j]``)."""
-    logits = Fa @ Fm.T / math.sqrt(Fa.shape[1])
+    logits = mm(Fa, Fm.T) / math.sqrt(Fa.shape[1])
     A = torch.softmax(logits, dim=1)
-    fit = ((Fa - A @ Fm) ** 2).mean()  # mean per entry (Eq. 10 sums; see the docstring)
+    fit = ((Fa - mm(A, Fm)) ** 2).mean()  # mean per entry (Eq. 10 sums; see the docstring)
     # f(A - A_gt): cross-entropy of each row of A against the true column
     target = torch.empty_like(perm)
     target[perm] = torch.arange(len(perm))

@@ -168,7 +168,7 @@ from raymvc.protocol import (
     seed_from,
 )
 
-from ._torch import batches, generator, resolve_device, seeded, torch_mode
+from ._torch import Linear, batches, generator, resolve_device, seeded, sqdist, torch_mode
 
 
 class Config(ProtocolConfig):
@@ -346,7 +346,7 @@ def analytic_bytes(config: Config, facts: RunFacts) -> int:
 def mlp(dims: list[int]) -> nn.Sequential:
     layers: list[nn.Module] = []
     for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
-        layers.append(nn.Linear(a, b))
+        layers.append(Linear(a, b))
         if i < len(dims) - 2:
             layers.append(nn.ReLU())
     return nn.Sequential(*layers)
@@ -381,7 +381,7 @@ class AutoEncoder(nn.Module):
 
     def soft_assign(self, z: torch.Tensor) -> torch.Tensor:
         """Eq. (2): Student-t kernel between embeddings and ``U``, rows normalised."""
-        s = 1.0 / (1.0 + torch.cdist(z, self.U).pow(2))
+        s = 1.0 / (1.0 + sqdist(z, self.U))
         return s / s.sum(dim=1, keepdim=True)
 
 

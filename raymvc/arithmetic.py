@@ -21,7 +21,12 @@ them, and says which it set, in every process of a run:
   actor on another machine computes the same way; a worker of a Ray instance someone else
   started pins itself when it imports raymvc (the actor and task code does, before it
   imports numpy), and reports what it got;
-* thread counts are fixed per run (``runtime.threads``, :mod:`raymvc.runtime.threads`).
+* thread counts are fixed per run (``runtime.threads``, :mod:`raymvc.runtime.threads`);
+* the torch methods take every product of their models and losses from OpenBLAS, not MKL
+  (``protocols/_torch.py``): MKL's COMPATIBLE branch, documented as the same on every CPU,
+  gives other bits on an Intel Xeon and an AMD EPYC for some product shapes (measured in
+  ``benchmarks/cross_cpu_ops.md``); OpenBLAS with its core type fixed gave the same bits on
+  both for every operation probed.
 
 ``RAYMVC_ARITHMETIC=native`` (set before Python imports raymvc) leaves the libraries to
 choose, for speed; the summary's ``arithmetic`` block says which mode each run used and
@@ -73,6 +78,18 @@ def _npy_avx512() -> str:
     return _NPY_AVX512["new" if (major, minor) >= (2, 3) else "old"]
 
 
+def cpu_flags() -> set[str] | None:
+    """The CPU's feature flags from ``/proc/cpuinfo`` (``None`` where there is none to read)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
+
+
 def cpu_supports_pin() -> tuple[bool, str]:
     """Whether this CPU can run the pinned kernels (x86-64 with AVX2 and FMA), and if not, why."""
     import platform
@@ -80,15 +97,10 @@ def cpu_supports_pin() -> tuple[bool, str]:
     machine = platform.machine().lower()
     if machine not in ("x86_64", "amd64"):
         return False, f"not an x86-64 CPU ({machine})"
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return ("avx2" in flags and "fma" in flags), "the CPU has no AVX2"
-    except OSError:
-        pass
-    return True, ""  # no /proc/cpuinfo to read: trust the architecture
+    flags = cpu_flags()
+    if flags is None:
+        return True, ""  # no /proc/cpuinfo to read: trust the architecture
+    return ("avx2" in flags and "fma" in flags), "the CPU has no AVX2"
 # variables that would let a library choose again (numpy refuses both NPY_* set at once)
 CLEARED = ("MKL_ENABLE_INSTRUCTIONS", "MKL_DEBUG_CPU_TYPE", "NPY_ENABLE_CPU_FEATURES")
 # set by a machine for its own sake: kept as found
@@ -256,6 +268,8 @@ def describe() -> dict:
         out["overridden"] = dict(_state["overridden"])
         out["cleared"] = dict(_state["cleared"])
         out["late"] = list(_state["late"])
+    # the products of the torch methods' models and losses (protocols/_torch.py)
+    out["torch_products"] = "OpenBLAS (through numpy)" if mode == "pinned" else "torch's own (MKL)"
     reports = {"openblas": _openblas(), "aten": _aten(), "numpy": _numpy_widest()}
     out["reports"] = {k: v for k, v in reports.items() if v not in (None, [])}
     if mode == "pinned":

@@ -103,10 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     lines += [
         "",
         "Pinned: the code paths of `raymvc.arithmetic.PINNED` (MKL's COMPATIBLE branch, OpenBLAS's Haswell "
-        "kernels, ATen's and oneDNN's AVX2, numpy's loops up to AVX2). Native: what each library picks on "
-        "this CPU. Labels may differ between the modes: that is the point of pinning, which makes the pinned "
-        "labels the same on every x86-64 CPU with AVX2. `RAYMVC_ARITHMETIC=native` buys the speed back "
-        "where a result need not travel (docs/reproducibility.md).",
+        "kernels, ATen's and oneDNN's AVX2, numpy's loops up to AVX2), and the torch methods' products on "
+        "OpenBLAS. Native: what each library picks on this CPU, torch's products on MKL. Labels may differ "
+        "between the modes: pinning fixes one code path per library on every machine, so that the labels "
+        "do not move with a machine's settings (and, where benchmarks/cross_cpu.md shows it for both CPU "
+        "kinds, not with its vendor). `RAYMVC_ARITHMETIC=native` is for results that need not travel "
+        "(docs/reproducibility.md).",
         "",
     ]
     args.md.write_text("\n".join(lines))

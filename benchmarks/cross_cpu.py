@@ -10,6 +10,12 @@ the check the file still lacks:
     python benchmarks/cross_cpu.py                  # every cell (about 20 min on 2 cores)
     python benchmarks/cross_cpu.py --only 1,3       # some cells
     python benchmarks/cross_cpu.py --render         # rewrite the page from the file alone
+    python benchmarks/cross_cpu.py --mkl-branch AVX2   # MKL sent to another branch after the pin
+
+``--mkl-branch`` stands in, on one machine, for what another CPU vendor does to MKL (its
+branches give other bits on Intel and AMD): raymvc pins, then MKL is sent to the given
+branch before torch loads. A cell whose labels stay those of its pinned run on the same CPU
+kind and code version does not depend on MKL's branch.
 """
 
 from __future__ import annotations
@@ -42,9 +48,11 @@ CELLS = {
 }
 
 RUNNER = """
-import json, sys
+import json, os, sys
 from pathlib import Path
 import raymvc
+if os.environ.get("RAYMVC_XCPU_MKL"):  # --mkl-branch: after the pin, before torch loads
+    os.environ["MKL_CBWR"] = os.environ["RAYMVC_XCPU_MKL"]
 from raymvc.scenario import load_scenario, merge_overrides
 from raymvc.study.files import is_study_file, load_study
 from raymvc.driver import run_scenario
@@ -64,16 +72,18 @@ print(json.dumps({"status": s["status"], "acc": s["metrics"]["acc"], "arithmetic
 """
 
 
-def run_cell(cid: str, tmp: Path) -> dict:
+def run_cell(cid: str, tmp: Path, mkl_branch: str | None = None) -> dict:
     what, path, spec = CELLS[cid]
     out = tmp / f"cell{cid}"
+    env = {**os.environ, "RAYMVC_XCPU_MKL": mkl_branch} if mkl_branch else None
     done = subprocess.run([sys.executable, "-c", RUNNER, str(ROOT / path), json.dumps(spec), str(out)],
-                          capture_output=True, text=True, cwd=ROOT, check=False)
+                          capture_output=True, text=True, cwd=ROOT, check=False, env=env)
     if done.returncode != 0:
         raise SystemExit(f"cell {cid} failed: {done.stderr.strip().splitlines()[-1:]}")
     got = json.loads(done.stdout.strip().splitlines()[-1])
     return {"cell": cid, "what": what, "labels_sha256": hashlib.sha256((out / "labels.csv").read_bytes()).hexdigest(),
-            "cpu": got["platform"].get("cpu") or "?", "date": time.strftime("%Y-%m-%d", time.gmtime()), **got}
+            "cpu": got["platform"].get("cpu") or "?", "date": time.strftime("%Y-%m-%d", time.gmtime()),
+            **({"mkl_branch": mkl_branch} if mkl_branch else {}), **got}
 
 
 def render() -> str:
@@ -86,15 +96,26 @@ def render() -> str:
     lines = ["# The same labels on another CPU: deep cells with pinned arithmetic", "",
              "Written by `python benchmarks/cross_cpu.py` from `benchmarks/cross_cpu.jsonl` (one line per run). "
              "Each cell ran in process with pinned arithmetic (`raymvc.arithmetic`; docs/reproducibility.md). "
-             "Cells 1 and 2 gave other labels on an Intel Xeon and an AMD EPYC before the pin.", "",
+             "Cells 1 and 2 gave other labels on an Intel Xeon and an AMD EPYC before the pin. Rows dated before "
+             "2026-12-08 ran the torch methods' products on MKL, whose products differ between the two vendors "
+             "(benchmarks/cross_cpu_ops.md); later rows run them on OpenBLAS. `MKL <branch>` rows sent MKL to that "
+             "branch after the pin (`--mkl-branch`).", "",
              "| cell | what | CPU | code version | pinned | ACC | labels (SHA-256, first 16) |", "|---|---|---|---|---|---|---|"]
     verdicts = []
     for cid in sorted(by_cell, key=int):
         runs = by_cell[cid]
         for r in runs:
+            how = f"MKL {r['mkl_branch']}" if r.get("mkl_branch") else "yes" if r["arithmetic"].get("pinned") else "no"
             lines.append(f"| {cid} | {r['what']} | {r['cpu']} | {r['code_version'][:17]} | "
-                         f"{'yes' if r['arithmetic'].get('pinned') else 'no'} | {r['acc']:.4f} | {r['labels_sha256'][:16]} |")
-        pinned = [r for r in runs if r["arithmetic"].get("pinned")]
+                         f"{how} | {r['acc']:.4f} | {r['labels_sha256'][:16]} |")
+        pinned = [r for r in runs if r["arithmetic"].get("pinned") and not r.get("mkl_branch")]
+        for m in (r for r in runs if r.get("mkl_branch")):
+            ref = {p["labels_sha256"] for p in pinned
+                   if p["code_version"] == m["code_version"] and cpu_kind(p["cpu"]) == cpu_kind(m["cpu"])}
+            verdicts.append(f"- cell {cid}, MKL sent to {m['mkl_branch']} after the pin on {cpu_kind(m['cpu']) or m['cpu']}: "
+                            + ("no pinned run of that code version on that CPU kind to compare." if not ref else
+                               "the pinned run's labels: MKL's branch does not reach them." if m["labels_sha256"] in ref
+                               else "other labels than the pinned run: MKL's branch moves them."))
         kinds: dict[str, set] = defaultdict(set)
         for r in pinned:
             kinds[cpu_kind(r["cpu"]) or r["cpu"]].add(r["labels_sha256"])
@@ -113,6 +134,12 @@ def render() -> str:
                                "inconclusive, the runs differ in code version too (the method's code is the same, "
                                "the engine's differs); rerun both at one commit." if same_method else
                                "inconclusive, the runs differ in code version too; rerun both at one commit."))
+        if pinned and len(kinds) >= 2:  # where the kinds ran other code, what the newest code has so far
+            latest = pinned[-1]["code_version"]
+            at = {cpu_kind(r["cpu"]) or r["cpu"] for r in pinned if r["code_version"] == latest}
+            if len(at) < 2:
+                verdicts.append(f"- cell {cid} at the newest code version ({latest[:17]}): only {', '.join(sorted(at))} "
+                                "so far; a machine of the other kind checks it.")
     lines += ["", *verdicts, ""]
     return "\n".join(lines)
 
@@ -121,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default=",".join(CELLS), help="comma-separated cell ids")
     ap.add_argument("--render", action="store_true", help="only rewrite the page from the jsonl file")
+    ap.add_argument("--mkl-branch", default=None, metavar="BRANCH",
+                    help="send MKL to this branch (MKL_CBWR) after the pin: does a cell depend on MKL's branch?")
     args = ap.parse_args(argv)
     if os.environ.get("RAYMVC_ARITHMETIC", "pinned").strip().lower() not in ("", "pinned"):
         raise SystemExit("RAYMVC_ARITHMETIC: this check is of pinned arithmetic; unset it")
@@ -131,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--only: unknown cell(s) {', '.join(bad)} (known: {', '.join(CELLS)})")
         with tempfile.TemporaryDirectory(prefix="xcpu-") as tmp:
             for cid in ids:
-                r = run_cell(cid, Path(tmp))
+                r = run_cell(cid, Path(tmp), args.mkl_branch)
                 print(f"cell {cid}: {r['acc']:.4f} {r['labels_sha256'][:16]} ({r['wall_s']:.0f} s, {r['cpu']})",
                       file=sys.stderr, flush=True)
                 with JSONL.open("a") as f:

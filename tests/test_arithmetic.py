@@ -247,3 +247,29 @@ def test_the_cross_cpu_page_calls_a_cell_not_portable_only_at_one_code_version(t
     assert "- cell 1: AMD, Intel: 2 labels hashes: NOT portable." in page
     assert "- cell 2: AMD, Intel: 2 labels hashes: inconclusive" in page and "the method's code is the same" in page
     assert "- cell 3: AMD, Intel: the same labels (over 2 code versions)." in page
+    assert "- cell 2 at the newest code version (e2-m1): only Intel so far" in page
+    assert "- cell 1 at the newest code version" not in page  # both kinds ran it
+
+
+def test_the_cross_cpu_page_says_whether_moving_mkls_branch_reaches_a_cells_labels(tmp_path, monkeypatch):
+    import json
+
+    mod = _bench_module("cross_cpu")
+
+    def line(cell, digest, branch=None, version="e1-m1"):
+        return {"cell": cell, "what": "w", "cpu": "AMD EPYC", "code_version": version, "acc": 0.5,
+                "arithmetic": {"pinned": branch is None}, "labels_sha256": digest,
+                **({"mkl_branch": branch} if branch else {})}
+
+    rows = [line("1", "a"), line("1", "a", "AVX2"), line("2", "a"), line("2", "b", "AVX2"),
+            line("3", "a"), line("3", "a", "AVX2", version="e2-m1")]
+    jsonl = tmp_path / "cells.jsonl"
+    jsonl.write_text("".join(json.dumps(x) + "\n" for x in rows))
+    monkeypatch.setattr(mod, "JSONL", jsonl)
+    page = mod.render()
+    assert "- cell 1, MKL sent to AVX2 after the pin on AMD: the pinned run's labels" in page
+    assert "- cell 2, MKL sent to AVX2 after the pin on AMD: other labels than the pinned run" in page
+    assert "- cell 3, MKL sent to AVX2 after the pin on AMD: no pinned run of that code version" in page
+    assert "| 2 | w | AMD EPYC | e1-m1 | MKL AVX2 | 0.5000 | b |" in page
+    # a moved run is not a pinned run of its CPU kind
+    assert "- cell 2: only AMD so far (1 pinned run(s), 1 labels hash(es))" in page

@@ -2,7 +2,7 @@
 (docs/fault-models.md#fault-kinds-of-ones-own).
 
 A kind is one class: its parameters (``Config``, a pydantic model with a description per
-field) and any of four hooks, each a function of the seed, the round and the client alone
+field) and any of six hooks, each a function of the seed, the round and the client alone
 (draw from :meth:`FaultKind.rng`, a stream keyed by the seed, the kind's name, the round
 and the client), so that a run on Ray and one in process see the same:
 
@@ -16,7 +16,14 @@ and the client), so that a run on Ray and one in process see the same:
   ``faults.partial_work`` (methods with ``partial_work`` in ``Protocol.supports`` honour
   it, closed-form methods ignore it);
 * ``record(round, clients) -> dict`` -- what the kind adds to the round's record
-  (``kinds`` in ``rounds.jsonl``: plain numbers, strings or lists of them).
+  (``kinds`` in ``rounds.jsonl``: plain numbers, strings or lists of them);
+* ``offline(client) -> bool`` -- the client never connects: no message of the run is
+  addressed to it (``disconnected_clients`` in the summary), as under ``faults.disconnect``;
+* ``crashes(round, client) -> bool`` -- the client's actor is killed at the start of the
+  round and never answers again (``crashed_clients``), as under ``faults.crash``.
+
+A kind whose parameters name clients says, in ``fits(cfg, n_clients)``, which one does not
+exist (a one-line reason, or ``None``): the run is refused before it starts.
 
 ``requires`` names what a method must declare in ``Protocol.supports`` for the kind to
 mean anything; a scenario that pairs the kind with a method lacking it is refused.
@@ -28,7 +35,9 @@ built-in kind is a class in this file (and its row in docs/fault-models.md). A b
 kind may also name a ``shorthand``, a key of ``faults`` that switches it on with its
 parameters alone (``faults.partial_work: {fraction: F, work: W}`` is the kind
 ``partial_work``); the scenario's schema takes that key's type from the kind's ``Config``,
-and the kind's ``switched_on(cfg)`` says whether those parameters do anything.
+and the kind's ``switched_on(cfg)`` says whether those parameters do anything. A key that
+holds a list (``faults.drop: [{client: C, at_round: R}]``) is the one parameter the kind's
+``shorthand_field`` names (the kind ``drop`` with ``at: [...]``).
 """
 
 from __future__ import annotations
@@ -43,8 +52,8 @@ from . import streams
 from .availability import Context, ModelConfig
 from .streams import stream
 
-__all__ = ["REGISTRY", "Context", "DelayCfg", "FaultKind", "KindError", "ModelConfig", "build", "draw_delay", "entries",
-           "get_kind"]
+__all__ = ["REGISTRY", "ClientRound", "Context", "DelayCfg", "FaultKind", "KindError", "ModelConfig", "build",
+           "draw_delay", "entries", "get_kind", "shorthand_config"]
 
 MAX_SIGMA = 10.0  # a lognormal's sigma: e^(10 x 3) already spans 13 orders of magnitude
 MAX_SECONDS = 1e9  # a delay's mean (about 30 years)
@@ -57,6 +66,7 @@ class FaultKind:
     Config: ClassVar[type[ModelConfig]]
     requires: ClassVar[frozenset[str]] = frozenset()
     shorthand: ClassVar[str | None] = None  # a built-in kind's own key of ``faults``, if it has one
+    shorthand_field: ClassVar[str | None] = None  # that key holds this one parameter (a list), not the mapping
 
     def __init__(self, cfg: ModelConfig, ctx: Context):
         self.cfg, self.ctx = cfg, ctx
@@ -83,11 +93,22 @@ class FaultKind:
         that does nothing, as ``stragglers: {fraction: 0}``, is then not built at all)."""
         return True
 
+    @classmethod
+    def fits(cls, cfg: ModelConfig, n_clients: int) -> str | None:
+        """Why these parameters do not fit a run of ``n_clients`` clients (``None``: they do)."""
+        return None
+
     def work(self, round: int, client: int) -> float:
         return 1.0
 
     def record(self, round: int, clients: list[int]) -> dict[str, Any]:
         return {}
+
+    def offline(self, client: int) -> bool:
+        return False
+
+    def crashes(self, round: int, client: int) -> bool:
+        return False
 
 
 class KindError(ValueError):
@@ -101,11 +122,23 @@ def _call(kind: FaultKind, hook: str, *args):
         raise KindError(f"fault kind {kind.name!r}: {hook}{args} called sys.exit({e.code!r})") from None
 
 
-def away(kind: FaultKind, round: int, client: int) -> bool:
-    v = _call(kind, "away", round, client)
+def _yes_no(kind: FaultKind, hook: str, *args) -> bool:
+    v = _call(kind, hook, *args)
     if not isinstance(v, (bool, np.bool_)):
-        raise KindError(f"fault kind {kind.name!r}: away({round}, {client}) returned {v!r}, not True or False")
+        raise KindError(f"fault kind {kind.name!r}: {hook}{args} returned {v!r}, not True or False")
     return bool(v)
+
+
+def away(kind: FaultKind, round: int, client: int) -> bool:
+    return _yes_no(kind, "away", round, client)
+
+
+def offline(kind: FaultKind, client: int) -> bool:
+    return _yes_no(kind, "offline", client)
+
+
+def crashes(kind: FaultKind, round: int, client: int) -> bool:
+    return _yes_no(kind, "crashes", round, client)
 
 
 def exchange_delay_s(kind: FaultKind, round: int, client: int, sub: int) -> float:
@@ -258,7 +291,104 @@ class Stragglers(FaultKind):
                                                           *((sub,) if sub else ())))  # none for the first exchange
 
 
-REGISTRY: dict[str, type[FaultKind]] = {cls.name: cls for cls in (Churn, PartialWork, Stragglers)}
+class Disconnect(FaultKind):
+    """Clients that never connect: a share ``rate`` of them, drawn once from the seed, is
+    addressed by no message of the run (``disconnected_clients`` in the summary)."""
+
+    name = "disconnect"
+    shorthand = "disconnect"
+
+    class Config(ModelConfig):
+        rate: float = Field(default=0.0, ge=0.0, le=1.0, description="share of the clients offline for the whole run")
+
+    @classmethod
+    def switched_on(cls, cfg) -> bool:
+        return cfg.rate > 0
+
+    def __init__(self, cfg, ctx):
+        super().__init__(cfg, ctx)
+        ids = np.array(ctx.client_ids)
+        n_off = int(round(cfg.rate * len(ids)))
+        rng = stream(ctx.seed, streams.DISCONNECT)  # the stream as it always was, so runs keep their labels
+        self.off = frozenset(int(c) for c in rng.choice(ids, n_off, replace=False)) if n_off else frozenset()
+
+    def offline(self, client: int) -> bool:
+        return client in self.off
+
+
+class ClientRound(ModelConfig):
+    """One client in one round."""
+
+    client: int = Field(ge=0, description="the client")
+    at_round: int = Field(ge=0, description="the round")
+
+
+def _unknown_client(at: list[ClientRound], n_clients: int) -> str | None:
+    for c in at:
+        if c.client >= n_clients:
+            return f"client {c.client} does not exist (clients are 0..{n_clients - 1})"
+    return None
+
+
+class Drop(FaultKind):
+    """Scheduled dropouts: each listed client misses the listed round, as a dropout (the
+    server's message is sent and metered, no reply comes)."""
+
+    name = "drop"
+    shorthand = "drop"
+    shorthand_field = "at"
+
+    class Config(ModelConfig):
+        at: list[ClientRound] = Field(default=[], description="[{client: C, at_round: R}]: the client misses round R")
+
+    @classmethod
+    def switched_on(cls, cfg) -> bool:
+        return bool(cfg.at)
+
+    @classmethod
+    def fits(cls, cfg, n_clients: int) -> str | None:
+        return _unknown_client(cfg.at, n_clients)
+
+    def __init__(self, cfg, ctx):
+        super().__init__(cfg, ctx)
+        self.at = frozenset((d.at_round, d.client) for d in cfg.at)
+
+    def away(self, round: int, client: int) -> bool:
+        return (round, client) in self.at
+
+
+class Crash(FaultKind):
+    """Scheduled crashes: each listed client's actor is killed at the start of the listed
+    round (the earliest, where a client is listed twice) and never answers again."""
+
+    name = "crash"
+    shorthand = "crash"
+    shorthand_field = "at"
+
+    class Config(ModelConfig):
+        at: list[ClientRound] = Field(default=[], description="[{client: C, at_round: R}]: the client's actor is "
+                                                              "killed at round R")
+
+    @classmethod
+    def switched_on(cls, cfg) -> bool:
+        return bool(cfg.at)
+
+    @classmethod
+    def fits(cls, cfg, n_clients: int) -> str | None:
+        return _unknown_client(cfg.at, n_clients)
+
+    def __init__(self, cfg, ctx):
+        super().__init__(cfg, ctx)
+        self.at: dict[int, int] = {}
+        for c in cfg.at:
+            self.at[c.client] = min(c.at_round, self.at.get(c.client, c.at_round))
+
+    def crashes(self, round: int, client: int) -> bool:
+        return self.at.get(client) == round
+
+
+REGISTRY: dict[str, type[FaultKind]] = {cls.name: cls for cls in (Churn, PartialWork, Stragglers, Disconnect, Drop,
+                                                                    Crash)}
 
 
 def get_kind(name: str) -> type[FaultKind]:
@@ -274,13 +404,21 @@ def get_kind(name: str) -> type[FaultKind]:
     return own_class(name, FaultKind, "fault kind")
 
 
+def shorthand_config(cls: type[FaultKind], faults) -> ModelConfig | None:
+    """The parameters a built-in kind's own key of ``faults`` gives it (``None``: the key is
+    not there or not set)."""
+    value = getattr(faults, cls.shorthand, None) if cls.shorthand else None
+    if value is None:
+        return None
+    return cls.Config(**{cls.shorthand_field: list(value)}) if cls.shorthand_field else value
+
+
 def entries(faults) -> list[tuple[str, dict[str, Any]]]:
     """The kinds a scenario's ``faults`` switches on, as ``(kind, parameters)``: those of the
     built-in kinds' shorthand keys that are set (registry order), then ``faults.kinds`` in
     its order."""
-    out = [(cls.name, getattr(faults, cls.shorthand).model_dump()) for cls in REGISTRY.values()
-           if cls.shorthand and getattr(faults, cls.shorthand, None) is not None
-           and cls.switched_on(getattr(faults, cls.shorthand))]
+    out = [(cls.name, cfg.model_dump()) for cls in REGISTRY.values()
+           if (cfg := shorthand_config(cls, faults)) is not None and cls.switched_on(cfg)]
     return out + [(e.kind, e.params()) for e in faults.kinds]
 
 

@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -45,10 +46,10 @@ def own_modules(monkeypatch):
 
     monkeypatch.setattr(protocols, "_SEARCH", [])
     monkeypatch.setattr(protocols, "_FROM_FOLDER", {})
-    for name in ("battery", "badkind"):
+    for name in ("battery", "badkind", "gremlin"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     yield
-    for name in ("battery", "badkind"):
+    for name in ("battery", "badkind", "gremlin"):
         sys.modules.pop(name, None)
 
 
@@ -232,3 +233,73 @@ def test_raymvc_list_shows_every_kind(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert all(f"\n  {name} " in out for name in kinds.REGISTRY) and "\n  kinds " in out
+
+
+def test_disconnect_drop_and_crash_are_kinds_that_decide_as_before():
+    """The three keys switch on built-in kinds (offline, away and crashes hooks), with the
+    draws they always made: the same clients disconnected, the scheduled round missed in its
+    first exchange, a client listed twice crashing at its earliest round."""
+    ids = list(range(10))
+    cfg = FaultsCfg(disconnect={"rate": 0.3}, drop=[{"client": 2, "at_round": 1}],
+                    crash=[{"client": 4, "at_round": 3}, {"client": 4, "at_round": 2}])
+    plan = FaultPlan(cfg, ids, seed=7, exchanges=3)
+    assert [k.name for k in plan.kinds] == ["disconnect", "drop", "crash"]
+    assert plan.disconnected == {int(c) for c in stream(7, streams.DISCONNECT).choice(np.array(ids), 3, replace=False)}
+    assert [plan.dropped(1, 2, sub) for sub in range(3)] == [True, False, False]
+    assert not plan.dropped(2, 2) and not plan.dropped(1, 3)
+    assert [plan.crashes_now(r) for r in range(5)] == [[], [], [4], [], []]
+    assert FaultPlan(FaultsCfg(), ids, seed=7).kinds == []  # nothing switched on, nothing built
+
+
+def test_a_scheduled_drop_given_by_its_key_or_listed_as_a_kind_runs_the_same_and_both_are_refused(tmp_path, capsys):
+    at = [{"client": 1, "at_round": 1}, {"client": 5, "at_round": 2}]
+    keyed = rounds_of(echo(tmp_path, [], rounds=4, name="keyed", drop=at), tmp_path / "a")
+    listed = rounds_of(echo(tmp_path, [{"kind": "drop", "at": at}], rounds=4, name="listed"), tmp_path / "b")
+    assert [(r["replied"], r["dropped"]) for r in keyed] == [(r["replied"], r["dropped"]) for r in listed]
+    assert 1 in keyed[1]["dropped"] and 5 in keyed[2]["dropped"]
+    assert main(["validate", str(echo(tmp_path, [{"kind": "drop", "at": at}], name="both", drop=at))]) == 2
+    assert "give faults.drop or faults.kinds: [{kind: drop, ...}], not both" in capsys.readouterr().err
+    for kind_list, faults, key in (([], {"crash": [{"client": 9, "at_round": 1}]}, "faults.crash"),
+                                   ([{"kind": "crash", "at": [{"client": 9, "at_round": 1}]}], {}, "faults.kinds.0")):
+        assert main(["validate", str(echo(tmp_path, kind_list, name="nine", **faults))]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{key}: client 9 does not exist (clients are 0..7)" in err, err
+
+
+GREMLIN = '''
+from raymvc.kinds import FaultKind, ModelConfig
+
+
+class Gremlin(FaultKind):
+    """Unplugs one client for the run and kills another's actor in one round."""
+
+    class Config(ModelConfig):
+        unplug: int = 1
+        kill: int = 2
+        at_round: int = 2
+
+    def offline(self, client):
+        return client == self.cfg.unplug
+
+    def crashes(self, round, client):
+        return client == self.cfg.kill and round == self.cfg.at_round
+'''
+
+
+def test_a_kind_of_ones_own_disconnects_and_crashes_clients_the_same_on_ray_and_in_process(ray_session, tmp_path,
+                                                                                            own_modules):
+    (tmp_path / "gremlin.py").write_text(GREMLIN)
+    path = echo(tmp_path, [{"kind": "gremlin:Gremlin"}], rounds=4)
+    seen = {}
+    for backend in ("local", "ray"):
+        sc = load_scenario(path, [f"runtime.backend={backend}", "runtime.clients_per_actor=8",
+                                  "runtime.client_cpus=0.25"])
+        s = run_scenario(sc, tmp_path / backend, progress=lambda line: None)
+        assert s["status"] in ("completed", "degraded"), s.get("error")
+        rounds = [json.loads(x) for x in (Path(s["out_dir"]) / "rounds.jsonl").read_text().splitlines()]
+        seen[backend] = (s["faults"]["disconnected_clients"], s["faults"]["crashed_clients"],
+                         [r["replied"] for r in rounds])
+    assert seen["ray"] == seen["local"]
+    disconnected, crashed, replied = seen["local"]
+    assert disconnected == [1] and crashed == [2]
+    assert all(1 not in r for r in replied) and 2 in replied[1] and all(2 not in r for r in replied[2:])

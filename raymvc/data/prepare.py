@@ -266,13 +266,18 @@ def _check_faults_fit(sc: Scenario, proto, part) -> None:
     if sc.faults.inference_round and not proto.final_model:
         raise scenario_error(sc, "faults.inference_round", f"method {sc.method} ends with no final model to hand "
                                                             "to the clients (Protocol.final_model); leave it out")
-    named = [(f"faults.{cls.shorthand}", cls.name) for cls in kinds.REGISTRY.values()
-             if cls.shorthand and getattr(sc.faults, cls.shorthand, None) is not None]
-    for key, name in named + [(f"faults.kinds.{i}", e.kind) for i, e in enumerate(sc.faults.kinds)]:
-        lacks = sorted(kinds.get_kind(name).requires - proto.supports)
+    named = [(f"faults.{cls.shorthand}", cls.name, cls, cfg) for cls in kinds.REGISTRY.values()
+             if (cfg := kinds.shorthand_config(cls, sc.faults)) is not None]
+    listed = [(f"faults.kinds.{i}", e.kind, (cls := kinds.get_kind(e.kind)), cls.Config(**e.params()))
+              for i, e in enumerate(sc.faults.kinds)]
+    for key, name, cls, cfg in named + listed:
+        lacks = sorted(cls.requires - proto.supports)
         if lacks:
             raise scenario_error(sc, key, f"fault kind {name!r} needs a method that declares "
                                           f"{', '.join(lacks)} (Protocol.supports); {sc.method} does not")
+        why = cls.fits(cfg, part.n_clients) if cls.switched_on(cfg) else None
+        if why:
+            raise scenario_error(sc, key, why)
     if sc.faults.stale_replies is not None:
         if "stale_replies" not in proto.supports:
             raise scenario_error(sc, "faults.stale_replies", f"method {sc.method} does not use old replies "
@@ -281,11 +286,6 @@ def _check_faults_fit(sc: Scenario, proto, part) -> None:
             raise scenario_error(sc, "faults.stale_replies", "cannot be combined with channel.secure_aggregation "
                                                               "(a sum is taken over this round's inputs only)")
     _check_asynchronous(sc, proto, part)
-    for key in ("crash", "drop"):
-        for c in getattr(sc.faults, key):
-            if c.client >= part.n_clients:
-                raise scenario_error(sc, f"faults.{key}", f"client {c.client} does not exist "
-                                                f"(clients are 0..{part.n_clients - 1})")
     for c in availability_trace(sc) or {}:
         if c >= part.n_clients:
             raise scenario_error(sc, "faults.availability.path", f"the trace names client {c}, which does not exist "

@@ -8,15 +8,18 @@ the Ray and in-process backends see the same faults.
 What a fault means (the same on both backends):
 
 * **dropout** (``faults.dropout.rate``, an availability model, or scheduled by
-  ``faults.drop``): the server's message for the round is sent -- its bytes count, its
-  ledger row says ``dropped`` -- but the client goes offline before acting on it: it does
+  ``faults.drop``, the fault kind ``drop``, as any kind's ``away`` hook): the server's
+  message for the round is sent -- its bytes count, its ledger row says ``dropped`` --
+  but the client goes offline before acting on it: it does
   not process the message and sends no reply. Its state stays as it was; it is back the
   next round unless it drops again. Counted in ``dropped_replies``.
 * **straggler**: the reply arrives ``delay`` virtual seconds later; past
   ``faults.deadline_s`` it is ``late`` and treated as missing (``late_replies``).
-* **crash**: at the start of the round the client's actor is killed (``ray.kill``);
-  it never answers again (``crashed_clients``).
-* **disconnect**: the client never connects; it is addressed by no message.
+* **crash** (the fault kind ``crash``, or any kind's ``crashes`` hook): at the start of the
+  round the client's actor is killed (``ray.kill``); it never answers again
+  (``crashed_clients``).
+* **disconnect** (the fault kind ``disconnect``, or any kind's ``offline`` hook): the client
+  never connects; it is addressed by no message.
 * **not sampled** (``faults.sampling``, horizontal methods): each round the server asks
   only a seeded share of the clients (:meth:`FaultPlan.sampled`); the others get no
   message that round and the server's step sees them as missing. Not a fault: counted in
@@ -97,21 +100,15 @@ class FaultPlan:
 
     def __post_init__(self) -> None:
         n = len(self.client_ids)
-        ids = np.array(self.client_ids)
-        n_off = int(round(self.cfg.disconnect.rate * n))
-        rng = stream(self.seed, streams.DISCONNECT)
-        self.disconnected: set[int] = set(int(c) for c in rng.choice(ids, n_off, replace=False)) if n_off else set()
         frac = self.cfg.sampling.fraction if self.cfg.sampling is not None else 1.0
         self.n_sampled = max(1, int(round(frac * n))) if n else 0  # clients asked per round (sampling)
         self._rule = None  # faults.sampling's rule, built on first use
-        self.drop_at: set[tuple[int, int]] = {(d.at_round, d.client) for d in self.cfg.drop}
-        self.crash_at: dict[int, int] = {}
-        for c in self.cfg.crash:
-            self.crash_at[c.client] = min(c.at_round, self.crash_at.get(c.client, c.at_round))
         ctx = availability.Context(self.seed, list(self.client_ids), self.client_sizes, self.client_dims, self.trace)
         a = self.cfg.availability
         self.availability = None if a is None else availability.build(a, ctx)
         self.kinds = build_kinds(self.cfg, ctx)  # faults.kinds and the kinds' own keys
+        # never connected (faults.disconnect, or a kind's offline hook): decided once
+        self.disconnected: set[int] = {c for c in self.client_ids if any(kinds.offline(k, c) for k in self.kinds)}
 
     @property
     def p_client(self) -> dict[int, float]:
@@ -129,8 +126,6 @@ class FaultPlan:
         """Whether ``client`` misses exchange ``sub`` of ``round``; ``exchanges``: how many the
         round may have (default: the plan's, 3 under secure aggregation; 1 for a round known to
         carry no secure sum, such as the inference round)."""
-        if sub == 0 and (round, client) in self.drop_at:
-            return True
         leaves = self.leaves_at(round, client, self.exchanges if exchanges is None else exchanges)
         return leaves == sub
 
@@ -194,7 +189,9 @@ class FaultPlan:
         return out or None
 
     def crashes_now(self, round: int) -> list[int]:
-        return sorted(c for c, r in self.crash_at.items() if r == round)
+        """The clients whose actors are killed at the start of ``round`` (``faults.crash``, or
+        a kind's crashes hook)."""
+        return sorted(c for c in self.client_ids if any(kinds.crashes(k, round, c) for k in self.kinds))
 
 
 class Injector:

@@ -199,14 +199,10 @@ class KindEntry(_Strict):
         return self
 
 
-class CrashCfg(_Strict):
-    client: int = Field(ge=0)
-    at_round: int = Field(ge=0)
-
-
-class DropCfg(_Strict):
-    client: int = Field(ge=0)
-    at_round: int = Field(ge=0)
+# faults.crash, faults.drop: lists of (client, round), the parameter ``at`` of the built-in kinds
+CrashCfg = DropCfg = _kinds.ClientRound
+# faults.disconnect: the built-in fault kind's own key, its parameters the kind's (raymvc.kinds)
+DisconnectCfg = _kinds.Disconnect.Config
 
 
 class OwnAvailability(_Strict):
@@ -262,11 +258,12 @@ class FaultsCfg(_Strict):
         "or module.path:ClassName of your own"))
     dropout: RateCfg = Field(default=RateCfg(), description="{rate: P}: chance that a client misses a round "
                                                             "(per client and round, whatever the round holds)")
-    disconnect: RateCfg = Field(default=RateCfg(), description="{rate: P}: share of clients offline for the whole run")
+    disconnect: DisconnectCfg = Field(default=DisconnectCfg(), description=(
+        "{rate: P}: share of clients offline for the whole run; the fault kind disconnect"))
     drop: list[DropCfg] = Field(default=[], description="[{client: C, at_round: R}]: the client misses round R "
-                                                        "(a scheduled dropout)")
+                                                        "(a scheduled dropout); the fault kind drop")
     crash: list[CrashCfg] = Field(default=[], description="[{client: C, at_round: R}]: the client's actor is "
-                                                          "killed at round R")
+                                                          "killed at round R; the fault kind crash")
     stragglers: StragglerCfg = Field(default=StragglerCfg(), description=(
         "{fraction: F, delay_s: {dist, mean, sigma}}: share of slow clients and the delay of each of their replies "
         "(virtual seconds); the fault kind stragglers"))
@@ -303,7 +300,7 @@ class FaultsCfg(_Strict):
         """A built-in kind switched on by its own key and listed in ``kinds`` would act twice."""
         listed = {e.kind for e in self.kinds}
         for cls in _kinds.REGISTRY.values():
-            cfg = getattr(self, cls.shorthand) if cls.shorthand else None
+            cfg = _kinds.shorthand_config(cls, self)
             if cls.name in listed and cfg is not None and cls.switched_on(cfg):
                 raise ValueError(f"give faults.{cls.shorthand} or faults.kinds: [{{kind: {cls.name}, ...}}], not "
                                  "both (the kind would act twice)")

@@ -31,7 +31,7 @@ class ModelConfig(BaseModel):
     """Base of a model's parameters (and of every section of a scenario): unknown keys and
     non-finite numbers are refused."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 Rate = Field(default=0.0, ge=0.0, le=1.0)

@@ -33,10 +33,35 @@ def test_the_spec_holds_the_scenarios_validated_configs_and_is_frozen():
     assert spec.client_sizes == {c: part.shards[c].rows_held for c in spec.client_ids}
     with pytest.raises(dataclasses.FrozenInstanceError):
         spec.seed = 1
-    sc.faults.dropout.rate = 0.5  # the spec is a copy: changing the scenario afterwards changes no run
-    assert spec.faults.dropout.rate == 0.25
     back = pickle.loads(pickle.dumps(spec))  # what an actor receives
     assert back == spec and isinstance(back.network, scenario_mod.NetworkCfg)
+
+
+def test_the_spec_is_read_only_all_the_way_down():
+    """No party can change what another party in the same process reads: the sections are
+    frozen models, the mappings read-only (lists inside them tuples), also after pickling."""
+    from pydantic import ValidationError
+
+    from raymvc.runtime.spec import FrozenMap
+
+    sc, _, spec = _spec({"faults.dropout.rate": 0.25, "params.k_local": 12,
+                         "faults.drop": [{"client": 1, "at_round": 0}]})
+    for s in (spec, pickle.loads(pickle.dumps(spec))):
+        with pytest.raises(ValidationError, match="frozen"):
+            s.faults.dropout.rate = 0.5
+        with pytest.raises(ValidationError, match="frozen"):
+            s.channel.encryption = "none"
+        with pytest.raises((TypeError, AttributeError)):
+            s.faults.drop.append(None)  # a section's lists are tuples
+        for mapping in (s.params, s.client_sizes, s.client_dims):
+            assert isinstance(mapping, FrozenMap)
+            with pytest.raises(TypeError):
+                mapping[0] = 1
+        assert s.params["k_local"] == 12 and s.faults.dropout.rate == 0.25
+    with pytest.raises(ValidationError, match="frozen"):
+        sc.faults.dropout.rate = 0.5  # the scenario itself is frozen too
+    cfg = spec.method_config(__import__("raymvc.protocols.kfed", fromlist=["PROTOCOL"]).PROTOCOL)
+    assert cfg.k_local == 12  # each party's own copy of the Config, opened from the sealed values
 
 
 def test_parties_build_from_the_spec_without_validating_a_config_again(monkeypatch):

@@ -10,6 +10,11 @@ method of one's own yet; each party rebuilds its own copy after adding the searc
 without validating it again (:meth:`RunSpec.method_config`). ``params`` (the mapping)
 stays for what is shown and recorded.
 
+The spec is read-only all the way down: its scenario sections are frozen pydantic models
+(every section of a scenario is), and its mappings are :class:`FrozenMap` (lists inside
+them become tuples), so that a party cannot change what another party, in the same
+process, reads.
+
 A model of one's own named in ``faults.availability`` travels as the scenario's
 :class:`~raymvc.scenario.OwnAvailability` (its name and parameters): the model's module is
 imported where it acts, after the party has added the scenario's search paths, so the spec
@@ -19,13 +24,72 @@ unpickles in an actor that cannot import that module yet.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..scenario.schema import ChannelCfg, DeviceClass, DevicesCfg, FaultsCfg, NetworkCfg, PartialWorkCfg, Scenario
 
-__all__ = ["MethodConfig", "RunSpec"]
+__all__ = ["FrozenMap", "MethodConfig", "RunSpec", "deep_freeze"]
+
+
+class FrozenMap(Mapping):
+    """A read-only mapping that pickles (``types.MappingProxyType`` does not)."""
+
+    __slots__ = ("_d",)
+
+    def __init__(self, items: Mapping | Any = ()):
+        object.__setattr__(self, "_d", dict(items))
+
+    def __getitem__(self, key):
+        return self._d[key]
+
+    def __iter__(self) -> Iterator:
+        return iter(self._d)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"{type(self).__name__} is read-only")
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({self._d!r})"
+
+    def __reduce__(self):
+        return FrozenMap, (self._d,)
+
+    __hash__ = None  # a mapping's equality, not its identity
+
+
+def deep_freeze(x: Any) -> Any:
+    """``x`` with every mapping a :class:`FrozenMap` and every list a tuple, all the way down
+    (a scenario section, a frozen pydantic model, gets the same done to its fields in place:
+    pydantic freezes a model's fields, not the lists they hold)."""
+    from pydantic import BaseModel
+
+    if isinstance(x, BaseModel):
+        for name in type(x).model_fields:
+            x.__dict__[name] = deep_freeze(x.__dict__[name])
+        extra = x.__pydantic_extra__
+        if extra:
+            for name in list(extra):
+                extra[name] = deep_freeze(extra[name])
+        return x
+    if isinstance(x, Mapping):
+        return FrozenMap({k: deep_freeze(v) for k, v in x.items()})
+    if isinstance(x, (list, tuple)):
+        return tuple(deep_freeze(v) for v in x)
+    return x
+
+
+def thawed(x: Any) -> Any:
+    """A :func:`deep_freeze` undone: plain dicts and lists (for code that wants them)."""
+    if isinstance(x, Mapping):
+        return {k: thawed(v) for k, v in x.items()}
+    if isinstance(x, tuple):
+        return [thawed(v) for v in x]
+    return x
 
 
 @dataclass(frozen=True)
@@ -42,7 +106,8 @@ class MethodConfig:
 
     @classmethod
     def seal(cls, cfg) -> MethodConfig:
-        return cls(values={name: getattr(cfg, name) for name in type(cfg).model_fields},
+        # the values keep their types (a list field stays a list in each party's copy)
+        return cls(values=FrozenMap({name: copy.deepcopy(getattr(cfg, name)) for name in type(cfg).model_fields}),
                    given=frozenset(cfg.model_fields_set))
 
     def open(self, config_cls):
@@ -75,6 +140,12 @@ class RunSpec:
     device_classes: Mapping[str, DeviceClass] | None = None
     config: MethodConfig | None = None  # the method's Config, validated in the driver
 
+    def __post_init__(self) -> None:
+        for name in ("params", "client_sizes", "client_dims", "trace", "device_classes"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, deep_freeze(value))
+
     @property
     def client_ids(self) -> list[int]:
         return list(range(self.n_clients))
@@ -86,7 +157,7 @@ class RunSpec:
     def method_config(self, proto):
         """This party's own copy of the method's Config: opened from the one the driver
         validated (a spec built by hand without one validates ``params`` here)."""
-        return self.config.open(proto.config) if self.config is not None else proto.config(**self.params)
+        return self.config.open(proto.config) if self.config is not None else proto.config(**thawed(self.params))
 
     @classmethod
     def build(cls, sc: Scenario, part, ds, search: tuple[str, ...] = ()) -> RunSpec:
@@ -94,8 +165,8 @@ class RunSpec:
         files are read here, and the parties get what they hold)."""
         from ..scenario.sidefiles import availability_trace, device_classes
 
-        def own(cfg):  # a copy: the spec does not change with the scenario object
-            return None if cfg is None else cfg.model_copy(deep=True)
+        def own(cfg):  # a copy of the section, read-only all the way down
+            return None if cfg is None else deep_freeze(cfg.model_copy(deep=True))
 
         rt = sc.runtime
         ids = range(part.n_clients)

@@ -145,7 +145,7 @@ class SamplingCfg(_Strict):
     chosen by ``rule`` (:mod:`raymvc.selection`; the rule's own parameters sit beside it);
     not a fault."""
 
-    model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
     fraction: float = Field(default=1.0, gt=0.0, le=1.0, description="the most a round asks, as a share of the clients")
     rule: str = Field(default="uniform", description="which clients: uniform, deadline, power_of_choice, or "
                                                      "module.path:ClassName of your own")
@@ -187,7 +187,7 @@ class KindEntry(_Strict):
     """One entry of ``faults.kinds``: ``kind`` (a built-in name of :mod:`raymvc.kinds` or
     ``module.path:ClassName``) and the kind's parameters beside it, checked by its ``Config``."""
 
-    model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
     kind: str = Field(description=f"the kind: {', '.join(_kinds.REGISTRY)}, or module.path:ClassName of your own")
 
     def params(self) -> dict[str, Any]:
@@ -209,7 +209,7 @@ class OwnAvailability(_Strict):
     """``faults.availability`` naming a model of one's own (``model: module.path:ClassName``,
     see :mod:`raymvc.availability`): its parameters are checked by the model's ``Config``."""
 
-    model_config = ConfigDict(extra="allow", validate_assignment=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="allow", frozen=True, allow_inf_nan=False)
     model: str
 
     @model_validator(mode="after")

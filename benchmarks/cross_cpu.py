@@ -12,6 +12,10 @@ the check the file still lacks:
     python benchmarks/cross_cpu.py --render         # rewrite the page from the file alone
     python benchmarks/cross_cpu.py --mkl-branch AVX2   # MKL sent to another branch after the pin
 
+Each line names the commit it ran at: a machine of the other CPU kind checks that commit out
+(``git worktree add ../xcpu COMMIT``) and runs the cells there, so that both kinds compare
+one code version.
+
 ``--mkl-branch`` stands in, on one machine, for what another CPU vendor does to MKL (its
 branches give other bits on Intel and AMD): raymvc pins, then MKL is sent to the given
 branch before torch loads. A cell whose labels stay those of its pinned run on the same CPU
@@ -75,7 +79,9 @@ print(json.dumps({"status": s["status"], "acc": s["metrics"]["acc"], "arithmetic
 def run_cell(cid: str, tmp: Path, mkl_branch: str | None = None) -> dict:
     what, path, spec = CELLS[cid]
     out = tmp / f"cell{cid}"
-    env = {**os.environ, "RAYMVC_XCPU_MKL": mkl_branch} if mkl_branch else None
+    env = {k: v for k, v in os.environ.items() if k != "RAYMVC_XCPU_MKL"}
+    if mkl_branch:
+        env["RAYMVC_XCPU_MKL"] = mkl_branch
     done = subprocess.run([sys.executable, "-c", RUNNER, str(ROOT / path), json.dumps(spec), str(out)],
                           capture_output=True, text=True, cwd=ROOT, check=False, env=env)
     if done.returncode != 0:
@@ -83,7 +89,17 @@ def run_cell(cid: str, tmp: Path, mkl_branch: str | None = None) -> dict:
     got = json.loads(done.stdout.strip().splitlines()[-1])
     return {"cell": cid, "what": what, "labels_sha256": hashlib.sha256((out / "labels.csv").read_bytes()).hexdigest(),
             "cpu": got["platform"].get("cpu") or "?", "date": time.strftime("%Y-%m-%d", time.gmtime()),
-            **({"mkl_branch": mkl_branch} if mkl_branch else {}), **got}
+            "commit": _commit(), **({"mkl_branch": mkl_branch} if mkl_branch else {}), **got}
+
+
+def _commit() -> str:
+    """The checkout's commit (``+`` where its files differ from it): the other CPU kind checks
+    out this commit to compare at one code version."""
+    def git(*args):
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT, check=False).stdout.strip()
+
+    head = git("rev-parse", "HEAD")
+    return head + ("+" if head and git("status", "--porcelain", "--untracked-files=no") else "") if head else "?"
 
 
 def render() -> str:
@@ -138,8 +154,10 @@ def render() -> str:
             latest = pinned[-1]["code_version"]
             at = {cpu_kind(r["cpu"]) or r["cpu"] for r in pinned if r["code_version"] == latest}
             if len(at) < 2:
+                commit = pinned[-1].get("commit")
                 verdicts.append(f"- cell {cid} at the newest code version ({latest[:17]}): only {', '.join(sorted(at))} "
-                                "so far; a machine of the other kind checks it.")
+                                "so far; a machine of the other kind checks it"
+                                + (f" at commit {commit[:12]}." if commit else "."))
     lines += ["", *verdicts, ""]
     return "\n".join(lines)
 

@@ -11,16 +11,18 @@ rewritten from every line: per operation, the hash each kind of CPU gave and whe
     python benchmarks/cross_cpu_ops.py --knobs    # also: which operations each switch moves here
     python benchmarks/cross_cpu_ops.py --render   # rewrite the page from the file alone
 
-``--knobs`` reruns the probe with the pinned values set by hand (``RAYMVC_ARITHMETIC=native``),
-once per alternative value of one switch, and records which operations moved: it shows that
+``--knobs`` reruns the probe once unchanged (an operation that moves from run to run would
+read as moved by every switch: refused) and once per alternative value of one switch, set
+after raymvc pins and before numpy or torch loads, and records which operations moved: it shows that
 each pinned switch governs the operations it is meant to on this CPU, and which switch an
 operation that differs between CPUs answers to.
 
 The operations are those the deep methods' training and clustering steps consist of: torch's
 linear layers (MKL's sgemm), convolutions and their gradients (oneDNN), batch norm, softmax,
 element-wise maths and reductions (ATen), an Adam step and a few steps of a small autoencoder
-(everything together); numpy's and scipy's BLAS and LAPACK (OpenBLAS), numpy's ufuncs, and
-scikit-learn's k-means.
+(everything together); numpy's and scipy's BLAS and LAPACK (OpenBLAS), numpy's ufuncs,
+scikit-learn's k-means; and the products raymvc's torch methods compute with under pinned
+arithmetic (OpenBLAS, ``protocols/_torch.py``), CCFC's encoder and its augmentation grid.
 """
 
 from __future__ import annotations
@@ -147,6 +149,7 @@ for step in range(3):
     enc(imgs).square().mean().backward()
     opt.step()
 out["raymvc CCFC encoder on 28x28, 3 Adam steps (oneDNN convs)"] = h(torch.cat([p.detach().ravel() for p in enc.parameters()]))
+out["raymvc affine grid 64x28x28 (element-wise)"] = h(rt.affine_grid(t(64, 2, 3), 28, 28))
 print(json.dumps({"ops": out, "arithmetic": arithmetic.describe(), "platform": platform_info()}))
 '''
 
@@ -169,6 +172,8 @@ def knobs(pinned_ops: dict) -> dict[str, list[str]]:
     """For each alternative setting of one switch: the operations whose bits it moves here."""
     from raymvc.arithmetic import cpu_flags
 
+    if probe()["ops"] != pinned_ops:
+        raise SystemExit("a second pinned probe gave other bits: an operation moves from run to run, --knobs cannot tell")
     moved = {}
     for var, alt in KNOBS:  # raymvc pins, then the probe moves the one switch before numpy or torch loads
         if alt.lower() in ("avx512", "skylakex") and "avx512f" not in (cpu_flags() or ()):

@@ -7,7 +7,7 @@
 * a context manager that switches deterministic algorithms on for one call;
 * random mini-batches from a ``torch.Generator``;
 * matrix products that give the same bits on every x86-64 CPU under pinned arithmetic
-  (:func:`mm`, :class:`Linear`, :func:`sqdist`).
+  (:func:`mm`, :class:`Linear`, :func:`sqdist`, :func:`affine_grid`).
 
 Only protocol modules import this (the engine never imports torch).
 """
@@ -23,6 +23,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from raymvc.messages import Message
 
@@ -113,13 +114,13 @@ def batches(n: int, batch_size: int, g: torch.Generator, min_size: int = 2) -> l
 def _portable(*ts: torch.Tensor) -> bool:
     from raymvc import arithmetic
 
-    return arithmetic.mode() == "pinned" and all(t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64)
-                                                      for t in ts)
+    return arithmetic.mode() == "pinned" and len({t.dtype for t in ts}) == 1 and all(
+        t.device.type == "cpu" and t.dtype in (torch.float32, torch.float64) for t in ts)
 
 
 def _np_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     # numpy passes a transposed view to BLAS as a transpose flag; other strides are copied
-    return torch.from_numpy(np.matmul(a.detach().numpy(), b.detach().numpy()))
+    return torch.from_numpy(np.matmul(a.detach().resolve_neg().numpy(), b.detach().resolve_neg().numpy()))
 
 
 class _OpenBLASMatmul(torch.autograd.Function):
@@ -129,6 +130,7 @@ class _OpenBLASMatmul(torch.autograd.Function):
         return _np_mm(a, b)
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # no second derivatives (nothing here takes them)
     def backward(ctx, g: torch.Tensor):
         a, b = ctx.saved_tensors
         ga = _np_mm(g, b.mT) if ctx.needs_input_grad[0] else None
@@ -162,8 +164,26 @@ class Linear(nn.Linear):
 
 
 def sqdist(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Squared Euclidean distances between the rows of ``a`` and of ``b`` (``n x m``), at least 0."""
+    """Squared Euclidean distances between the rows of ``a`` and of ``b`` (``n x m``), at least 0
+    (``torch.cdist(a, b) ** 2`` in native mode and on a GPU)."""
+    if not _portable(a, b):
+        return torch.cdist(a, b).pow(2)
     return ((a * a).sum(1, keepdim=True) - 2.0 * mm(a, b.T) + (b * b).sum(1)[None, :]).clamp_min(0.0)
+
+
+def affine_grid(theta: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """``torch.nn.functional.affine_grid(theta, (B, C, height, width), align_corners=False)``
+    (``B x height x width x 2``), computed element-wise: torch's own takes a batched product
+    from MKL."""
+    if not _portable(theta):
+        return F.affine_grid(theta, [theta.shape[0], 1, height, width], align_corners=False)
+    xs = (torch.arange(width, dtype=theta.dtype) * 2 + 1) / width - 1  # pixel centres in [-1, 1]
+    ys = (torch.arange(height, dtype=theta.dtype) * 2 + 1) / height - 1
+    x, y = xs[None, None, :], ys[None, :, None]
+    t = theta[:, :, :, None, None]  # B x 2 x 3 x 1 x 1
+    gx = t[:, 0, 0] * x + t[:, 0, 1] * y + t[:, 0, 2]
+    gy = t[:, 1, 0] * x + t[:, 1, 1] * y + t[:, 1, 2]
+    return torch.stack([gx, gy], dim=-1)
 
 
 # ---------------------------------------------------------------------------

@@ -377,7 +377,7 @@ def augment(x: torch.Tensor, cfg: Config, g: torch.Generator) -> torch.Tensor:
             theta[:, 1, :2] *= h[:, None]
             theta[:, 0, 2] = (torch.rand(B, generator=g) * 2 - 1) * (1 - w)
             theta[:, 1, 2] = (torch.rand(B, generator=g) * 2 - 1) * (1 - h)
-        grid = F.affine_grid(theta, list(x.shape), align_corners=False)
+        grid = _torch.affine_grid(theta, H, W)
         x = F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
     if cfg.cutout > 0:
         c = min(cfg.cutout, H, W)
@@ -470,8 +470,12 @@ _batches = _torch.batches
 def embed(model: CCFCModel, x: torch.Tensor, chunk: int = 512) -> torch.Tensor:
     """L2-normalised projector outputs in eval mode."""
     model.eval()
-    out = torch.cat([model.encoder(x[i:i + chunk]).cpu() for i in range(0, len(x), chunk)]) if len(x) else \
-        torch.zeros(0, model.encoder.projector[-1].num_features)
+    if len(x) == 0:
+        return torch.zeros(0, model.encoder.projector[-1].num_features)
+    if len(x) == 1:  # a batch of one takes torch's fallback convolution (MKL's products): embed it twice
+        return F.normalize(model.encoder(x.repeat(2, 1, 1, 1))[:1].cpu(), dim=1)
+    # nearly equal chunks, never one of a single image
+    out = torch.cat([model.encoder(part).cpu() for part in x.tensor_split(math.ceil(len(x) / chunk))])
     return F.normalize(out, dim=1)
 
 

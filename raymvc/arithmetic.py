@@ -269,7 +269,7 @@ def describe() -> dict:
         out["cleared"] = dict(_state["cleared"])
         out["late"] = list(_state["late"])
     # the products of the torch methods' models and losses (protocols/_torch.py)
-    out["torch_products"] = "OpenBLAS (through numpy)" if mode == "pinned" else "torch's own (MKL)"
+    out["torch_products"] = "OpenBLAS (through numpy) on the CPU" if mode == "pinned" else "torch's own"
     reports = {"openblas": _openblas(), "aten": _aten(), "numpy": _numpy_widest()}
     out["reports"] = {k: v for k, v in reports.items() if v not in (None, [])}
     if mode == "pinned":

@@ -125,7 +125,8 @@ def _call(kind: FaultKind, hook: str, *args):
 def _yes_no(kind: FaultKind, hook: str, *args) -> bool:
     v = _call(kind, hook, *args)
     if not isinstance(v, (bool, np.bool_)):
-        raise KindError(f"fault kind {kind.name!r}: {hook}{args} returned {v!r}, not True or False")
+        raise KindError(f"fault kind {kind.name!r}: {hook}({', '.join(map(str, args))}) returned {v!r}, "
+                        "not True or False")
     return bool(v)
 
 

@@ -303,3 +303,23 @@ def test_a_kind_of_ones_own_disconnects_and_crashes_clients_the_same_on_ray_and_
     disconnected, crashed, replied = seen["local"]
     assert disconnected == [1] and crashed == [2]
     assert all(1 not in r for r in replied) and 2 in replied[1] and all(2 not in r for r in replied[2:])
+
+
+def test_a_sweep_counts_crashes_of_every_crash_kind_as_the_scenarios_own(tmp_path, own_modules):
+    """A cell whose clients crashed by a listed crash kind or a kind of one's own is not taken
+    for a run a leaving node spoiled (which a sweep on Ray would run again)."""
+    from raymvc.study.cells import Cell
+    from raymvc.study.execute import _hit_by
+
+    (tmp_path / "gremlin.py").write_text(GREMLIN)
+    summary = {"status": "degraded", "rounds": 4, "faults": {"crashed_clients": [2]},
+               "data_info": {"client_sizes": [10] * 8}}
+    for name, kind_list, faults in (("listed", [{"kind": "crash", "at": [{"client": 2, "at_round": 1}]}], {}),
+                                    ("own", [{"kind": "gremlin:Gremlin"}], {}),
+                                    ("keyed", [], {"crash": [{"client": 2, "at_round": 1}]})):
+        cell = Cell(scenario=str(echo(tmp_path, kind_list, name=name, **faults)), name=name, method="m", point={},
+                    seed=3, overrides={}, run_dir=tmp_path)
+        assert not _hit_by(summary, set(), cell), name
+    other = Cell(scenario=str(echo(tmp_path, [], name="none")), name="none", method="m", point={}, seed=3,
+                 overrides={}, run_dir=tmp_path)
+    assert _hit_by(summary, set(), other)  # nothing crashes client 2 on purpose there

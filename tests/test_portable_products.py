@@ -104,3 +104,49 @@ def test_native_mode_uses_torchs_own_product(monkeypatch):
     rt.mm(a, b)
     assert calls == [1]
     assert np.array_equal(rt.linear(torch.ones(2, 2), torch.eye(2)).numpy(), np.ones((2, 2)))
+
+
+NO_MKL = """
+import raymvc
+import numpy as np, torch
+from raymvc.protocols import ccfc, feddmvc, fcuif
+from raymvc.protocols import _torch as rt
+torch.set_num_threads(1)
+g = torch.Generator().manual_seed(0)
+cfg = ccfc.Config(rotate_deg=10, crop_scale=0.7, scale=0.1)
+model, glob = ccfc.build_model(cfg, 0, (28, 28)), ccfc.build_model(cfg, 1, (28, 28))
+x = torch.rand(16, 1, 28, 28, generator=g)
+y = torch.randint(0, 3, (16,), generator=g)
+loss = ccfc.ccfc_loss(model, glob, x, y, cfg, g)
+loss = loss[0] if isinstance(loss, tuple) else loss
+loss.backward()
+z = ccfc.embed(model, x[:1]), ccfc.embed(model, torch.rand(5, 1, 28, 28, generator=g), chunk=4)
+ccfc.assign(z[1], np.ones((3, z[1].shape[1])))
+ae = feddmvc.AutoEncoder(30, (20, 20), 5, 3)
+zz, rec = ae(torch.rand(8, 30, generator=g))
+(rec.square().mean() + ae.soft_assign(zz).sum()).backward()
+A, B = torch.rand(6, 4, generator=g, requires_grad=True), torch.rand(6, 4, generator=g)
+fcuif.alignment_loss(A, B, torch.randperm(6, generator=g), 0.1).backward()
+print("done")
+"""
+
+
+def test_the_torch_methods_call_no_mkl_product_under_pinned_arithmetic(tmp_path):
+    """MKL says each product it computes (MKL_VERBOSE): a training step of each torch method's
+    model and loss (CCFC with rotation, zoom and crops on 28 x 28 images, embedding one image
+    and uneven chunks; FedDMVC's autoencoder and Student-t kernel; FCUIF's alignment loss)
+    asks MKL for none."""
+    env = {k: v for k, v in os.environ.items() if k not in (*arithmetic.PINNED, *arithmetic.CLEARED, arithmetic.MODE_VAR)}
+    done = subprocess.run([sys.executable, "-c", NO_MKL], env={**env, "MKL_VERBOSE": "1"}, capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0 and "done" in done.stdout, done.stderr[-2000:]
+    calls = [line for line in done.stdout.splitlines() if line.startswith("MKL_VERBOSE") and "GEMM" in line]
+    assert calls == []
+
+
+def test_the_affine_grid_is_torchs():
+    g = torch.Generator().manual_seed(1)
+    theta = torch.randn(4, 2, 3, generator=g)
+    for h, w in ((28, 28), (7, 9)):
+        want = torch.nn.functional.affine_grid(theta, [4, 1, h, w], align_corners=False)
+        assert torch.allclose(rt.affine_grid(theta, h, w), want, atol=1e-6)

@@ -225,9 +225,27 @@ def _hit_by(summary: dict, lost: set[str], cell: Cell) -> bool:
             return True
     if not crashed:
         return False
-    injected = {c.client for c in load_scenario(cell.scenario, cell.overrides).faults.crash}
+    injected = _injected_crashes(cell, summary, crashed)
     injected |= set((summary.get("faults") or {}).get("evicted_clients") or [])  # hung, then evicted: the run's own
     return bool(crashed - injected)
+
+
+def _injected_crashes(cell: Cell, summary: dict, crashed: set[int]) -> set[int]:
+    """The clients the scenario's fault kinds crash on purpose (``faults.crash``, a listed
+    ``crash`` kind, or a kind of one's own whose ``crashes`` hook says so) in the run's rounds."""
+    from .. import kinds
+    from ..availability import Context
+
+    sc = load_scenario(cell.scenario, cell.overrides)
+    sizes = (summary.get("data_info") or {}).get("client_sizes") or []
+    ids = list(range(max(len(sizes), max(crashed) + 1)))
+    try:
+        built = [kinds.build(name, params, Context(sc.seed, ids, dict(enumerate(sizes)) or None))
+                 for name, params in kinds.entries(sc.faults)]
+        rounds = int(summary.get("rounds") or 0) + 1
+        return {c for c in ids for r in range(rounds + 1) if any(kinds.crashes(k, r, c) for k in built)}
+    except Exception:  # a kind that cannot be rebuilt here (its module gone): the scheduled crashes alone
+        return {c.client for c in sc.faults.crash}
 
 
 def ray_slots(todo: list[Cell], jobs: int | None) -> int:

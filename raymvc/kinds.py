@@ -324,23 +324,10 @@ class ClientRound(ModelConfig):
     at_round: int = Field(ge=0, description="the round")
 
 
-def _unknown_client(at: list[ClientRound], n_clients: int) -> str | None:
-    for c in at:
-        if c.client >= n_clients:
-            return f"client {c.client} does not exist (clients are 0..{n_clients - 1})"
-    return None
+class _Scheduled(FaultKind):
+    """A kind switched on by a list of (client, round), its parameter ``at``."""
 
-
-class Drop(FaultKind):
-    """Scheduled dropouts: each listed client misses the listed round, as a dropout (the
-    server's message is sent and metered, no reply comes)."""
-
-    name = "drop"
-    shorthand = "drop"
     shorthand_field = "at"
-
-    class Config(ModelConfig):
-        at: list[ClientRound] = Field(default=[], description="[{client: C, at_round: R}]: the client misses round R")
 
     @classmethod
     def switched_on(cls, cfg) -> bool:
@@ -348,7 +335,21 @@ class Drop(FaultKind):
 
     @classmethod
     def fits(cls, cfg, n_clients: int) -> str | None:
-        return _unknown_client(cfg.at, n_clients)
+        for c in cfg.at:
+            if c.client >= n_clients:
+                return f"client {c.client} does not exist (clients are 0..{n_clients - 1})"
+        return None
+
+
+class Drop(_Scheduled):
+    """Scheduled dropouts: each listed client misses the listed round, as a dropout (the
+    server's message is sent and metered, no reply comes)."""
+
+    name = "drop"
+    shorthand = "drop"
+
+    class Config(ModelConfig):
+        at: list[ClientRound] = Field(default=[], description="[{client: C, at_round: R}]: the client misses round R")
 
     def __init__(self, cfg, ctx):
         super().__init__(cfg, ctx)
@@ -358,25 +359,16 @@ class Drop(FaultKind):
         return (round, client) in self.at
 
 
-class Crash(FaultKind):
+class Crash(_Scheduled):
     """Scheduled crashes: each listed client's actor is killed at the start of the listed
     round (the earliest, where a client is listed twice) and never answers again."""
 
     name = "crash"
     shorthand = "crash"
-    shorthand_field = "at"
 
     class Config(ModelConfig):
         at: list[ClientRound] = Field(default=[], description="[{client: C, at_round: R}]: the client's actor is "
                                                               "killed at round R")
-
-    @classmethod
-    def switched_on(cls, cfg) -> bool:
-        return bool(cfg.at)
-
-    @classmethod
-    def fits(cls, cfg, n_clients: int) -> str | None:
-        return _unknown_client(cfg.at, n_clients)
 
     def __init__(self, cfg, ctx):
         super().__init__(cfg, ctx)
